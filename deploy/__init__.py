@@ -1,0 +1,1 @@
+"""Operator tooling: the `tessera` command, simulation, doctor, provisioning."""

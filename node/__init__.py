@@ -1,0 +1,1 @@
+"""The peer: model, data, inner loop, publish, gather, aggregate, outer step, resume."""

@@ -1,0 +1,1 @@
+"""The validator: fetch, classify, score, rate, set weights, publish."""

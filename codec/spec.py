@@ -7,7 +7,7 @@ import math
 from collections.abc import Iterable, Mapping
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 CODEC_VERSION = 1
 """Bump when the bytes an encoder produces change meaning. Part of every run id."""
@@ -29,7 +29,7 @@ class CodecParams(BaseModel):
 
     @field_validator("k")
     @classmethod
-    def _k_fits(cls, k: int, info) -> int:  # noqa: ANN001 - pydantic's ValidationInfo
+    def _k_fits(cls, k: int, info: ValidationInfo) -> int:
         tile = info.data.get("tile", 64)
         if k > tile * tile:
             raise ValueError(f"k={k} exceeds the chunk size {tile * tile}")

@@ -1,0 +1,84 @@
+"""Vectorised variable-width bit fields (LSB-first), the storage layer of the index coder.
+
+A field is an unsigned integer of 0..32 bits. `pack_fields` lays fields out back to back, least
+significant bit first, in little-endian 32-bit words; `BitReader.read` takes many fields at once
+given their widths. Both run as a handful of numpy passes with no Python loop per field.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from codec.errors import DecodeError
+
+MAX_FIELD_BITS = 32
+_U64 = np.uint64
+
+
+def pack_fields(values: np.ndarray, widths: np.ndarray) -> tuple[bytes, int]:
+    """Pack `values[i]` in `widths[i]` bits each; returns (bytes, total number of bits)."""
+    values = np.asarray(values, dtype=_U64)
+    widths = np.asarray(widths, dtype=np.int64)
+    total = int(widths.sum())
+    n_words = (total + 31) // 32 + 1
+    if total == 0:
+        return b"", 0
+    keep = widths > 0
+    values, widths = values[keep], widths[keep]
+    pos = np.cumsum(widths) - widths
+    word = pos >> 5
+    off = (pos & 31).astype(_U64)
+    # Disjoint bit ranges: summing the parts of each word equals OR-ing them (exact in float64,
+    # every partial sum stays below 2**32).
+    low = (values << off) & _U64(0xFFFFFFFF)
+    high = values >> (_U64(32) - off)  # shift by 32 yields 0 for off == 0 on uint64
+    high[off == 0] = 0
+    acc = np.bincount(word, weights=low.astype(np.float64), minlength=n_words)
+    acc += np.bincount(word + 1, weights=high.astype(np.float64), minlength=n_words)[:n_words]
+    words = acc.astype(np.uint32)
+    n_bytes = (total + 7) // 8
+    return words.astype("<u4").tobytes()[:n_bytes], total
+
+
+class BitReader:
+    """Reads fields from a packed bit string; every read is bounds-checked against its length."""
+
+    def __init__(self, data: bytes | memoryview, start_bit: int = 0) -> None:
+        buf = np.frombuffer(bytes(data), dtype=np.uint8)
+        self.total_bits = buf.size * 8
+        padded = np.zeros(((buf.size + 3) // 4 + 2) * 4, dtype=np.uint8)
+        padded[: buf.size] = buf
+        words = padded.view("<u4").astype(_U64)
+        # pairs[i] = words[i] | words[i+1] << 32: any field of <= 32 bits at bit offset < 32 of
+        # word i lies inside pairs[i].
+        self._pairs = words[:-1] | (words[1:] << _U64(32))
+        self.cursor = start_bit
+
+    def read(self, widths: np.ndarray) -> np.ndarray:
+        """Read consecutive fields of the given widths (each 0..32) from the cursor on."""
+        widths = np.asarray(widths, dtype=np.int64)
+        pos = self.cursor + np.cumsum(widths) - widths
+        end = self.cursor + int(widths.sum())
+        if end > self.total_bits:
+            raise DecodeError(f"bit stream truncated: needs {end} bits, has {self.total_bits}")
+        self.cursor = end
+        return self.gather(pos, widths)
+
+    def gather(self, pos: np.ndarray, widths: np.ndarray) -> np.ndarray:
+        """Fields at arbitrary bit positions (already bounds-checked by the caller)."""
+        w = self._pairs[pos >> 5] >> (pos & 31).astype(_U64)
+        return w & ((_U64(1) << widths.astype(_U64)) - _U64(1))
+
+    def read_uniform(self, count: int, width: int) -> np.ndarray:
+        """`count` fields of the same width."""
+        return self.read(np.full(count, width, dtype=np.int64))
+
+    def check_padding(self) -> None:
+        """Everything after the cursor must be zero padding inside the last byte."""
+        if self.total_bits - self.cursor >= 8:
+            raise DecodeError(
+                f"{(self.total_bits - self.cursor) // 8} trailing bytes after the index stream"
+            )
+        rest = self.total_bits - self.cursor
+        if rest and int(self.gather(np.array([self.cursor]), np.array([rest]))[0]) != 0:
+            raise DecodeError("non-zero padding bits after the index stream")

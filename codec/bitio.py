@@ -13,11 +13,12 @@ from codec.errors import DecodeError
 
 MAX_FIELD_BITS = 32
 _U64 = np.uint64
+_MASKS = (np.int64(1) << np.arange(MAX_FIELD_BITS + 1, dtype=np.int64)) - 1
 
 
 def pack_fields(values: np.ndarray, widths: np.ndarray) -> tuple[bytes, int]:
     """Pack `values[i]` in `widths[i]` bits each; returns (bytes, total number of bits)."""
-    values = np.asarray(values, dtype=_U64)
+    values = np.asarray(values).astype(_U64, copy=False)
     widths = np.asarray(widths, dtype=np.int64)
     total = int(widths.sum())
     n_words = (total + 31) // 32 + 1
@@ -51,7 +52,8 @@ class BitReader:
         words = padded.view("<u4").astype(_U64)
         # pairs[i] = words[i] | words[i+1] << 32: any field of <= 32 bits at bit offset < 32 of
         # word i lies inside pairs[i].
-        self._pairs = words[:-1] | (words[1:] << _U64(32))
+        # Stored as int64: a masked field of <= 32 bits at offset < 32 never reaches bit 63.
+        self._pairs = (words[:-1] | (words[1:] << _U64(32))).view(np.int64)
         self.cursor = start_bit
 
     def read(self, widths: np.ndarray) -> np.ndarray:
@@ -65,9 +67,8 @@ class BitReader:
         return self.gather(pos, widths)
 
     def gather(self, pos: np.ndarray, widths: np.ndarray) -> np.ndarray:
-        """Fields at arbitrary bit positions (already bounds-checked by the caller)."""
-        w = self._pairs[pos >> 5] >> (pos & 31).astype(_U64)
-        return w & ((_U64(1) << widths.astype(_U64)) - _U64(1))
+        """Fields (int64) at arbitrary bit positions (already bounds-checked by the caller)."""
+        return (self._pairs[pos >> 5] >> (pos & 31)) & _MASKS[widths]
 
     def read_uniform(self, count: int, width: int) -> np.ndarray:
         """`count` fields of the same width."""

@@ -9,76 +9,99 @@ positions sends how many, j, fall in its left half. Under a uniformly random sub
 
 and the product of these probabilities along the tree is exactly 1 / C(C, k): coding every split
 with its true probability reaches the information-theoretic limit log2 C(C, k) for *every*
-subset, clustered or not. A node whose split is forced (j has one possible value) costs nothing,
-and a node holding a single position in a full power-of-two block sends that position's low bits
-raw, which is again exact.
+subset, clustered or not. A node whose split is forced costs nothing; a node holding a single
+position in a full power-of-two block sends that position's low bits raw (exact again); and a
+small full node (C(e, m) <= 2**LEAF_BITS) sends its whole subset as one uniform symbol, its
+colex rank, which is exact too and saves the many tiny split symbols deep in the tree.
 
-Split probabilities are quantised to `PRECISION_BITS` for rANS, with every possible value kept
-at a frequency >= 1. Tables are indexed by (class, m), where the class is (level, full|partial):
-at each level, every node but the one straddling C is full.
+Probabilities are quantised to `PRECISION_BITS` for rANS with every possible value kept at a
+frequency >= 1. Tables are indexed by (class, m), the class being (level, full | partial): at each
+level every node but the one straddling C is full. Decoding a slot uses a coarse lookup table
+(256 buckets per split table, a direct table per leaf table) and a short forward scan.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 
-PRECISION_BITS = 16
+PRECISION_BITS = 15
 TOTAL_FREQ = 1 << PRECISION_BITS
 COARSE_BITS = 8
+LEAF_BITS = 13
 MAX_CHUNK_BITS = 20
 MAX_K = 1024
 
 
 @dataclass(frozen=True)
 class SplitTables:
-    """Quantised split distributions for one (chunk_size, k) pair, flattened for gathers."""
+    """Quantised distributions for one (chunk_size, k) pair, flattened for vectorised gathers."""
 
     chunk_size: int
     k: int
     levels: int  # L: the padded chunk has 2**L positions
-    # per table (id = class * (k + 1) + m): first entry in the flat arrays and smallest j
-    table_start: np.ndarray  # int64 (n_tables,)
-    table_lo: np.ndarray  # int64 (n_tables,)
-    # per entry: frequency and cumulative start (uint64), and the value of j it stands for
+    # per table (id = (2 * level + partial) * (k + 1) + m)
+    table_start: np.ndarray  # int64: first entry in the flat arrays
+    table_lo: np.ndarray  # int64: the value the first entry stands for
+    is_leaf: np.ndarray  # bool: a uniform rank over the node's whole subset
+    coarse_base: np.ndarray  # int64: where the table's coarse lookup starts
+    coarse_shift: np.ndarray  # int64: slot >> shift indexes the coarse lookup
+    # per entry (int64)
     freq: np.ndarray
     cum: np.ndarray
     end: np.ndarray  # cum + freq
-    # coarse[table * 2**COARSE_BITS + (slot >> (PRECISION_BITS - COARSE_BITS))]: first candidate
-    coarse: np.ndarray  # int64
+    coarse: np.ndarray  # int64: first candidate entry per (table, bucket)
 
-    def table_id(self, level: np.ndarray, partial: np.ndarray, m: np.ndarray) -> np.ndarray:
-        return ((2 * level + partial) * (self.k + 1) + m).astype(np.int64)
+    def table_id(self, level: int, partial: np.ndarray, m: np.ndarray) -> np.ndarray:
+        return (2 * level + partial) * (self.k + 1) + m
 
 
 def padded_levels(chunk_size: int) -> int:
     return max(0, (chunk_size - 1).bit_length())
 
 
-def _log_binom(n: np.ndarray, r: np.ndarray, lf: np.ndarray) -> np.ndarray:
-    return lf[n] - lf[r] - lf[n - r]
+def is_leaf_size(e: int, m: int) -> bool:
+    return 2 <= m < e and (e & (e - 1)) == 0 and math.comb(e, m) <= (1 << LEAF_BITS)
+
+
+class _Builder:
+    def __init__(self, n_tables: int) -> None:
+        self.starts = np.zeros(n_tables, dtype=np.int64)
+        self.los = np.zeros(n_tables, dtype=np.int64)
+        self.leaf = np.zeros(n_tables, dtype=bool)
+        self.cbase = np.zeros(n_tables, dtype=np.int64)
+        self.cshift = np.full(n_tables, PRECISION_BITS - COARSE_BITS, dtype=np.int64)
+        self.freqs: list[np.ndarray] = []
+        self.coarse: list[np.ndarray] = []
+        self.n_entries = 0
+        self.n_coarse = 0
+
+    def add(self, tid: int, lo: int, f: np.ndarray, leaf: bool) -> None:
+        cum = np.cumsum(f) - f
+        shift = 0 if leaf else PRECISION_BITS - COARSE_BITS
+        buckets = np.arange(TOTAL_FREQ >> shift, dtype=np.int64) << shift
+        self.starts[tid], self.los[tid], self.leaf[tid] = self.n_entries, lo, leaf
+        self.cbase[tid], self.cshift[tid] = self.n_coarse, shift
+        self.coarse.append(self.n_entries + np.searchsorted(cum + f, buckets, side="right"))
+        self.freqs.append(f)
+        self.n_entries += f.size
+        self.n_coarse += buckets.size
 
 
 @lru_cache(maxsize=64)
 def split_tables(chunk_size: int, k: int) -> SplitTables:
-    """Build (once per process and pair) the quantised split tables of a (chunk_size, k) coder."""
+    """Build (once per process and pair) the quantised tables of a (chunk_size, k) coder."""
     if not 1 <= chunk_size <= (1 << MAX_CHUNK_BITS):
         raise ValueError(f"chunk size {chunk_size} out of range")
     if not 0 <= k <= min(chunk_size, MAX_K):
         raise ValueError(f"k={k} out of range for chunk size {chunk_size}")
     levels = padded_levels(chunk_size)
     lf = np.concatenate([[0.0], np.cumsum(np.log2(np.arange(1, chunk_size + 1, dtype=np.float64)))])
-    n_tables = 2 * max(levels, 1) * (k + 1)
-    n_buckets = 1 << COARSE_BITS
-    bucket_slots = np.arange(n_buckets, dtype=np.int64) << (PRECISION_BITS - COARSE_BITS)
-    starts = np.zeros(n_tables, dtype=np.int64)
-    los = np.zeros(n_tables, dtype=np.int64)
-    coarse = np.zeros(n_tables * n_buckets, dtype=np.int64)
-    freqs: list[np.ndarray] = []
-    cums: list[np.ndarray] = []
-    offset = 0
+    bld = _Builder(2 * max(levels, 1) * (k + 1))
     for level in range(levels):
         half = 1 << (levels - level - 1)
         size = 2 * half
@@ -86,32 +109,32 @@ def split_tables(chunk_size: int, k: int) -> SplitTables:
         for partial, e in ((0, size if chunk_size >= size else 0), (1, chunk_size - full_start)):
             if e <= 1 or (partial == 1 and e == size):
                 continue
-            a = min(e, half)
-            b = e - a
-            log_total = lf[e] - lf[e - np.arange(e + 1)] - lf[np.arange(e + 1)]
+            a, b = min(e, half), e - min(e, half)
             for m in range(1, min(k, e - 1) + 1):
+                tid = (2 * level + partial) * (k + 1) + m
+                if not partial and is_leaf_size(e, m):
+                    n_sym = math.comb(e, m)
+                    bld.add(tid, 0, np.diff((np.arange(n_sym + 1) * TOTAL_FREQ) // n_sym), True)
+                    continue
                 lo, hi = max(0, m - b), min(m, a)
                 if hi == lo:
                     continue  # forced split: no symbol
-                tid = (2 * level + partial) * (k + 1) + m
                 j = np.arange(lo, hi + 1)
                 logp = (lf[a] - lf[j] - lf[a - j]) + (lf[b] - lf[m - j] - lf[b - m + j])
-                f = _quantise(np.exp2(logp - log_total[m]))
-                c = np.cumsum(f) - f
-                starts[tid], los[tid] = offset, lo
-                sl = slice(tid * n_buckets, (tid + 1) * n_buckets)
-                coarse[sl] = offset + np.searchsorted(c + f, bucket_slots, side="right")
-                freqs.append(f)
-                cums.append(c)
-                offset += f.size
-    freq = np.concatenate(freqs).astype(np.uint64) if freqs else np.zeros(1, np.uint64)
-    cum = np.concatenate(cums).astype(np.uint64) if cums else np.zeros(1, np.uint64)
+                logp -= lf[e] - lf[m] - lf[e - m]
+                bld.add(tid, lo, _quantise(np.exp2(logp)), False)
+    freq = np.concatenate(bld.freqs) if bld.freqs else np.zeros(1, np.int64)
+    cum = np.concatenate([np.cumsum(f) - f for f in bld.freqs]) if bld.freqs else freq * 0
+    coarse = np.concatenate(bld.coarse) if bld.coarse else np.zeros(1, np.int64)
     return SplitTables(
         chunk_size=chunk_size,
         k=k,
         levels=levels,
-        table_start=starts,
-        table_lo=los,
+        table_start=bld.starts,
+        table_lo=bld.los,
+        is_leaf=bld.leaf,
+        coarse_base=bld.cbase,
+        coarse_shift=bld.cshift,
         freq=freq,
         cum=cum,
         end=cum + freq,
@@ -126,3 +149,24 @@ def _quantise(p: np.ndarray) -> np.ndarray:
     if f.min() < 1:  # pragma: no cover - impossible for <= 1025 symbols at 16 bits
         raise AssertionError("quantisation left a zero frequency")
     return f
+
+
+@lru_cache(maxsize=1)
+def binomials() -> np.ndarray:
+    """binomials()[n, r] = C(n, r) for n, r <= 128, clipped at 2**62 (leaf ranks stay < 2**13)."""
+    size = 129
+    table = np.zeros((size, size), dtype=np.int64)
+    for n in range(size):
+        for r in range(n + 1):
+            table[n, r] = min(math.comb(n, r), 1 << 62)
+    return table
+
+
+@lru_cache(maxsize=128)
+def leaf_subsets(e: int, m: int) -> np.ndarray:
+    """All m-subsets of range(e) as rows, in colex order: row r has colex rank r."""
+    combos = np.array(list(itertools.combinations(range(e), m)), dtype=np.int64)
+    ranks = binomials()[combos, np.arange(1, m + 1)].sum(axis=1)
+    out = np.empty_like(combos)
+    out[ranks] = combos
+    return out

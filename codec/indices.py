@@ -26,7 +26,7 @@ level] with the last n_chunks x R' bits of the raw part removed (they live in th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -34,93 +34,84 @@ import torch
 from codec.bitio import BitReader, pack_fields
 from codec.errors import DecodeError
 from codec.index_model import (
-    COARSE_BITS,
     MAX_CHUNK_BITS,
     MAX_K,
-    PRECISION_BITS,
     SplitTables,
+    binomials,
+    leaf_subsets,
     split_tables,
 )
+from codec.rans import STATE_BITS, STATE_LOW, Round, decode_round, encode_round
 from codec.varint import read_varint, write_varint
 
 MAGIC = b"TI"
 VERSION = 1
-STATE_BITS = 28  # R: lane states live in [2**R, 2**(R+1))
 DEFAULT_MAX_INDICES = 1 << 31
 
-_U = np.uint64
-_R = _U(STATE_BITS)
-_LOW = _U(1) << _R
-_M = _U(PRECISION_BITS)
-_SLOT_MASK = _U((1 << PRECISION_BITS) - 1)
-_COARSE_SHIFT = _U(PRECISION_BITS - COARSE_BITS)
-_N_BUCKETS = 1 << COARSE_BITS
-
-
-def _bitlen(x: np.ndarray) -> np.ndarray:
-    """Bit length of each uint64 below 2**53."""
-    return np.frexp(x.astype(np.float64))[1].astype(np.int64)
+_EMPTY = np.zeros(0, np.int64)
 
 
 @dataclass
-class _Level:
-    """Nodes of one tree level, in (chunk, position) order."""
+class _Nodes:
+    """Pending nodes of one tree level, in (chunk, position) order."""
 
     row: np.ndarray
     start: np.ndarray
     eff: np.ndarray
     m: np.ndarray
-    rank: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    rank: np.ndarray  # decoder only: rank of the node's first position within its row
+
+    @classmethod
+    def roots(cls, n: int, chunk_size: int, k: int) -> _Nodes:
+        zeros = np.zeros(n, np.int64)
+        return cls(np.arange(n, dtype=np.int64), zeros, zeros + chunk_size, zeros + k, zeros)
 
 
 @dataclass
-class _Schedule:
-    """Which lane decodes which symbol at each step of one level."""
+class _Split:
+    """What every node of a level does: its table, whether it sends a symbol, its children."""
 
-    order: np.ndarray  # lanes sorted by pending symbols, most first
-    first: np.ndarray  # index of each lane's first symbol of this level
-    active: list[int]  # lanes busy at each step (a prefix of `order`)
+    half: int
+    tid: np.ndarray
+    leaf: np.ndarray
+    sym: np.ndarray
+    lo: np.ndarray
+    child_eff: np.ndarray  # (n, 2)
 
     @classmethod
-    def build(cls, sym_rows: np.ndarray, n_lanes: int) -> _Schedule:
-        counts = np.bincount(sym_rows, minlength=n_lanes)
-        order = np.argsort(-counts, kind="stable")
-        first = np.cumsum(counts) - counts
-        per_step = np.bincount(counts, minlength=int(counts.max(initial=0)) + 1)
-        # lanes with more than s symbols = n_lanes - (lanes with <= s)
-        busy = n_lanes - np.cumsum(per_step)
-        return cls(order=order, first=first, active=[int(b) for b in busy[:-1]])
+    def of(cls, nodes: _Nodes, level: int, tables: SplitTables) -> _Split:
+        half = 1 << (tables.levels - level - 1)
+        partial = (nodes.eff != 2 * half).astype(np.int64)
+        a = np.minimum(nodes.eff, half)
+        b = nodes.eff - a
+        lo = np.maximum(0, nodes.m - b)
+        tid = tables.table_id(level, partial, nodes.m)
+        leaf = tables.is_leaf[tid]
+        sym = leaf | (np.minimum(nodes.m, a) > lo)
+        return cls(half, tid, leaf, sym, lo, np.stack([a, b], axis=1))
 
+    def child_counts(self, nodes: _Nodes, j: np.ndarray) -> np.ndarray:
+        counts = np.stack([j, nodes.m - j], axis=1)
+        counts[self.leaf] = 0  # a leaf sends its whole subset; it has no children
+        return counts
 
-def _split(level: int, levels: int, nodes: _Level) -> tuple[np.ndarray, ...]:
-    half = 1 << (levels - level - 1)
-    partial = (nodes.eff != 2 * half).astype(np.int64)
-    a = np.minimum(nodes.eff, half)
-    b = nodes.eff - a
-    lo = np.maximum(0, nodes.m - b)
-    hi = np.minimum(nodes.m, a)
-    return half, partial, a, b, lo, hi
+    def kinds(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Flat (full, single, active) masks over the children, left and right interleaved."""
+        c, e = counts.reshape(-1), self.child_eff.reshape(-1)
+        full = (c == e) & (c > 0)
+        single = (c == 1) & (e == self.half)
+        return full, single, (c > 0) & ~full & ~single
 
-
-def _children(nodes: _Level, half: int, a: np.ndarray, b: np.ndarray, j: np.ndarray) -> _Level:
-    def inter(left: np.ndarray, right: np.ndarray) -> np.ndarray:
-        return np.stack([left, right], axis=1).reshape(-1)
-
-    return _Level(
-        row=np.repeat(nodes.row, 2),
-        start=inter(nodes.start, nodes.start + half),
-        eff=inter(a, b),
-        m=inter(j, nodes.m - j),
-        rank=inter(nodes.rank, nodes.rank + j) if nodes.rank.size else nodes.rank,
-    )
-
-
-def _kinds(children: _Level, half: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(full, singleton, active) masks of the children at a level whose blocks have `half` slots."""
-    full = (children.m == children.eff) & (children.m > 0)
-    single = (children.m == 1) & (children.eff == half)
-    active = (children.m > 0) & ~full & ~single
-    return full, single, active
+    def pick(self, nodes: _Nodes, counts: np.ndarray, j: np.ndarray, mask: np.ndarray) -> _Nodes:
+        idx = np.flatnonzero(mask)
+        parent, side = idx >> 1, idx & 1
+        return _Nodes(
+            row=nodes.row[parent],
+            start=nodes.start[parent] + side * self.half,
+            eff=self.child_eff.reshape(-1)[idx],
+            m=counts.reshape(-1)[idx],
+            rank=nodes.rank[parent] + side * j[parent] if nodes.rank.size else _EMPTY,
+        )
 
 
 def _header(chunk_size: int, k: int, n_chunks: int) -> bytearray:
@@ -131,129 +122,94 @@ def _header(chunk_size: int, k: int, n_chunks: int) -> bytearray:
     return out
 
 
-def _check_rows(idx: np.ndarray, chunk_size: int) -> None:
-    if idx.ndim != 2:
-        raise ValueError(f"indices must be 2-D (n_chunks, k), got shape {idx.shape}")
-    if idx.size and (idx.min() < 0 or idx.max() >= chunk_size):
-        raise ValueError(f"indices must lie in [0, {chunk_size})")
-    if idx.shape[1] > 1 and not (np.diff(idx, axis=1) > 0).all():
-        raise ValueError("each row of indices must be strictly increasing")
-
-
-def encode(idx: torch.Tensor | np.ndarray, chunk_size: int) -> bytes:
-    """Encode sorted, unique per-row chunk positions (n_chunks, k) into bytes."""
+def _as_rows(idx: torch.Tensor | np.ndarray, chunk_size: int) -> np.ndarray:
     arr = idx.detach().cpu().numpy() if isinstance(idx, torch.Tensor) else np.asarray(idx)
     arr = arr.astype(np.int64, copy=False)
     if not 1 <= chunk_size <= (1 << MAX_CHUNK_BITS):
         raise ValueError(f"chunk size {chunk_size} out of range")
-    _check_rows(arr, chunk_size)
+    if arr.ndim != 2:
+        raise ValueError(f"indices must be 2-D (n_chunks, k), got shape {arr.shape}")
+    if arr.shape[1] > MAX_K and arr.shape[1] != chunk_size:
+        raise ValueError(f"k={arr.shape[1]} exceeds the coder's limit {MAX_K}")
+    if arr.size and (arr.min() < 0 or arr.max() >= chunk_size):
+        raise ValueError(f"indices must lie in [0, {chunk_size})")
+    if arr.shape[1] > 1 and not (np.diff(arr, axis=1) > 0).all():
+        raise ValueError("each row of indices must be strictly increasing")
+    return arr
+
+
+def encode(idx: torch.Tensor | np.ndarray, chunk_size: int) -> bytes:
+    """Encode sorted, unique per-row chunk positions (n_chunks, k) into bytes."""
+    arr = _as_rows(idx, chunk_size)
     n, k = arr.shape
-    if k > MAX_K and k != chunk_size:
-        raise ValueError(f"k={k} exceeds the coder's limit {MAX_K}")
     out = _header(chunk_size, k, n)
     if n == 0 or k in (0, chunk_size):
         return bytes(out)
     tables = split_tables(chunk_size, k)
-    levels = tables.levels
-    sym_levels, raw_vals, raw_widths = _encode_structure(arr, tables)
-    raw_bytes, raw_total = pack_fields(
-        np.concatenate(raw_vals) if raw_vals else np.zeros(0, _U),
-        np.concatenate(raw_widths) if raw_widths else np.zeros(0, np.int64),
-    )
-    back = min(STATE_BITS, raw_total // n)
-    x = np.full(n, _LOW, dtype=_U)
+    rounds, raw_vals, raw_widths = _walk_for_encoding(arr, tables)
+    raw_v = np.concatenate(raw_vals) if raw_vals else np.zeros(0, np.int64)
+    raw_w = np.concatenate(raw_widths) if raw_widths else _EMPTY
+    raw_bytes, raw_total = pack_fields(raw_v, raw_w)
+    back = min(STATE_BITS, raw_total // n)  # raw bits each lane's first state carries
+    x = np.full(n, STATE_LOW, dtype=np.int64)
     if back:
         pos = raw_total - n * back + np.arange(n, dtype=np.int64) * back
         x |= BitReader(raw_bytes).gather(pos, np.full(n, back, np.int64))
-    fields = _rans_encode(x, sym_levels, tables, n)
-    state_vals = x - _LOW
-    vals = [state_vals, *[v for v, _ in fields], *raw_vals]
-    widths = [np.full(n, STATE_BITS, np.int64), *[w for _, w in fields], *raw_widths]
-    data, total = pack_fields(np.concatenate(vals), np.concatenate(widths))
+    fields: list[tuple[np.ndarray, np.ndarray]] = []
+    for rows, entries in reversed(rounds):
+        fields[:0] = encode_round(x, Round.build(rows, n), entries, tables)
+    vals = np.concatenate([x - STATE_LOW, *[v for v, _ in fields], raw_v])
+    widths = np.concatenate([np.full(n, STATE_BITS, np.int64), *[w for _, w in fields], raw_w])
+    data, total = pack_fields(vals, widths)
     keep = total - n * back
     body = bytearray(data[: (keep + 7) // 8])
     if keep % 8:
         body[-1] &= (1 << (keep % 8)) - 1
-    del levels
     return bytes(out + body)
 
 
-def _encode_structure(
+def _walk_for_encoding(
     arr: np.ndarray, tables: SplitTables
 ) -> tuple[list[tuple[np.ndarray, np.ndarray]], list[np.ndarray], list[np.ndarray]]:
-    """Walk the split trees of all chunks: symbols per level (rows, entries) and raw fields."""
+    """Walk all split trees level by level: per level (lanes, table entries), and raw fields."""
     n, k = arr.shape
     levels = tables.levels
-    item_val = arr.reshape(-1)
+    if k == 1 and tables.chunk_size == 1 << levels:  # a lone position: all raw
+        return [], [arr.reshape(-1)], [np.full(n, levels, np.int64)]
+    rounds: list[tuple[np.ndarray, np.ndarray]] = []
     raw_vals: list[np.ndarray] = []
     raw_widths: list[np.ndarray] = []
-    sym_levels: list[tuple[np.ndarray, np.ndarray]] = []
-    if k == 1 and tables.chunk_size == 1 << levels:
-        raw_vals.append(item_val.astype(_U))
-        raw_widths.append(np.full(n, levels, np.int64))
-        return sym_levels, raw_vals, raw_widths
-    nodes = _Level(
-        row=np.arange(n, dtype=np.int64),
-        start=np.zeros(n, np.int64),
-        eff=np.full(n, tables.chunk_size, np.int64),
-        m=np.full(n, k, np.int64),
-    )
+    nodes = _Nodes.roots(n, tables.chunk_size, k)
+    item_val = arr.reshape(-1)
     item_node = np.repeat(np.arange(n, dtype=np.int64), k)
+    binom = binomials()
     for level in range(levels):
         if nodes.row.size == 0:
             break
-        half, partial, a, b, lo, hi = _split(level, levels, nodes)
+        split = _Split.of(nodes, level, tables)
+        first = np.cumsum(nodes.m) - nodes.m
         bit = (item_val >> (levels - level - 1)) & 1
-        j = np.bincount(item_node, weights=1 - bit, minlength=nodes.row.size).astype(np.int64)
-        sym = hi > lo
-        tid = tables.table_id(np.full(int(sym.sum()), level), partial[sym], nodes.m[sym])
-        entry = tables.table_start[tid] + j[sym] - tables.table_lo[tid]
-        sym_levels.append((nodes.row[sym], entry))
-        children = _children(nodes, half, a, b, j)
-        full, single, active = _kinds(children, half)
-        child_of_item = 2 * item_node + bit
-        is_single = single[child_of_item]
-        raw_vals.append((item_val[is_single] & (half - 1)).astype(_U))
+        j = nodes.m - np.add.reduceat(bit, first)
+        value = j - split.lo
+        if split.leaf.any():
+            in_leaf = np.flatnonzero(split.leaf[item_node])
+            owner = item_node[in_leaf]
+            offset = item_val[in_leaf] - nodes.start[owner]
+            contrib = binom[offset, in_leaf - first[owner] + 1]
+            leaf_first = np.cumsum(nodes.m[split.leaf]) - nodes.m[split.leaf]
+            value[split.leaf] = np.add.reduceat(contrib, leaf_first)
+        tid = split.tid[split.sym]
+        rounds.append((nodes.row[split.sym], tables.table_start[tid] + value[split.sym]))
+        counts = split.child_counts(nodes, j)
+        _, single, active = split.kinds(counts)
+        child = 2 * item_node + bit
+        is_single = single[child]
+        raw_vals.append(item_val[is_single] & (split.half - 1))
         raw_widths.append(np.full(int(is_single.sum()), levels - level - 1, np.int64))
-        keep = active[child_of_item]
-        new_id = np.cumsum(active) - 1
-        item_val, item_node = item_val[keep], new_id[child_of_item[keep]]
-        nodes = _Level(
-            row=children.row[active],
-            start=children.start[active],
-            eff=children.eff[active],
-            m=children.m[active],
-        )
-    return sym_levels, raw_vals, raw_widths
-
-
-def _rans_encode(
-    x: np.ndarray,
-    sym_levels: list[tuple[np.ndarray, np.ndarray]],
-    tables: SplitTables,
-    n_lanes: int,
-) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Encode all symbols in reverse decoding order; returns renorm fields in decoding order."""
-    fields: list[tuple[np.ndarray, np.ndarray]] = []
-    for rows, entry in reversed(sym_levels):
-        if rows.size == 0:
-            continue
-        sched = _Schedule.build(rows, n_lanes)
-        freq, cum = tables.freq[entry], tables.cum[entry]
-        for s in range(len(sched.active) - 1, -1, -1):
-            lanes = sched.order[: sched.active[s]]
-            g = sched.first[lanes] + s
-            f, c = freq[g], cum[g]
-            xs = x[lanes]
-            lower = f << (_R - _M)
-            nbits = _bitlen(xs) - _bitlen(lower)
-            nbits -= (xs >> nbits.astype(_U)) < lower
-            nb = nbits.astype(_U)
-            fields.append((xs & ((_U(1) << nb) - _U(1)), nbits))
-            xs = xs >> nb
-            x[lanes] = ((xs // f) << _M) + (xs % f) + c
-    fields.reverse()
-    return fields
+        keep = active[child]
+        item_val, item_node = item_val[keep], (np.cumsum(active) - 1)[child[keep]]
+        nodes = split.pick(nodes, counts, j, active)
+    return rounds, raw_vals, raw_widths
 
 
 def decode(data: bytes | memoryview, max_indices: int = DEFAULT_MAX_INDICES) -> torch.Tensor:
@@ -291,116 +247,75 @@ def _decode_body(body: bytes, chunk_size: int, k: int, n: int) -> np.ndarray:
     tables = split_tables(chunk_size, k)
     levels = tables.levels
     reader = BitReader(body)
-    x = reader.read_uniform(n, STATE_BITS) | _LOW
-    single_parts: list[_Level] = []
-    single_widths: list[np.ndarray] = []
-    full_parts: list[_Level] = []
-    root = _Level(
-        row=np.arange(n, dtype=np.int64),
-        start=np.zeros(n, np.int64),
-        eff=np.full(n, chunk_size, np.int64),
-        m=np.full(n, k, np.int64),
-        rank=np.zeros(n, np.int64),
-    )
-    nodes = root
+    x = reader.read_uniform(n, STATE_BITS) | STATE_LOW
+    out = np.empty(n * k, dtype=np.int64)
+    singles: list[tuple[np.ndarray, np.ndarray, int]] = []  # (out position, start, width)
+    nodes = _Nodes.roots(n, chunk_size, k)
     if k == 1 and chunk_size == 1 << levels:
-        single_parts.append(root)
-        single_widths.append(np.full(n, levels, np.int64))
-        nodes = _Level(*(np.zeros(0, np.int64) for _ in range(5)))
+        singles.append((nodes.row, nodes.start, levels))
+        nodes.row = _EMPTY
     for level in range(levels):
         if nodes.row.size == 0:
             break
-        half, partial, a, b, lo, hi = _split(level, levels, nodes)
-        sym = hi > lo
-        j = lo.copy()
-        if sym.any():
-            tid = tables.table_id(np.full(int(sym.sum()), level), partial[sym], nodes.m[sym])
-            j[sym] = _rans_decode_level(x, nodes.row[sym], tid, tables, reader, n)
-        children = _children(nodes, half, a, b, j)
-        full, single, active = _kinds(children, half)
-        full_parts.append(_select(children, full))
-        single_parts.append(_select(children, single))
-        single_widths.append(np.full(int(single.sum()), levels - level - 1, np.int64))
-        nodes = _select(children, active)
-    widths = np.concatenate(single_widths) if single_widths else np.zeros(0, np.int64)
+        split = _Split.of(nodes, level, tables)
+        value = split.lo.copy()  # forced splits keep their only value
+        if split.sym.any():
+            value[split.sym] = decode_round(
+                x, Round.build(nodes.row[split.sym], n), split.tid[split.sym], tables, reader
+            )
+        if split.leaf.any():
+            _write_leaves(out, nodes, split, value, k, 2 * split.half)
+        j = value
+        counts = split.child_counts(nodes, j)
+        full, single, active = split.kinds(counts)
+        if full.any():
+            _write_full(out, split.pick(nodes, counts, j, full), k)
+        one = split.pick(nodes, counts, j, single)
+        singles.append((one.row * k + one.rank, one.start, levels - level - 1))
+        nodes = split.pick(nodes, counts, j, active)
+    widths = np.concatenate([np.full(p.size, w, np.int64) for p, _, w in singles])
     raw = _read_raw(reader, x, widths, n)
-    out = np.empty(n * k, dtype=np.int64)
-    singles = _concat(single_parts)
-    out[singles.row * k + singles.rank] = singles.start + raw.astype(np.int64)
-    fulls = _concat(full_parts)
-    if fulls.row.size:
-        within = np.arange(int(fulls.eff.sum())) - np.repeat(
-            np.cumsum(fulls.eff) - fulls.eff, fulls.eff
-        )
-        out[np.repeat(fulls.row * k + fulls.rank, fulls.eff) + within] = (
-            np.repeat(fulls.start, fulls.eff) + within
-        )
+    out[np.concatenate([p for p, _, _ in singles])] = (
+        np.concatenate([s for _, s, _ in singles]) + raw
+    )
     return out.reshape(n, k)
 
 
-def _select(nodes: _Level, mask: np.ndarray) -> _Level:
-    return _Level(
-        nodes.row[mask], nodes.start[mask], nodes.eff[mask], nodes.m[mask], nodes.rank[mask]
+def _write_leaves(
+    out: np.ndarray, nodes: _Nodes, split: _Split, value: np.ndarray, k: int, size: int
+) -> None:
+    for m in np.unique(nodes.m[split.leaf]):
+        sel = split.leaf & (nodes.m == m)
+        subsets = leaf_subsets(size, int(m))[value[sel]]
+        base = nodes.row[sel] * k + nodes.rank[sel]
+        out[base[:, None] + np.arange(m)] = nodes.start[sel][:, None] + subsets
+
+
+def _write_full(out: np.ndarray, fulls: _Nodes, k: int) -> None:
+    within = np.arange(int(fulls.eff.sum())) - np.repeat(
+        np.cumsum(fulls.eff) - fulls.eff, fulls.eff
     )
-
-
-def _concat(parts: list[_Level]) -> _Level:
-    if not parts:
-        return _Level(*(np.zeros(0, np.int64) for _ in range(5)))
-    return _Level(
-        *(
-            np.concatenate([getattr(p, f) for p in parts])
-            for f in ("row", "start", "eff", "m", "rank")
-        )
+    out[np.repeat(fulls.row * k + fulls.rank, fulls.eff) + within] = (
+        np.repeat(fulls.start, fulls.eff) + within
     )
-
-
-def _rans_decode_level(
-    x: np.ndarray,
-    rows: np.ndarray,
-    tid: np.ndarray,
-    tables: SplitTables,
-    reader: BitReader,
-    n_lanes: int,
-) -> np.ndarray:
-    """Decode one level's split symbols; updates lane states `x` in place, returns j per symbol."""
-    sched = _Schedule.build(rows, n_lanes)
-    j = np.empty(rows.size, dtype=np.int64)
-    coarse_base = tid * _N_BUCKETS
-    for s, busy in enumerate(sched.active):
-        lanes = sched.order[:busy]
-        g = sched.first[lanes] + s
-        xs = x[lanes]
-        slot = xs & _SLOT_MASK
-        e = tables.coarse[coarse_base[g] + (slot >> _COARSE_SHIFT).astype(np.int64)]
-        behind = slot >= tables.end[e]
-        while behind.any():
-            e += behind
-            behind = slot >= tables.end[e]
-        t = tid[g]
-        j[g] = tables.table_lo[t] + e - tables.table_start[t]
-        xs = tables.freq[e] * (xs >> _M) + slot - tables.cum[e]
-        nbits = np.maximum(STATE_BITS + 1 - _bitlen(xs), 0)
-        x[lanes] = (xs << nbits.astype(_U)) | reader.read(nbits)
-    return j
 
 
 def _read_raw(reader: BitReader, x: np.ndarray, widths: np.ndarray, n: int) -> np.ndarray:
     """Raw fields: the explicit part from the stream, the rest from the lanes' final states."""
     total = int(widths.sum())
     back = min(STATE_BITS, total // n)
-    tail = x - _LOW
-    if (tail >> _U(back)).any():
+    tail = x - STATE_LOW
+    if (tail >> back).any():
         raise DecodeError("index stream is corrupt: lane states do not end where they began")
     explicit = total - n * back
     if explicit > reader.total_bits - reader.cursor:
         raise DecodeError("index stream truncated in its raw section")
-    chunks = np.full(explicit // 32, 32, np.int64)
+    pieces = np.full(explicit // 32, 32, np.int64)
     if explicit % 32:
-        chunks = np.append(chunks, explicit % 32)
-    head = reader.read(chunks)
+        pieces = np.append(pieces, explicit % 32)
+    head = reader.read(pieces)
     reader.check_padding()
     vals = np.concatenate([head, tail]) if back else head
-    wids = np.concatenate([chunks, np.full(n, back, np.int64)]) if back else chunks
+    wids = np.concatenate([pieces, np.full(n, back, np.int64)]) if back else pieces
     joined, _ = pack_fields(vals, wids)
     return BitReader(joined).read(widths)

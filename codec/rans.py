@@ -1,0 +1,138 @@
+"""Lane-parallel rANS with bit-granular renormalisation, one lane per chunk.
+
+All lanes share one bit stream. Symbols are grouped into *rounds* (one tree level of the index
+coder); within a round, lane i has c_i symbols and step s codes the s-th symbol of every lane with
+more than s. Lanes are visited busiest first, so the lanes busy at a step are a prefix of that
+order and every step works on array slices.
+
+States live in [2**R, 2**(R+1)) between groups of GROUP symbols. Decoding a symbol of frequency
+f (out of 2**M) is x <- f * (x >> M) + slot - cum; after each group (and after a lane's last
+symbol of a round) the decoder reads the bits that bring the state back into range. The encoder
+mirrors it: before a group (in reverse), it shifts out the fewest low bits that put the state in
+[F * 2**(R - g*M), 2 * F * 2**(R - g*M)), F the product of the group's g frequencies, then encodes
+x <- (x // f) * 2**M + x % f + cum for each. Because R >= GROUP * M, those intervals are dyadic
+and the bit count is unique, so encoder and decoder agree exactly. Reading once per group instead
+of once per symbol halves the renormalisation work. A step's fields are laid out lane after lane.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from codec.bitio import BitReader
+from codec.errors import DecodeError
+from codec.index_model import PRECISION_BITS, SplitTables
+
+GROUP = 2
+STATE_BITS = GROUP * PRECISION_BITS  # R: 30, so every renormalisation field fits 32 bits
+STATE_LOW = 1 << STATE_BITS
+_M = PRECISION_BITS
+_SLOT_MASK = (1 << PRECISION_BITS) - 1
+
+
+def bitlen(x: np.ndarray) -> np.ndarray:
+    """Bit length of each non-negative int64 below 2**53."""
+    return np.frexp(x.astype(np.float64))[1]
+
+
+@dataclass(frozen=True)
+class Round:
+    """The step schedule of one round: which symbol each busy lane codes at each step."""
+
+    order: np.ndarray  # lanes, busiest first
+    busy: list[int]  # number of busy lanes at each step, then a final 0
+    offsets: list[int]  # where each step starts in step-major symbol order
+    perm: np.ndarray  # step-major position -> symbol index
+
+    @classmethod
+    def build(cls, lanes_of_symbols: np.ndarray, n_lanes: int) -> Round:
+        """`lanes_of_symbols` must be sorted: a lane's symbols are contiguous and in order."""
+        counts = np.bincount(lanes_of_symbols, minlength=n_lanes)
+        order = np.argsort(-counts, kind="stable")
+        first = np.cumsum(counts) - counts
+        n_steps = int(counts.max(initial=0))
+        busy = n_lanes - np.cumsum(np.bincount(counts, minlength=n_steps + 1))[:n_steps]
+        offsets = np.concatenate([[0], np.cumsum(busy)])
+        lane_pos = np.empty(n_lanes, dtype=np.int64)
+        lane_pos[order] = np.arange(n_lanes)
+        step = np.arange(lanes_of_symbols.size) - first[lanes_of_symbols]
+        perm = np.empty(lanes_of_symbols.size, dtype=np.int64)
+        perm[offsets[step] + lane_pos[lanes_of_symbols]] = np.arange(lanes_of_symbols.size)
+        return cls(order=order, busy=[*busy.tolist(), 0], offsets=offsets.tolist(), perm=perm)
+
+    @property
+    def n_steps(self) -> int:
+        return len(self.busy) - 1
+
+    def readers(self, s: int) -> int:
+        """Lanes [readers(s), busy[s]) renormalise after step s: a group ends or they finish."""
+        return 0 if s % GROUP == GROUP - 1 else self.busy[s + 1]
+
+    def step(self, s: int) -> slice:
+        return slice(self.offsets[s], self.offsets[s + 1])
+
+
+def encode_round(
+    x: np.ndarray, rnd: Round, entries: np.ndarray, tables: SplitTables
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Encode one round (in reverse); updates lane states `x`; returns fields in decoding order."""
+    e = entries[rnd.perm]
+    freq, cum = tables.freq[e], tables.cum[e]
+    xo = x[rnd.order]
+    fields: list[tuple[np.ndarray, np.ndarray]] = []
+    for s in range(rnd.n_steps - 1, -1, -1):
+        busy, r0 = rnd.busy[s], rnd.readers(s)
+        if r0 < busy:
+            first = s - s % GROUP
+            lower = freq[rnd.step(s)][r0:busy].copy()
+            for t in range(first, s):
+                lower *= freq[rnd.step(t)][r0:busy]
+            lower <<= STATE_BITS - (s - first + 1) * _M
+            xs = xo[r0:busy]
+            nbits = bitlen(xs) - bitlen(lower)
+            nbits -= (xs >> nbits) < lower
+            fields.append((xs & ((1 << nbits) - 1), nbits))
+            xo[r0:busy] = xs >> nbits
+        sl = rnd.step(s)
+        q, r = np.divmod(xo[:busy], freq[sl])
+        xo[:busy] = (q << _M) + r + cum[sl]
+    x[rnd.order] = xo
+    fields.reverse()
+    return fields
+
+
+def decode_round(
+    x: np.ndarray, rnd: Round, tids: np.ndarray, tables: SplitTables, reader: BitReader
+) -> np.ndarray:
+    """Decode one round; updates lane states `x`; returns each symbol's value (j or leaf rank)."""
+    t = tids[rnd.perm]
+    cbase = tables.coarse_base[t]
+    cshift = tables.coarse_shift[t]
+    first_value = tables.table_start[t] - tables.table_lo[t]
+    values = np.empty(t.size, dtype=np.int64)
+    xo = x[rnd.order]
+    for s in range(rnd.n_steps):
+        busy, sl = rnd.busy[s], rnd.step(s)
+        xs = xo[:busy]
+        slot = xs & _SLOT_MASK
+        e = tables.coarse[cbase[sl] + (slot >> cshift[sl])]
+        behind = slot >= tables.end[e]
+        while behind.any():
+            e += behind
+            behind = slot >= tables.end[e]
+        values[sl] = e - first_value[sl]
+        xs = tables.freq[e] * (xs >> _M) + slot - tables.cum[e]
+        r0 = rnd.readers(s)
+        if r0 < busy:
+            tail = xs[r0:]
+            nbits = STATE_BITS + 1 - bitlen(tail)
+            if nbits.max(initial=0) > STATE_BITS:
+                raise DecodeError("index stream is corrupt: a lane state collapsed")
+            xs[r0:] = (tail << nbits) | reader.read(nbits)
+        xo[:busy] = xs
+    x[rnd.order] = xo
+    out = np.empty_like(values)
+    out[rnd.perm] = values
+    return out

@@ -1,0 +1,519 @@
+"""The run configuration: everything every peer and validator of one training run must share.
+
+A `RunConfig` is identified by its **run id**: the BLAKE2b-128 digest (32 hex characters) of the
+config's canonical JSON (keys sorted, no whitespace, ASCII only, no NaN/inf), prefixed with a
+domain tag. Any change to any field (model shape, optimizer, codec, timing, names) gives a new
+run id, so two nodes that print the same run id agree on every byte of the configuration. The id
+goes into every object name and every signed message; `require_same_run` turns a mismatch into
+one typed error.
+
+Configs load from and dump to TOML or JSON (chosen by file suffix). A dumped file carries its
+run id (a comment in TOML, a `run_id` key in JSON); when a loaded file carries one it must match
+the recomputed id, so a hand-edited config cannot masquerade as the original run.
+
+Timing convention (see `protocol.windows`): the upload deadline is counted in **blocks after the
+window's end**: window `w` covers blocks `[w*B, (w+1)*B)`, and an update for `w` must be stored
+before block `(w+1)*B + upload_deadline_blocks`; wall-clock comparisons allow
+`clock_skew_tolerance_s` of slack.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from codec.spec import CODEC_VERSION, CodecParams
+
+RUN_ID_HEX_CHARS = 32
+"""A run id is 16 bytes (128 bits) of BLAKE2b, written as 32 lowercase hex characters."""
+
+RUN_ID_RE = re.compile(r"[0-9a-f]{32}")
+
+MAX_CONFIG_BYTES = 1 << 20
+"""Config files larger than this are refused before parsing."""
+
+_RUN_ID_DOMAIN = b"tessera/run-config/v1\x00"
+_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+_REF_RE = r"^[\x21-\x7e]{1,512}$"
+
+
+class RunConfigError(ValueError):
+    """A run config file or dict is unreadable, malformed or inconsistent."""
+
+
+class RunMismatchError(ValueError):
+    """Two run ids that should be equal are not (another node, object or file is on another run)."""
+
+    def __init__(self, local_run_id: str, remote_run_id: str, context: str = "") -> None:
+        self.local_run_id = local_run_id
+        self.remote_run_id = remote_run_id
+        where = f" ({context})" if context else ""
+        super().__init__(f"run id mismatch{where}: local {local_run_id}, remote {remote_run_id!r}")
+
+
+def require_same_run(local_run_id: str, remote_run_id: object, context: str = "") -> None:
+    """Raise `RunMismatchError` unless `remote_run_id` is exactly the local run id.
+
+    `remote_run_id` is untrusted: anything that is not the identical string (other type, other
+    case, padding) is a mismatch.
+    """
+    if not isinstance(remote_run_id, str) or remote_run_id != local_run_id:
+        shown = remote_run_id[:80] if isinstance(remote_run_id, str) else type(remote_run_id)
+        raise RunMismatchError(local_run_id, str(shown), context)
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+class ModelConfig(_Frozen):
+    """Shape of a LLaMA-style decoder (RMSNorm, RoPE, SwiGLU MLP, grouped-query attention)."""
+
+    vocab_size: int = Field(ge=2, le=1 << 20)
+    hidden_size: int = Field(ge=8, le=1 << 16)
+    intermediate_size: int = Field(ge=8, le=1 << 18)
+    n_layers: int = Field(ge=1, le=1024)
+    n_heads: int = Field(ge=1, le=1024)
+    n_kv_heads: int = Field(ge=1, le=1024)
+    max_seq_len: int = Field(ge=8, le=1 << 20)
+    rope_theta: float = Field(gt=0)
+    tie_embeddings: bool
+    norm_eps: float = Field(gt=0, lt=1)
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> ModelConfig:
+        if self.hidden_size % self.n_heads:
+            raise ValueError("hidden_size must be a multiple of n_heads")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError("n_heads must be a multiple of n_kv_heads")
+        if self.head_dim % 2:
+            raise ValueError("head_dim must be even for RoPE")
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.n_heads
+
+    def param_count(self) -> int:
+        """Number of trainable parameters (no biases; RMSNorm weights counted)."""
+        d, kv = self.hidden_size, self.n_kv_heads * self.head_dim
+        attn = 2 * d * d + 2 * d * kv
+        mlp = 3 * d * self.intermediate_size
+        per_layer = attn + mlp + 2 * d
+        embed = self.vocab_size * d
+        head = 0 if self.tie_embeddings else self.vocab_size * d
+        return embed + self.n_layers * per_layer + d + head
+
+
+class InnerOptimizerConfig(_Frozen):
+    """AdamW for the H inner steps: linear warmup, then cosine decay to `min_lr`."""
+
+    name: Literal["adamw"] = "adamw"
+    lr: float = Field(1e-3, gt=0, le=1)
+    min_lr: float = Field(1e-4, ge=0, le=1)
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = Field(1e-8, gt=0, lt=1)
+    weight_decay: float = Field(0.1, ge=0, le=1)
+    warmup_steps: int = Field(1000, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    schedule: Literal["cosine"] = "cosine"
+
+    @model_validator(mode="after")
+    def _check(self) -> InnerOptimizerConfig:
+        if not all(0 <= b < 1 for b in self.betas):
+            raise ValueError("betas must lie in [0, 1)")
+        if self.min_lr > self.lr:
+            raise ValueError("min_lr must not exceed lr")
+        return self
+
+
+class OuterConfig(_Frozen):
+    """The SparseLoCo outer step: error feedback, its freeze period, the outer learning rate."""
+
+    alpha: float = Field(0.8, gt=0, le=2, description="outer learning rate")
+    beta: float = Field(0.95, ge=0, lt=1, description="error-feedback decay")
+    ef_freeze_fraction: float = Field(
+        0.05, ge=0, le=1, description="fraction of total_windows with error feedback frozen"
+    )
+    total_windows: int = Field(ge=1, le=10**9, description="total outer steps of the run")
+
+    @property
+    def ef_freeze_windows(self) -> int:
+        """Number of leading windows during which error feedback is frozen."""
+        return math.ceil(self.ef_freeze_fraction * self.total_windows)
+
+
+class TimingConfig(_Frozen):
+    """Window length, upload deadline and clock tolerance (see `protocol.windows`)."""
+
+    block_time_s: float = Field(12.0, gt=0, le=3600, description="nominal seconds per block")
+    blocks_per_window: int = Field(ge=1, le=1 << 20)
+    upload_deadline_blocks: int = Field(
+        ge=0, description="blocks after the window's end by which an update must be stored"
+    )
+    clock_skew_tolerance_s: float = Field(
+        6.0, ge=0, le=600, description="slack when comparing object times with the deadline"
+    )
+
+    @model_validator(mode="after")
+    def _deadline_inside_next_window(self) -> TimingConfig:
+        if self.upload_deadline_blocks >= self.blocks_per_window:
+            raise ValueError("upload_deadline_blocks must be smaller than blocks_per_window")
+        return self
+
+
+class RunConfig(_Frozen):
+    """Everything all peers of a run must share. Its content hash is the run id."""
+
+    name: str = Field(pattern=_NAME_RE, description="human-readable run name")
+    strategy: str = Field("sparseloco", pattern=r"^[a-z0-9][a-z0-9-]{0,31}$")
+    preset_name: str = Field(pattern=_NAME_RE, description="model preset the shape came from")
+    model: ModelConfig
+    tokenizer: str = Field(pattern=_REF_RE)
+    dataset: str = Field(pattern=_REF_RE, description="e.g. embedded://tiny-corpus, s3://b/p")
+    seed: int = Field(0, ge=0, lt=1 << 63, description="initial weights and data assignment")
+    seq_len: int = Field(ge=8)
+    micro_batch_size: int = Field(ge=1, description="sequences per forward/backward pass")
+    batch_size: int = Field(ge=1, description="sequences per inner step per peer")
+    inner_steps: int = Field(ge=1, le=100_000, description="H, inner steps per window")
+    optimizer: InnerOptimizerConfig = InnerOptimizerConfig()
+    outer: OuterConfig
+    codec: CodecParams = CodecParams()
+    codec_version: int = Field(CODEC_VERSION, ge=1)
+    timing: TimingConfig
+    gather_size: int = Field(ge=1, le=4096, description="peers aggregated per window")
+
+    @model_validator(mode="after")
+    def _check(self) -> RunConfig:
+        if self.seq_len > self.model.max_seq_len:
+            raise ValueError("seq_len exceeds model.max_seq_len")
+        if self.batch_size % self.micro_batch_size:
+            raise ValueError("batch_size must be a multiple of micro_batch_size")
+        return self
+
+    # -- identity -------------------------------------------------------------------------
+
+    def canonical_json(self) -> bytes:
+        """The canonical byte form the run id is computed from."""
+        return _canonical(self.model_dump(mode="json"))
+
+    @property
+    def run_id(self) -> str:
+        """32 lowercase hex chars: BLAKE2b-128 of the domain tag and the canonical JSON.
+
+        Recomputed on each access (tens of microseconds), so copies made with `model_copy`
+        can never carry a stale id.
+        """
+        h = hashlib.blake2b(digest_size=RUN_ID_HEX_CHARS // 2)
+        h.update(_RUN_ID_DOMAIN)
+        h.update(self.canonical_json())
+        return h.hexdigest()
+
+    @property
+    def grad_accum_steps(self) -> int:
+        return self.batch_size // self.micro_batch_size
+
+    @property
+    def total_inner_steps(self) -> int:
+        """Length of the inner learning-rate schedule (cosine horizon)."""
+        return self.outer.total_windows * self.inner_steps
+
+    def param_count(self) -> int:
+        return self.model.param_count()
+
+    # -- construction ---------------------------------------------------------------------
+
+    @classmethod
+    def preset(cls, name: str, /, **overrides: Any) -> RunConfig:
+        """A preset (`tiny`, `150M`, `1B`, `8B`, `70B`) with nested dicts merged in as overrides.
+
+        Example: ``RunConfig.preset("tiny", inner_steps=5, optimizer={"lr": 3e-3})``.
+        """
+        if name not in PRESETS:
+            raise RunConfigError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
+        return cls.from_dict(_deep_merge(PRESETS[name], overrides))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunConfig:
+        """Validate a plain dict; a `run_id` key, if present, must match the recomputed id."""
+        if not isinstance(data, Mapping):
+            raise RunConfigError("a run config must be a table/object")
+        body = dict(data)
+        claimed = body.pop("run_id", None)
+        try:
+            cfg = cls.model_validate(body)
+        except ValidationError as e:
+            raise RunConfigError(f"invalid run config: {e}") from e
+        if claimed is not None:
+            require_same_run(cfg.run_id, claimed, "run_id stored in the config")
+        return cfg
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> RunConfig:
+        if len(text) > MAX_CONFIG_BYTES:
+            raise RunConfigError("run config too large")
+        try:
+            data = json.loads(text, parse_constant=_reject_constant)
+        except (ValueError, RecursionError) as e:
+            raise RunConfigError(f"run config is not valid JSON: {e}") from e
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_toml(cls, text: str) -> RunConfig:
+        if len(text) > MAX_CONFIG_BYTES:
+            raise RunConfigError("run config too large")
+        try:
+            data = tomllib.loads(text)
+        except (tomllib.TOMLDecodeError, RecursionError) as e:
+            raise RunConfigError(f"run config is not valid TOML: {e}") from e
+        return cls.from_dict(data)
+
+    @classmethod
+    def load(cls, path: str | Path) -> RunConfig:
+        """Load a `.toml` or `.json` file (anything else is tried as TOML, then JSON)."""
+        path = Path(path)
+        try:
+            with path.open("rb") as f:
+                raw = f.read(MAX_CONFIG_BYTES + 1)
+        except OSError as e:
+            raise RunConfigError(f"cannot read run config {path}: {e}") from e
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise RunConfigError(f"run config {path} is larger than {MAX_CONFIG_BYTES} bytes")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise RunConfigError(f"run config {path} is not UTF-8") from e
+        suffix = path.suffix.lower()
+        if suffix == ".json":
+            return cls.from_json(text)
+        if suffix == ".toml":
+            return cls.from_toml(text)
+        try:
+            return cls.from_toml(text)
+        except RunConfigError:
+            return cls.from_json(text)
+
+    # -- output ---------------------------------------------------------------------------
+
+    def to_json(self) -> str:
+        """Pretty JSON with the run id first (the id is checked again on load)."""
+        return json.dumps({"run_id": self.run_id, **self.model_dump(mode="json")}, indent=2)
+
+    def to_toml(self) -> str:
+        header = f"# Tessera run config. run_id = {self.run_id}\n"
+        return header + _to_toml(self.model_dump(mode="json"))
+
+    def dump(self, path: str | Path) -> Path:
+        """Write to `path`: JSON for a `.json` suffix, TOML otherwise. Returns the path."""
+        path = Path(path)
+        text = self.to_json() if path.suffix.lower() == ".json" else self.to_toml()
+        path.write_text(text + "\n", encoding="utf-8")
+        return path
+
+
+# -- presets --------------------------------------------------------------------------------
+# Shapes follow the LLaMA family: `1B` = Llama-3.2-1B, `8B` = Llama-3-8B, `70B` = Llama-3-70B
+# (max_seq_len kept at 8192 without RoPE scaling). `150M` is a GPT-2-vocabulary LLaMA-style model;
+# `tiny` trains on two CPU cores in minutes. Training values are starting points, not tuned.
+
+_LLAMA3_VOCAB = 128256
+
+
+def _model(**kw: Any) -> dict[str, Any]:
+    base = {"rope_theta": 500000.0, "norm_eps": 1e-5, "tie_embeddings": False}
+    return {**base, **kw}
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": {
+        "name": "tiny",
+        "preset_name": "tiny",
+        "model": _model(
+            vocab_size=4096,
+            hidden_size=128,
+            intermediate_size=384,
+            n_layers=4,
+            n_heads=4,
+            n_kv_heads=2,
+            max_seq_len=128,
+            rope_theta=10000.0,
+            tie_embeddings=True,
+        ),
+        "tokenizer": "embedded://tiny-bpe-4096",
+        "dataset": "embedded://tiny-corpus",
+        "seq_len": 128,
+        "micro_batch_size": 8,
+        "batch_size": 8,
+        "inner_steps": 10,
+        "optimizer": {"lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 20, "weight_decay": 0.1},
+        "outer": {"total_windows": 100},
+        "timing": {
+            "block_time_s": 1.0,
+            "blocks_per_window": 20,
+            "upload_deadline_blocks": 4,
+            "clock_skew_tolerance_s": 1.0,
+        },
+        "gather_size": 8,
+    },
+    "150M": {
+        "name": "150m",
+        "preset_name": "150M",
+        "model": _model(
+            vocab_size=50304,
+            hidden_size=768,
+            intermediate_size=3072,
+            n_layers=12,
+            n_heads=12,
+            n_kv_heads=12,
+            max_seq_len=2048,
+            rope_theta=10000.0,
+            tie_embeddings=True,
+        ),
+        "tokenizer": "hf://gpt2",
+        "dataset": "s3://tessera-data/fineweb-edu/gpt2",
+        "seq_len": 1024,
+        "micro_batch_size": 16,
+        "batch_size": 64,
+        "inner_steps": 15,
+        "optimizer": {"lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 500},
+        "outer": {"total_windows": 2000},
+        "timing": {"blocks_per_window": 10, "upload_deadline_blocks": 2},
+        "gather_size": 16,
+    },
+    "1B": {
+        "name": "1b",
+        "preset_name": "1B",
+        "model": _model(
+            vocab_size=_LLAMA3_VOCAB,
+            hidden_size=2048,
+            intermediate_size=8192,
+            n_layers=16,
+            n_heads=32,
+            n_kv_heads=8,
+            max_seq_len=8192,
+            tie_embeddings=True,
+        ),
+        "tokenizer": "hf://meta-llama/Llama-3.2-1B",
+        "dataset": "s3://tessera-data/fineweb-edu/llama3",
+        "seq_len": 2048,
+        "micro_batch_size": 8,
+        "batch_size": 128,
+        "inner_steps": 15,
+        "optimizer": {"lr": 6e-4, "min_lr": 6e-5, "warmup_steps": 1000},
+        "outer": {"total_windows": 5000},
+        "timing": {"blocks_per_window": 20, "upload_deadline_blocks": 3},
+        "gather_size": 20,
+    },
+    "8B": {
+        "name": "8b",
+        "preset_name": "8B",
+        "model": _model(
+            vocab_size=_LLAMA3_VOCAB,
+            hidden_size=4096,
+            intermediate_size=14336,
+            n_layers=32,
+            n_heads=32,
+            n_kv_heads=8,
+            max_seq_len=8192,
+        ),
+        "tokenizer": "hf://meta-llama/Meta-Llama-3-8B",
+        "dataset": "s3://tessera-data/fineweb-edu/llama3",
+        "seq_len": 2048,
+        "micro_batch_size": 4,
+        "batch_size": 128,
+        "inner_steps": 30,
+        "optimizer": {"lr": 3e-4, "min_lr": 3e-5, "warmup_steps": 2000},
+        "outer": {"total_windows": 10000},
+        "timing": {"blocks_per_window": 30, "upload_deadline_blocks": 3},
+        "gather_size": 20,
+    },
+    "70B": {
+        "name": "70b",
+        "preset_name": "70B",
+        "model": _model(
+            vocab_size=_LLAMA3_VOCAB,
+            hidden_size=8192,
+            intermediate_size=28672,
+            n_layers=80,
+            n_heads=64,
+            n_kv_heads=8,
+            max_seq_len=8192,
+        ),
+        "tokenizer": "hf://meta-llama/Meta-Llama-3-70B",
+        "dataset": "s3://tessera-data/fineweb-edu/llama3",
+        "seq_len": 2048,
+        "micro_batch_size": 1,
+        "batch_size": 64,
+        "inner_steps": 30,
+        "optimizer": {"lr": 1.5e-4, "min_lr": 1.5e-5, "warmup_steps": 2000},
+        "outer": {"total_windows": 10000},
+        "timing": {"blocks_per_window": 60, "upload_deadline_blocks": 5},
+        "gather_size": 20,
+    },
+}
+"""Raw preset tables; use `RunConfig.preset(name, **overrides)`."""
+
+
+def preset_param_count(name: str) -> int:
+    """Parameter count of a preset's model (embeddings and, if untied, the LM head included)."""
+    return RunConfig.preset(name).param_count()
+
+
+def _canonical(obj: Any) -> bytes:
+    return json.dumps(
+        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+    ).encode("ascii")
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not allowed in a run config")
+
+
+def _deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, BaseModel):
+            value = value.model_dump(mode="json")
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+# -- a small TOML writer for the shapes a run config has: nested tables of scalars and arrays
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            raise RunConfigError("non-finite floats cannot be written")
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=True)  # JSON string escapes are valid TOML escapes
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise RunConfigError(f"cannot write {type(v).__name__} to TOML")
+
+
+def _to_toml(table: Mapping[str, Any], prefix: str = "") -> str:
+    scalars = [(k, v) for k, v in table.items() if not isinstance(v, Mapping)]
+    tables = [(k, v) for k, v in table.items() if isinstance(v, Mapping)]
+    lines = [f"{k} = {_toml_value(v)}" for k, v in scalars]
+    out = "\n".join(lines)
+    for k, sub in tables:
+        name = f"{prefix}{k}"
+        out += f"\n\n[{name}]\n" + _to_toml(sub, name + ".")
+    return out.strip("\n")

@@ -26,21 +26,14 @@ level] with the last n_chunks x R' bits of the raw part removed (they live in th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
 from codec.bitio import BitReader, pack_fields
 from codec.errors import DecodeError
-from codec.index_model import (
-    MAX_CHUNK_BITS,
-    MAX_K,
-    SplitTables,
-    binomials,
-    leaf_subsets,
-    split_tables,
-)
+from codec.index_model import MAX_CHUNK_BITS, MAX_K, leaf_subsets, split_tables
+from codec.index_nodes import Nodes, Split
+from codec.index_walk import walk
 from codec.rans import STATE_BITS, STATE_LOW, Round, decode_round, encode_round
 from codec.varint import read_varint, write_varint
 
@@ -49,69 +42,6 @@ VERSION = 1
 DEFAULT_MAX_INDICES = 1 << 31
 
 _EMPTY = np.zeros(0, np.int64)
-
-
-@dataclass
-class _Nodes:
-    """Pending nodes of one tree level, in (chunk, position) order."""
-
-    row: np.ndarray
-    start: np.ndarray
-    eff: np.ndarray
-    m: np.ndarray
-    rank: np.ndarray  # decoder only: rank of the node's first position within its row
-
-    @classmethod
-    def roots(cls, n: int, chunk_size: int, k: int) -> _Nodes:
-        zeros = np.zeros(n, np.int64)
-        return cls(np.arange(n, dtype=np.int64), zeros, zeros + chunk_size, zeros + k, zeros)
-
-
-@dataclass
-class _Split:
-    """What every node of a level does: its table, whether it sends a symbol, its children."""
-
-    half: int
-    tid: np.ndarray
-    leaf: np.ndarray
-    sym: np.ndarray
-    lo: np.ndarray
-    child_eff: np.ndarray  # (n, 2)
-
-    @classmethod
-    def of(cls, nodes: _Nodes, level: int, tables: SplitTables) -> _Split:
-        half = 1 << (tables.levels - level - 1)
-        partial = (nodes.eff != 2 * half).astype(np.int64)
-        a = np.minimum(nodes.eff, half)
-        b = nodes.eff - a
-        lo = np.maximum(0, nodes.m - b)
-        tid = tables.table_id(level, partial, nodes.m)
-        leaf = tables.is_leaf[tid]
-        sym = leaf | (np.minimum(nodes.m, a) > lo)
-        return cls(half, tid, leaf, sym, lo, np.stack([a, b], axis=1))
-
-    def child_counts(self, nodes: _Nodes, j: np.ndarray) -> np.ndarray:
-        counts = np.stack([j, nodes.m - j], axis=1)
-        counts[self.leaf] = 0  # a leaf sends its whole subset; it has no children
-        return counts
-
-    def kinds(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Flat (full, single, active) masks over the children, left and right interleaved."""
-        c, e = counts.reshape(-1), self.child_eff.reshape(-1)
-        full = (c == e) & (c > 0)
-        single = (c == 1) & (e == self.half)
-        return full, single, (c > 0) & ~full & ~single
-
-    def pick(self, nodes: _Nodes, counts: np.ndarray, j: np.ndarray, mask: np.ndarray) -> _Nodes:
-        idx = np.flatnonzero(mask)
-        parent, side = idx >> 1, idx & 1
-        return _Nodes(
-            row=nodes.row[parent],
-            start=nodes.start[parent] + side * self.half,
-            eff=self.child_eff.reshape(-1)[idx],
-            m=counts.reshape(-1)[idx],
-            rank=nodes.rank[parent] + side * j[parent] if nodes.rank.size else _EMPTY,
-        )
 
 
 def _header(chunk_size: int, k: int, n_chunks: int) -> bytearray:
@@ -146,9 +76,9 @@ def encode(idx: torch.Tensor | np.ndarray, chunk_size: int) -> bytes:
     if n == 0 or k in (0, chunk_size):
         return bytes(out)
     tables = split_tables(chunk_size, k)
-    rounds, raw_vals, raw_widths = _walk_for_encoding(arr, tables)
-    raw_v = np.concatenate(raw_vals) if raw_vals else np.zeros(0, np.int64)
-    raw_w = np.concatenate(raw_widths) if raw_widths else _EMPTY
+    tree = walk(arr, tables)
+    raw_v = np.concatenate(tree.raw_vals) if tree.raw_vals else _EMPTY
+    raw_w = np.concatenate(tree.raw_widths) if tree.raw_widths else _EMPTY
     raw_bytes, raw_total = pack_fields(raw_v, raw_w)
     back = min(STATE_BITS, raw_total // n)  # raw bits each lane's first state carries
     x = np.full(n, STATE_LOW, dtype=np.int64)
@@ -156,7 +86,7 @@ def encode(idx: torch.Tensor | np.ndarray, chunk_size: int) -> bytes:
         pos = raw_total - n * back + np.arange(n, dtype=np.int64) * back
         x |= BitReader(raw_bytes).gather(pos, np.full(n, back, np.int64))
     fields: list[tuple[np.ndarray, np.ndarray]] = []
-    for rows, entries in reversed(rounds):
+    for rows, entries in reversed(tree.rounds):
         fields[:0] = encode_round(x, Round.build(rows, n), entries, tables)
     vals = np.concatenate([x - STATE_LOW, *[v for v, _ in fields], raw_v])
     widths = np.concatenate([np.full(n, STATE_BITS, np.int64), *[w for _, w in fields], raw_w])
@@ -166,50 +96,6 @@ def encode(idx: torch.Tensor | np.ndarray, chunk_size: int) -> bytes:
     if keep % 8:
         body[-1] &= (1 << (keep % 8)) - 1
     return bytes(out + body)
-
-
-def _walk_for_encoding(
-    arr: np.ndarray, tables: SplitTables
-) -> tuple[list[tuple[np.ndarray, np.ndarray]], list[np.ndarray], list[np.ndarray]]:
-    """Walk all split trees level by level: per level (lanes, table entries), and raw fields."""
-    n, k = arr.shape
-    levels = tables.levels
-    if k == 1 and tables.chunk_size == 1 << levels:  # a lone position: all raw
-        return [], [arr.reshape(-1)], [np.full(n, levels, np.int64)]
-    rounds: list[tuple[np.ndarray, np.ndarray]] = []
-    raw_vals: list[np.ndarray] = []
-    raw_widths: list[np.ndarray] = []
-    nodes = _Nodes.roots(n, tables.chunk_size, k)
-    item_val = arr.reshape(-1)
-    item_node = np.repeat(np.arange(n, dtype=np.int64), k)
-    binom = binomials()
-    for level in range(levels):
-        if nodes.row.size == 0:
-            break
-        split = _Split.of(nodes, level, tables)
-        first = np.cumsum(nodes.m) - nodes.m
-        bit = (item_val >> (levels - level - 1)) & 1
-        j = nodes.m - np.add.reduceat(bit, first)
-        value = j - split.lo
-        if split.leaf.any():
-            in_leaf = np.flatnonzero(split.leaf[item_node])
-            owner = item_node[in_leaf]
-            offset = item_val[in_leaf] - nodes.start[owner]
-            contrib = binom[offset, in_leaf - first[owner] + 1]
-            leaf_first = np.cumsum(nodes.m[split.leaf]) - nodes.m[split.leaf]
-            value[split.leaf] = np.add.reduceat(contrib, leaf_first)
-        tid = split.tid[split.sym]
-        rounds.append((nodes.row[split.sym], tables.table_start[tid] + value[split.sym]))
-        counts = split.child_counts(nodes, j)
-        _, single, active = split.kinds(counts)
-        child = 2 * item_node + bit
-        is_single = single[child]
-        raw_vals.append(item_val[is_single] & (split.half - 1))
-        raw_widths.append(np.full(int(is_single.sum()), levels - level - 1, np.int64))
-        keep = active[child]
-        item_val, item_node = item_val[keep], (np.cumsum(active) - 1)[child[keep]]
-        nodes = split.pick(nodes, counts, j, active)
-    return rounds, raw_vals, raw_widths
 
 
 def decode(data: bytes | memoryview, max_indices: int = DEFAULT_MAX_INDICES) -> torch.Tensor:
@@ -250,14 +136,14 @@ def _decode_body(body: bytes, chunk_size: int, k: int, n: int) -> np.ndarray:
     x = reader.read_uniform(n, STATE_BITS) | STATE_LOW
     out = np.empty(n * k, dtype=np.int64)
     singles: list[tuple[np.ndarray, np.ndarray, int]] = []  # (out position, start, width)
-    nodes = _Nodes.roots(n, chunk_size, k)
+    nodes = Nodes.roots(n, chunk_size, k)
     if k == 1 and chunk_size == 1 << levels:
         singles.append((nodes.row, nodes.start, levels))
         nodes.row = _EMPTY
     for level in range(levels):
         if nodes.row.size == 0:
             break
-        split = _Split.of(nodes, level, tables)
+        split = Split.of(nodes, level, tables)
         value = split.lo.copy()  # forced splits keep their only value
         if split.sym.any():
             value[split.sym] = decode_round(
@@ -282,7 +168,7 @@ def _decode_body(body: bytes, chunk_size: int, k: int, n: int) -> np.ndarray:
 
 
 def _write_leaves(
-    out: np.ndarray, nodes: _Nodes, split: _Split, value: np.ndarray, k: int, size: int
+    out: np.ndarray, nodes: Nodes, split: Split, value: np.ndarray, k: int, size: int
 ) -> None:
     for m in np.unique(nodes.m[split.leaf]):
         sel = split.leaf & (nodes.m == m)
@@ -291,7 +177,7 @@ def _write_leaves(
         out[base[:, None] + np.arange(m)] = nodes.start[sel][:, None] + subsets
 
 
-def _write_full(out: np.ndarray, fulls: _Nodes, k: int) -> None:
+def _write_full(out: np.ndarray, fulls: Nodes, k: int) -> None:
     within = np.arange(int(fulls.eff.sum())) - np.repeat(
         np.cumsum(fulls.eff) - fulls.eff, fulls.eff
     )

@@ -16,6 +16,10 @@ from collections.abc import Callable, Sequence
 # `run(args) -> int`.
 COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("deploy.bench_cli", "run a benchmark (codec, ...) and print a table or --json"),
+    "chain": (
+        "protocol.chain.cli",
+        "manage the embedded local chain (create a subnet, register hotkeys, stake)",
+    ),
 }
 
 

@@ -1,0 +1,74 @@
+"""Tree nodes of the index coder, shared by its encoder walk and its decoder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from codec.index_model import SplitTables
+
+_EMPTY = np.zeros(0, np.int64)
+
+
+@dataclass
+class Nodes:
+    """Pending nodes of one tree level, in (chunk, position) order."""
+
+    row: np.ndarray
+    start: np.ndarray
+    eff: np.ndarray
+    m: np.ndarray
+    rank: np.ndarray  # decoder only: rank of the node's first position within its row
+
+    @classmethod
+    def roots(cls, n: int, chunk_size: int, k: int) -> Nodes:
+        zeros = np.zeros(n, np.int64)
+        return cls(np.arange(n, dtype=np.int64), zeros, zeros + chunk_size, zeros + k, zeros)
+
+
+@dataclass
+class Split:
+    """What every node of a level does: its table, whether it sends a symbol, its children."""
+
+    half: int
+    tid: np.ndarray
+    leaf: np.ndarray
+    sym: np.ndarray
+    lo: np.ndarray
+    child_eff: np.ndarray  # (n, 2)
+
+    @classmethod
+    def of(cls, nodes: Nodes, level: int, tables: SplitTables) -> Split:
+        half = 1 << (tables.levels - level - 1)
+        partial = (nodes.eff != 2 * half).astype(np.int64)
+        a = np.minimum(nodes.eff, half)
+        b = nodes.eff - a
+        lo = np.maximum(0, nodes.m - b)
+        tid = tables.table_id(level, partial, nodes.m)
+        leaf = tables.is_leaf[tid]
+        sym = leaf | (np.minimum(nodes.m, a) > lo)
+        return cls(half, tid, leaf, sym, lo, np.stack([a, b], axis=1))
+
+    def child_counts(self, nodes: Nodes, j: np.ndarray) -> np.ndarray:
+        counts = np.stack([j, nodes.m - j], axis=1)
+        counts[self.leaf] = 0  # a leaf sends its whole subset; it has no children
+        return counts
+
+    def kinds(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Flat (full, single, active) masks over the children, left and right interleaved."""
+        c, e = counts.reshape(-1), self.child_eff.reshape(-1)
+        full = (c == e) & (c > 0)
+        single = (c == 1) & (e == self.half)
+        return full, single, (c > 0) & ~full & ~single
+
+    def pick(self, nodes: Nodes, counts: np.ndarray, j: np.ndarray, mask: np.ndarray) -> Nodes:
+        idx = np.flatnonzero(mask)
+        parent, side = idx >> 1, idx & 1
+        return Nodes(
+            row=nodes.row[parent],
+            start=nodes.start[parent] + side * self.half,
+            eff=self.child_eff.reshape(-1)[idx],
+            m=counts.reshape(-1)[idx],
+            rank=nodes.rank[parent] + side * j[parent] if nodes.rank.size else _EMPTY,
+        )

@@ -1,0 +1,522 @@
+"""Bittensor subtensor as a `Chain`, through substrate-interface.
+
+What it touches on chain (pallet.item), checked against opentensor/subtensor sources and the
+Bittensor SDK; see docs/chains.md for the confidence of each:
+
+- time: `chain_getHeader` (head number, via `get_block_number`), `chain_getBlockHash`,
+  storage `Timestamp.Now` (milliseconds) at the block's hash.
+- metagraph: `SubtensorModule.NetworksAdded(netuid)`, `SubnetworkN(netuid)`,
+  `Keys(netuid, uid) -> hotkey` (query_map), `ValidatorPermit(netuid) -> Vec<bool>`, and stake as
+  `TotalHotkeyAlpha(hotkey, netuid)` (dTAO; RAO units of the subnet's alpha) or, on runtimes
+  without it, `TotalHotkeyStake(hotkey)`. All read at one block hash.
+- uids: `SubtensorModule.Uids(netuid, hotkey) -> Option<u16>`.
+- commitments: call `Commitments.set_commitment(netuid, info={"fields": [[{"Raw<N>": "0x.."}]]})`
+  signed by the hotkey; storage `Commitments.CommitmentOf(netuid, hotkey)` ->
+  `Registration {deposit, block, info: {fields}}`.
+- weights: call `SubtensorModule.set_weights(netuid, dests, weights, version_key)` with u16
+  weights max-upscaled so the largest is 65535; storage `SubtensorModule.Weights(netuid, uid)` ->
+  `Vec<(u16, u16)>` (mechanism 0, whose storage index equals the netuid).
+
+The substrate client is injected (any object with substrate-interface's methods), which is how
+the unit tests check the exact calls without a node.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import ValidationError
+from substrateinterface import Keypair
+from substrateinterface.exceptions import ConfigurationError, SubstrateRequestException
+
+from protocol.chain.base import Chain
+from protocol.chain.errors import (
+    ChainError,
+    ChainUnavailable,
+    CommitmentTooLarge,
+    InvalidWeights,
+    NotRegistered,
+    PermissionDenied,
+    RateLimited,
+)
+from protocol.chain.models import (
+    MAX_BLOCK,
+    MAX_COMMITMENT_BYTES,
+    MAX_UID,
+    SS58_FORMAT,
+    Commitment,
+    Metagraph,
+    Neuron,
+    canonical_hotkey,
+)
+from protocol.chain.subtensor_decode import (
+    decode_account,
+    decode_bool_list,
+    decode_int,
+    decode_registration,
+    decode_weight_pairs,
+    unwrap,
+)
+from protocol.chain.weights import normalise_pairs, to_u16, validate_weights
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+RAO_PER_TAO = 1_000_000_000
+MAX_COMMITMENT_ENTRIES = 65_536
+"""Stale commitments of deregistered hotkeys stay in storage; read at most this many."""
+MAX_TIMESTAMP_MS = 2**63 - 1
+QUERY_MULTI_BATCH = 256
+
+NOT_REGISTERED_ERRORS = frozenset(
+    {
+        "AccountNotAllowedCommit",
+        "HotKeyNotRegisteredInSubNet",
+        "HotKeyNotRegisteredInNetwork",
+        "HotKeyAccountNotExists",
+        "NotRegistered",
+        "UidNotFound",
+    }
+)
+RATE_LIMIT_ERRORS = frozenset(
+    {
+        "SpaceLimitExceeded",
+        "CommitmentSetRateLimitExceeded",
+        "RateLimitExceeded",
+        "SettingWeightsTooFast",
+        "TxRateLimitExceeded",
+    }
+)
+PERMISSION_ERRORS = frozenset(
+    {
+        "NeuronNoValidatorPermit",
+        "NotEnoughStakeToSetWeights",
+        "BadOrigin",
+        "ValidatorWithoutPermission",
+    }
+)
+WEIGHT_ERRORS = frozenset(
+    {
+        "WeightVecNotEqualSize",
+        "DuplicateUids",
+        "UidVecContainInvalidOne",
+        "WeightVecLengthIsLow",
+        "MaxWeightExceeded",
+        "UidsLengthExceedUidsInSubNet",
+        "InvalidUid",
+    }
+)
+HINTS = {
+    "CommitRevealEnabled": "the subnet requires commit-reveal weights, which this client does not "
+    "submit; ask the subnet owner to disable CommitRevealWeightsEnabled",
+    "IncorrectWeightVersionKey": "version_key is below the subnet's WeightsVersionKey",
+    "MechanismDoesNotExist": "the subnet does not exist",
+    "SubnetNotExists": "the subnet does not exist",
+}
+# `InvalidTransaction::Custom(n)` codes of subtensor's transaction extension that we can act on
+# (stable numbering per subtensor's CustomTransactionError; other codes surface verbatim).
+CUSTOM_TX_ERRORS = {6: "RateLimitExceeded", 10: "HotKeyNotRegisteredInNetwork"}
+
+
+def redact_url(url: str) -> str:
+    """The URL without user info or query (providers put API keys there)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+class SubtensorChain(Chain):
+    """One subnet of a subtensor chain (finney, testnet or a localnet)."""
+
+    def __init__(
+        self,
+        url: str,
+        netuid: int,
+        *,
+        substrate: Any | None = None,
+        wait_for_finalization: bool = False,
+    ) -> None:
+        if isinstance(netuid, bool) or not isinstance(netuid, int) or not 0 <= netuid <= MAX_UID:
+            raise ValueError(f"netuid must be an integer in [0, {MAX_UID}]")
+        self._url = url
+        self._netuid = netuid
+        self._wait_for_finalization = wait_for_finalization
+        self._stake_item: tuple[str, bool] | None = None
+        if substrate is None:
+            substrate = _connect(url)
+        self._s = substrate
+
+    @property
+    def netuid(self) -> int:
+        return self._netuid
+
+    @property
+    def url(self) -> str:
+        return redact_url(self._url)
+
+    @property
+    def substrate(self) -> Any:
+        return self._s
+
+    def close(self) -> None:
+        closer = getattr(self._s, "close", None)
+        if callable(closer):
+            with _rpc(self.url):
+                closer()
+
+    # -- time ------------------------------------------------------------------------------------
+
+    def block(self) -> int:
+        with _rpc(self.url):
+            number = self._s.get_block_number(None)
+        return _read(lambda: decode_int(number, hi=MAX_BLOCK, what="block number"), "head block")
+
+    def block_timestamp(self, block: int) -> datetime:
+        if isinstance(block, bool) or not isinstance(block, int) or not 0 <= block <= MAX_BLOCK:
+            raise ValueError("block must be an integer in the u32 range")
+        with _rpc(self.url):
+            block_hash = self._s.get_block_hash(block)
+            if not block_hash:
+                raise ChainError(f"block {block} does not exist (yet) on {self.url}")
+            now = self._s.query("Timestamp", "Now", block_hash=block_hash)
+        ms = _read(lambda: decode_int(now, hi=MAX_TIMESTAMP_MS, what="timestamp"), "Timestamp.Now")
+        try:
+            return datetime.fromtimestamp(ms / 1000, tz=UTC)
+        except (OverflowError, OSError, ValueError) as exc:
+            raise ChainError(f"block {block} carries an impossible timestamp {ms} ms") from exc
+
+    # -- membership ------------------------------------------------------------------------------
+
+    def metagraph(self) -> Metagraph:
+        netuid = self._netuid
+        with _rpc(self.url):
+            head = self._s.get_chain_head()
+            number = self._s.get_block_number(head)
+            added = self._s.query("SubtensorModule", "NetworksAdded", [netuid], block_hash=head)
+            if unwrap(added) is not True:
+                raise ChainError(f"subnet {netuid} does not exist on {self.url}")
+            n_obj = self._s.query("SubtensorModule", "SubnetworkN", [netuid], block_hash=head)
+            n = _read(lambda: decode_int(n_obj, hi=MAX_UID + 1, what="SubnetworkN"), "SubnetworkN")
+            keys: dict[int, str] = {}
+            if n > 0:
+                records = self._s.query_map(
+                    "SubtensorModule",
+                    "Keys",
+                    [netuid],
+                    block_hash=head,
+                    max_results=n,
+                    page_size=min(n, 1000),
+                )
+                for key, value in records:
+                    try:
+                        uid = decode_int(key, hi=MAX_UID, what="uid")
+                        keys[uid] = decode_account(value)
+                    except ValueError as exc:
+                        log.warning("skipping malformed Keys entry on subnet %d: %s", netuid, exc)
+            permits_obj = self._s.query(
+                "SubtensorModule", "ValidatorPermit", [netuid], block_hash=head
+            )
+            stakes = self._stakes(list(keys.values()), head)
+        block = _read(lambda: decode_int(number, hi=MAX_BLOCK, what="block"), "head block")
+        permits = _read(lambda: decode_bool_list(permits_obj), "ValidatorPermit")
+        try:
+            neurons = tuple(
+                Neuron(
+                    uid=uid,
+                    hotkey=hotkey,
+                    stake=stakes.get(hotkey, 0) / RAO_PER_TAO,
+                    validator_permit=permits[uid] if uid < len(permits) else False,
+                )
+                for uid, hotkey in sorted(keys.items())
+                if uid < n
+            )
+            return Metagraph(netuid=netuid, block=block, neurons=neurons)
+        except ValidationError as exc:
+            raise ChainError(f"{self.url} returned an inconsistent metagraph: {exc}") from exc
+
+    def _stakes(self, hotkeys: list[str], block_hash: str) -> dict[str, int]:
+        """Stake in RAO per hotkey: TotalHotkeyAlpha(hotkey, netuid), else TotalHotkeyStake."""
+        if not hotkeys:
+            return {}
+        item, per_subnet = self._stake_storage_item(block_hash)
+        result: dict[str, int] = {}
+        for start in range(0, len(hotkeys), QUERY_MULTI_BATCH):
+            storage_keys = [
+                self._s.create_storage_key(
+                    "SubtensorModule", item, [hk, self._netuid] if per_subnet else [hk]
+                )
+                for hk in hotkeys[start : start + QUERY_MULTI_BATCH]
+            ]
+            for storage_key, value in self._s.query_multi(storage_keys, block_hash=block_hash):
+                try:
+                    hotkey = canonical_hotkey(str(storage_key.params[0]))
+                    result[hotkey] = decode_int(value, what="stake")
+                except (ValueError, IndexError, AttributeError) as exc:
+                    log.warning("skipping malformed stake entry: %s", exc)
+        return result
+
+    def _stake_storage_item(self, block_hash: str) -> tuple[str, bool]:
+        if self._stake_item is None:
+            found = self._s.get_metadata_storage_function(
+                "SubtensorModule", "TotalHotkeyAlpha", block_hash=block_hash
+            )
+            self._stake_item = ("TotalHotkeyAlpha", True) if found else ("TotalHotkeyStake", False)
+        return self._stake_item
+
+    def uid_of(self, hotkey: str) -> int | None:
+        key = canonical_hotkey(hotkey)
+        with _rpc(self.url):
+            result = self._s.query("SubtensorModule", "Uids", [self._netuid, key])
+        value = unwrap(result)
+        if value is None:
+            return None
+        return _read(lambda: decode_int(value, hi=MAX_UID, what="uid"), "Uids")
+
+    def commit_reveal_enabled(self) -> bool:
+        """Whether the subnet demands commit-reveal weights (then `set_weights` is refused)."""
+        with _rpc(self.url):
+            result = self._s.query("SubtensorModule", "CommitRevealWeightsEnabled", [self._netuid])
+        return unwrap(result) is True
+
+    # -- commitments -----------------------------------------------------------------------------
+
+    def commit(self, keypair: Keypair, data: bytes) -> Commitment:
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise TypeError("commitment data must be bytes")
+        blob = bytes(data)
+        if len(blob) > MAX_COMMITMENT_BYTES:
+            raise CommitmentTooLarge(
+                f"commitment is {len(blob)} bytes; one Raw field holds at most "
+                f"{MAX_COMMITMENT_BYTES}"
+            )
+        hotkey = self._require_registered(keypair)
+        params = {
+            "netuid": self._netuid,
+            "info": {"fields": [[{f"Raw{len(blob)}": "0x" + blob.hex()}]]},
+        }
+        with _rpc(self.url):
+            call = self._s.compose_call(
+                call_module="Commitments", call_function="set_commitment", call_params=params
+            )
+        block = self._submit(call, keypair)
+        return Commitment(hotkey=hotkey, data=blob, block=block)
+
+    def read_commitment(self, hotkey: str) -> Commitment | None:
+        key = canonical_hotkey(hotkey)
+        with _rpc(self.url):
+            result = self._s.query("Commitments", "CommitmentOf", [self._netuid, key])
+        value = unwrap(result)
+        if value is None:
+            return None
+        return _commitment(key, value)
+
+    def read_all_commitments(self) -> dict[str, Commitment]:
+        out: dict[str, Commitment] = {}
+        with _rpc(self.url):
+            records = self._s.query_map(
+                "Commitments",
+                "CommitmentOf",
+                [self._netuid],
+                max_results=MAX_COMMITMENT_ENTRIES,
+                page_size=1000,
+            )
+            for key, value in records:
+                try:
+                    hotkey = decode_account(key)
+                except ValueError:
+                    continue
+                commitment = _commitment(hotkey, unwrap(value))
+                if commitment is not None:
+                    out[commitment.hotkey] = commitment
+        return out
+
+    # -- weights ---------------------------------------------------------------------------------
+
+    def set_weights(
+        self,
+        keypair: Keypair,
+        uids: Sequence[int],
+        weights: Sequence[float],
+        version_key: int,
+    ) -> None:
+        normalised = validate_weights(uids, weights)
+        if isinstance(version_key, bool) or not isinstance(version_key, int):
+            raise InvalidWeights("version_key must be an integer")
+        if not 0 <= version_key < 2**64:
+            raise InvalidWeights("version_key must fit in a u64")
+        dests, values = to_u16(normalised)
+        self._require_registered(keypair)
+        with _rpc(self.url):
+            call = self._s.compose_call(
+                call_module="SubtensorModule",
+                call_function="set_weights",
+                call_params={
+                    "netuid": self._netuid,
+                    "dests": dests,
+                    "weights": values,
+                    "version_key": version_key,
+                },
+            )
+        self._submit(call, keypair)
+
+    def read_weights(self, validator: int | str) -> dict[int, float]:
+        if isinstance(validator, str):
+            uid = self.uid_of(validator)
+            if uid is None:
+                raise NotRegistered(
+                    canonical_hotkey(validator), self._netuid, "it has no uid and so no weights"
+                )
+        elif isinstance(validator, int) and not isinstance(validator, bool):
+            if not 0 <= validator <= MAX_UID:
+                raise ValueError(f"uid must be in [0, {MAX_UID}]")
+            uid = validator
+        else:
+            raise TypeError("validator must be a uid (int) or a hotkey (str)")
+        with _rpc(self.url):
+            result = self._s.query("SubtensorModule", "Weights", [self._netuid, uid])
+        value = unwrap(result)
+        if value is None:
+            return {}
+        return normalise_pairs(_read(lambda: decode_weight_pairs(value), "Weights"))
+
+    def weights_all(self) -> dict[int, dict[int, float]]:
+        out: dict[int, dict[int, float]] = {}
+        with _rpc(self.url):
+            records = self._s.query_map(
+                "SubtensorModule",
+                "Weights",
+                [self._netuid],
+                max_results=MAX_UID + 1,
+                page_size=1000,
+            )
+            for key, value in records:
+                try:
+                    uid = decode_int(key, hi=MAX_UID, what="uid")
+                    row = normalise_pairs(decode_weight_pairs(value))
+                except ValueError as exc:
+                    log.warning(
+                        "skipping malformed Weights entry on subnet %d: %s", self._netuid, exc
+                    )
+                    continue
+                if row:
+                    out[uid] = row
+        return out
+
+    # -- extrinsics ------------------------------------------------------------------------------
+
+    def _require_registered(self, keypair: Keypair) -> str:
+        if not isinstance(keypair, Keypair):
+            raise TypeError("pass the hotkey's substrateinterface.Keypair")
+        hotkey = canonical_hotkey(keypair.ss58_address)
+        if self.uid_of(hotkey) is None:
+            raise NotRegistered(hotkey, self._netuid, self._register_hint())
+        return hotkey
+
+    def _register_hint(self) -> str:
+        return (
+            f"register it with `btcli subnets register --netuid {self._netuid} "
+            f"--network {self.url}` (burns the registration cost from the coldkey)"
+        )
+
+    def _submit(self, call: Any, keypair: Keypair) -> int:
+        """Sign with the hotkey, submit, wait for inclusion; return the block it landed in."""
+        hotkey = canonical_hotkey(keypair.ss58_address)
+        with _rpc(self.url):
+            try:
+                extrinsic = self._s.create_signed_extrinsic(call=call, keypair=keypair)
+            except ConfigurationError as exc:  # no private key on the keypair
+                raise PermissionDenied(
+                    f"cannot sign for hotkey {hotkey}: the keypair holds no private key"
+                ) from exc
+            try:
+                receipt = self._s.submit_extrinsic(
+                    extrinsic,
+                    wait_for_inclusion=True,
+                    wait_for_finalization=self._wait_for_finalization,
+                )
+            except SubstrateRequestException as exc:
+                text = str(exc)[:500]
+                raise self._map_error(_request_error_name(text), text, hotkey) from exc
+            if not receipt.is_success:
+                message = receipt.error_message
+                name = message.get("name") if isinstance(message, dict) else None
+                raise self._map_error(name, str(message)[:500], hotkey)
+            number = getattr(receipt, "block_number", None)
+            if not isinstance(number, int) or isinstance(number, bool):
+                number = self._s.get_block_number(receipt.block_hash)
+        return _read(lambda: decode_int(number, hi=MAX_BLOCK, what="block"), "receipt block")
+
+    def _map_error(self, name: str | None, detail: str, hotkey: str) -> ChainError:
+        if name in NOT_REGISTERED_ERRORS:
+            return NotRegistered(hotkey, self._netuid, self._register_hint())
+        if name in RATE_LIMIT_ERRORS:
+            return RateLimited(f"{name}: the chain rate-limits this call; retry later")
+        if name in PERMISSION_ERRORS:
+            return PermissionDenied(
+                f"{name}: hotkey {hotkey} may not do this on subnet {self._netuid}"
+            )
+        if name in WEIGHT_ERRORS:
+            return InvalidWeights(f"{name}: the chain rejected the weights")
+        hint = HINTS.get(name or "", "")
+        return ChainError(f"{name or 'extrinsic failed'}: {hint or detail}")
+
+
+def _request_error_name(text: str) -> str | None:
+    """The error name inside a node's transaction-pool rejection, when we can tell."""
+    custom = re.search(r"Custom error: (\d+)\b", text)
+    if custom is not None:
+        return CUSTOM_TX_ERRORS.get(int(custom.group(1)))
+    for name in (*NOT_REGISTERED_ERRORS, *RATE_LIMIT_ERRORS, *PERMISSION_ERRORS, *HINTS):
+        if name in text:
+            return name
+    return None
+
+
+def _commitment(hotkey: str, value: object) -> Commitment | None:
+    try:
+        data, block = decode_registration(value)
+        return Commitment(hotkey=hotkey, data=data, block=block)
+    except (ValueError, ValidationError) as exc:
+        log.debug("ignoring malformed commitment of %s: %s", hotkey, str(exc)[:200])
+        return None
+
+
+def _read(fn: Callable[[], T], what: str) -> T:
+    try:
+        return fn()
+    except ValueError as exc:
+        raise ChainError(f"malformed {what} from chain: {exc}") from exc
+
+
+@contextmanager
+def _rpc(url: str) -> Iterator[None]:
+    """Turn transport failures into `ChainUnavailable`; let our own errors through."""
+    try:
+        yield
+    except ChainError:
+        raise
+    except (OSError, TimeoutError) as exc:
+        raise ChainUnavailable(f"cannot reach {url}: {exc}") from exc
+    except Exception as exc:
+        kind = type(exc).__name__
+        if "WebSocket" in kind or "Connection" in kind:
+            raise ChainUnavailable(f"cannot reach {url}: {kind}: {str(exc)[:300]}") from exc
+        if isinstance(exc, SubstrateRequestException):
+            raise ChainError(f"{url} refused the request: {str(exc)[:300]}") from exc
+        raise
+
+
+def _connect(url: str) -> Any:
+    from substrateinterface import SubstrateInterface  # heavy import, only for real nodes
+
+    with _rpc(redact_url(url)):
+        return SubstrateInterface(url=url, ss58_format=SS58_FORMAT)

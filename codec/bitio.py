@@ -18,27 +18,26 @@ _MASKS = (np.int64(1) << np.arange(MAX_FIELD_BITS + 1, dtype=np.int64)) - 1
 
 def pack_fields(values: np.ndarray, widths: np.ndarray) -> tuple[bytes, int]:
     """Pack `values[i]` in `widths[i]` bits each; returns (bytes, total number of bits)."""
-    values = np.asarray(values).astype(_U64, copy=False)
     widths = np.asarray(widths, dtype=np.int64)
+    keep = widths > 0
+    values = np.asarray(values).astype(_U64, copy=False)[keep]
+    widths = widths[keep]
     total = int(widths.sum())
-    n_words = (total + 31) // 32 + 1
     if total == 0:
         return b"", 0
-    keep = widths > 0
-    values, widths = values[keep], widths[keep]
     pos = np.cumsum(widths) - widths
     word = pos >> 5
     off = (pos & 31).astype(_U64)
-    # Disjoint bit ranges: summing the parts of each word equals OR-ing them (exact in float64,
-    # every partial sum stays below 2**32).
     low = (values << off) & _U64(0xFFFFFFFF)
-    high = values >> (_U64(32) - off)  # shift by 32 yields 0 for off == 0 on uint64
-    high[off == 0] = 0
-    acc = np.bincount(word, weights=low.astype(np.float64), minlength=n_words)
-    acc += np.bincount(word + 1, weights=high.astype(np.float64), minlength=n_words)[:n_words]
-    words = acc.astype(np.uint32)
-    n_bytes = (total + 7) // 8
-    return words.astype("<u4").tobytes()[:n_bytes], total
+    # Fields are back to back and at most 32 bits wide, so every word holds the start of some
+    # field (but perhaps the last), and at most one field crosses into the next word. Disjoint
+    # bit ranges: summing a word's low parts equals OR-ing them.
+    words = np.zeros((total + 31) // 32 + 1, dtype=_U64)
+    starts = np.flatnonzero(np.diff(word, prepend=-1))
+    words[word[starts]] = np.add.reduceat(low, starts)
+    cross = np.flatnonzero(off + widths.astype(_U64) > _U64(32))
+    words[word[cross] + 1] |= values[cross] >> (_U64(32) - off[cross])
+    return words.astype("<u4").tobytes()[: (total + 7) // 8], total
 
 
 class BitReader:

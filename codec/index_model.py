@@ -170,3 +170,19 @@ def leaf_subsets(e: int, m: int) -> np.ndarray:
     out = np.empty_like(combos)
     out[ranks] = combos
     return out
+
+
+@lru_cache(maxsize=32)
+def leaf_table(e: int) -> tuple[np.ndarray, np.ndarray]:
+    """All leaf subsets of a block of e positions, flattened: the subset of m positions with rank
+    r starts at `offsets[m] + r * m` in the flat array."""
+    offsets = np.zeros(e + 1, dtype=np.int64)
+    parts: list[np.ndarray] = []
+    size = 0
+    for m in range(2, e):
+        if is_leaf_size(e, m):
+            offsets[m] = size
+            parts.append(leaf_subsets(e, m).reshape(-1))
+            size += parts[-1].size
+    flat = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    return flat, offsets

@@ -62,6 +62,15 @@ class Split:
         single = (c == 1) & (e == self.half)
         return full, single, (c > 0) & ~full & ~single
 
+    def pick_lone(
+        self, nodes: Nodes, j: np.ndarray, mask: np.ndarray, k: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(output position, block start) of the lone positions picked by `mask`."""
+        idx = np.flatnonzero(mask)
+        parent, side = idx >> 1, idx & 1
+        rank = nodes.rank[parent] + side * j[parent]
+        return nodes.row[parent] * k + rank, nodes.start[parent] + side * self.half
+
     def pick(self, nodes: Nodes, counts: np.ndarray, j: np.ndarray, mask: np.ndarray) -> Nodes:
         idx = np.flatnonzero(mask)
         parent, side = idx >> 1, idx & 1

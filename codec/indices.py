@@ -31,7 +31,7 @@ import torch
 
 from codec.bitio import BitReader, pack_fields
 from codec.errors import DecodeError
-from codec.index_model import MAX_CHUNK_BITS, MAX_K, leaf_subsets, split_tables
+from codec.index_model import MAX_CHUNK_BITS, MAX_K, leaf_table, split_tables
 from codec.index_nodes import Nodes, Split
 from codec.index_walk import walk
 from codec.rans import STATE_BITS, STATE_LOW, Round, decode_round, encode_round
@@ -156,8 +156,7 @@ def _decode_body(body: bytes, chunk_size: int, k: int, n: int) -> np.ndarray:
         full, single, active = split.kinds(counts)
         if full.any():
             _write_full(out, split.pick(nodes, counts, j, full), k)
-        one = split.pick(nodes, counts, j, single)
-        singles.append((one.row * k + one.rank, one.start, levels - level - 1))
+        singles.append((*split.pick_lone(nodes, j, single, k), levels - level - 1))
         nodes = split.pick(nodes, counts, j, active)
     widths = np.concatenate([np.full(p.size, w, np.int64) for p, _, w in singles])
     raw = _read_raw(reader, x, widths, n)
@@ -170,11 +169,15 @@ def _decode_body(body: bytes, chunk_size: int, k: int, n: int) -> np.ndarray:
 def _write_leaves(
     out: np.ndarray, nodes: Nodes, split: Split, value: np.ndarray, k: int, size: int
 ) -> None:
-    for m in np.unique(nodes.m[split.leaf]):
-        sel = split.leaf & (nodes.m == m)
-        subsets = leaf_subsets(size, int(m))[value[sel]]
-        base = nodes.row[sel] * k + nodes.rank[sel]
-        out[base[:, None] + np.arange(m)] = nodes.start[sel][:, None] + subsets
+    """Expand each leaf's colex rank into its positions (one lookup table per block size)."""
+    flat, offsets = leaf_table(size)
+    sel = np.flatnonzero(split.leaf)
+    m = nodes.m[sel]
+    src = offsets[m] + value[sel] * m
+    dst = nodes.row[sel] * k + nodes.rank[sel]
+    rep = np.repeat(np.arange(sel.size), m)
+    within = np.arange(rep.size) - (np.cumsum(m) - m)[rep]
+    out[dst[rep] + within] = nodes.start[sel][rep] + flat[src[rep] + within]
 
 
 def _write_full(out: np.ndarray, fulls: Nodes, k: int) -> None:

@@ -50,7 +50,7 @@ class Round:
     def build(cls, lanes_of_symbols: np.ndarray, n_lanes: int) -> Round:
         """`lanes_of_symbols` must be sorted: a lane's symbols are contiguous and in order."""
         counts = np.bincount(lanes_of_symbols, minlength=n_lanes)
-        order = np.argsort(-counts, kind="stable")
+        order = np.argsort(-counts.astype(np.int32), kind="stable")
         first = np.cumsum(counts) - counts
         n_steps = int(counts.max(initial=0))
         busy = n_lanes - np.cumsum(np.bincount(counts, minlength=n_steps + 1))[:n_steps]

@@ -1,0 +1,82 @@
+"""Shared fixtures: an in-process S3 server (moto) on loopback.
+
+- `s3_server` (session): endpoint URL of a `ThreadedMotoServer` on 127.0.0.1, free port.
+- `s3_bucket`: a fresh, empty bucket on that server (its name).
+- `s3_credentials`: write credentials the server accepts (moto accepts any key by default).
+- `s3_url`: the store URL of `s3_bucket`, for `protocol.stores.open_store`.
+
+`start_moto_server()` / `stop_moto_server()` start and fully stop an extra server (e.g. to make
+one go away during a test). All moto servers of a process share one in-memory backend.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+from moto.server import ThreadedMotoServer
+
+from protocol.credentials import WriteCredentials
+
+TEST_ACCESS_KEY_ID = "tessera-test-key"
+TEST_SECRET = "tessera-test-secret"
+_bucket_numbers = itertools.count()
+
+
+def start_moto_server() -> tuple[ThreadedMotoServer, str]:
+    """Start a moto S3 server on a free loopback port; returns it and its endpoint URL."""
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no access log per request
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    return server, f"http://{host}:{port}"
+
+
+def stop_moto_server(server: ThreadedMotoServer) -> None:
+    """Stop serving and close the listening socket, so that new connections are refused."""
+    server.stop()
+    inner = getattr(server, "_server", None)  # moto's stop() leaves the socket open
+    if inner is not None:
+        inner.server_close()
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[str]:
+    server, endpoint = start_moto_server()
+    yield endpoint
+    stop_moto_server(server)
+
+
+@pytest.fixture(scope="session")
+def _s3_admin(s3_server: str) -> Iterator[Any]:
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3_server,
+        region_name="us-east-1",
+        aws_access_key_id=TEST_ACCESS_KEY_ID,
+        aws_secret_access_key=TEST_SECRET,
+    )
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def s3_credentials() -> WriteCredentials:
+    return WriteCredentials(TEST_ACCESS_KEY_ID, TEST_SECRET)
+
+
+@pytest.fixture
+def s3_bucket(_s3_admin: Any) -> str:
+    name = f"tessera-test-{os.getpid()}-{next(_bucket_numbers)}"
+    _s3_admin.create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture
+def s3_url(s3_server: str, s3_bucket: str) -> str:
+    return f"s3://{s3_bucket}?endpoint={s3_server}&region=us-east-1"

@@ -55,6 +55,7 @@ class SplitTables:
     cum: np.ndarray
     end: np.ndarray  # cum + freq
     coarse: np.ndarray  # int64: first candidate entry per (table, bucket)
+    packed: np.ndarray  # int64: freq << 32 | cum, one gather for both
 
     def table_id(self, level: int, partial: np.ndarray, m: np.ndarray) -> np.ndarray:
         return (2 * level + partial) * (self.k + 1) + m
@@ -139,6 +140,7 @@ def split_tables(chunk_size: int, k: int) -> SplitTables:
         cum=cum,
         end=cum + freq,
         coarse=coarse,
+        packed=(freq << 32) | cum,
     )
 
 

@@ -81,3 +81,42 @@ class Split:
             m=counts.reshape(-1)[idx],
             rank=nodes.rank[parent] + side * j[parent] if nodes.rank.size else _EMPTY,
         )
+
+
+SMALLEST_DENSE_BLOCK = 256  # below this, leaves appear and the sparse phase takes over
+
+
+def dense_depth(k: int, levels: int) -> int:
+    """Levels walked as full grids of cells: near the root nearly every cell is busy."""
+    return max(0, min(k.bit_length() - 1, levels - SMALLEST_DENSE_BLOCK.bit_length() + 2))
+
+
+def grid_eff(tables: SplitTables, level: int) -> np.ndarray:
+    """Effective size of each of the 2**level cells of a level (only the last may be partial)."""
+    size = 1 << (tables.levels - level)
+    return np.clip(tables.chunk_size - np.arange(1 << level) * size, 0, size)
+
+
+def grid_busy(m: np.ndarray, eff: np.ndarray, size: int) -> np.ndarray:
+    """Cells that still need work: not empty, not full, not a lone position in a full block."""
+    return (m >= 1) & (m < eff) & ~((m == 1) & (eff == size))
+
+
+def grid_cells(
+    busy: np.ndarray,
+    m: np.ndarray,
+    eff: np.ndarray,
+    level: int,
+    size: int,
+    rank: np.ndarray | None = None,
+) -> Nodes:
+    """The busy cells of an (n, 2**level) grid as a node list in (chunk, position) order."""
+    cells = np.flatnonzero(busy)
+    q = cells & ((1 << level) - 1)
+    return Nodes(
+        row=cells >> level,
+        start=q * size,
+        eff=eff[q],
+        m=m.reshape(-1)[cells],
+        rank=rank.reshape(-1)[cells] if rank is not None else _EMPTY,
+    )

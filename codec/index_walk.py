@@ -16,9 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from codec.index_model import SplitTables, binomials
-from codec.index_nodes import Nodes, Split
-
-SMALLEST_DENSE_BLOCK = 256  # below this, leaves appear and the item phase takes over
+from codec.index_nodes import Nodes, Split, dense_depth, grid_busy, grid_cells, grid_eff
 
 
 @dataclass
@@ -42,19 +40,10 @@ def walk(arr: np.ndarray, tables: SplitTables) -> Walk:
     if k == 1 and tables.chunk_size == 1 << levels:  # a lone position: all raw
         out.add_raw(arr.reshape(-1), levels)
         return out
-    dense = max(0, min(k.bit_length() - 1, levels - SMALLEST_DENSE_BLOCK.bit_length() + 2))
+    dense = dense_depth(k, levels)
     nodes, item_val, item_node = _dense_phase(arr, tables, dense, out)
     _item_phase(nodes, item_val, item_node, tables, dense, out)
     return out
-
-
-def _eff(tables: SplitTables, level: int) -> np.ndarray:
-    size = 1 << (tables.levels - level)
-    return np.clip(tables.chunk_size - np.arange(1 << level) * size, 0, size)
-
-
-def _busy(m: np.ndarray, eff: np.ndarray, size: int) -> np.ndarray:
-    return (m >= 1) & (m < eff) & ~((m == 1) & (eff == size))
 
 
 def _dense_phase(
@@ -73,36 +62,28 @@ def _dense_phase(
         hist.insert(0, hist[0].reshape(n, -1, 2).sum(axis=2))
     for level in range(dense):
         size, half = 1 << (levels - level), 1 << (levels - level - 1)
-        m, eff = hist[level], _eff(tables, level)
-        busy = _busy(m, eff, size)
-        nodes = _cells(busy, m, eff, level, size)
+        m, eff = hist[level], grid_eff(tables, level)
+        busy = grid_busy(m, eff, size)
+        nodes = grid_cells(busy, m, eff, level, size)
         split = Split.of(nodes, level, tables)
         j = hist[level + 1][:, 0::2].reshape(-1)[np.flatnonzero(busy)]
         sym = split.sym
         out.rounds.append(
             (nodes.row[sym], tables.table_start[split.tid[sym]] + j[sym] - split.lo[sym])
         )
-        child_m, child_eff = hist[level + 1], _eff(tables, level + 1)
+        child_m, child_eff = hist[level + 1], grid_eff(tables, level + 1)
         lone = (child_m == 1) & (child_eff == half) & np.repeat(busy, 2, axis=1)
         cells = np.flatnonzero(lone)
         rank = (np.cumsum(child_m, axis=1) - child_m).reshape(-1)[cells]
         out.add_raw(flat[(cells >> (level + 1)) * k + rank] & (half - 1), levels - level - 1)
     size = 1 << (levels - dense)
-    m, eff = hist[dense], _eff(tables, dense)
-    busy = _busy(m, eff, size)
-    nodes = _cells(busy, m, eff, dense, size)
+    m, eff = hist[dense], grid_eff(tables, dense)
+    busy = grid_busy(m, eff, size)
+    nodes = grid_cells(busy, m, eff, dense, size)
     first = (np.cumsum(m, axis=1) - m).reshape(-1)[np.flatnonzero(busy)] + nodes.row * k
     item_node = np.repeat(np.arange(nodes.m.size, dtype=np.int64), nodes.m)
     within = np.arange(item_node.size) - np.repeat(np.cumsum(nodes.m) - nodes.m, nodes.m)
     return nodes, flat[first[item_node] + within], item_node
-
-
-def _cells(busy: np.ndarray, m: np.ndarray, eff: np.ndarray, level: int, size: int) -> Nodes:
-    cells = np.flatnonzero(busy)
-    q = cells & ((1 << level) - 1)
-    return Nodes(
-        row=cells >> level, start=q * size, eff=eff[q], m=m.reshape(-1)[cells], rank=np.zeros(0)
-    )
 
 
 def _item_phase(

@@ -31,10 +31,10 @@ import torch
 
 from codec.bitio import BitReader, pack_fields
 from codec.errors import DecodeError
-from codec.index_model import MAX_CHUNK_BITS, MAX_K, leaf_table, split_tables
-from codec.index_nodes import Nodes, Split
+from codec.index_decode import decode_body
+from codec.index_model import MAX_CHUNK_BITS, MAX_K, split_tables
 from codec.index_walk import walk
-from codec.rans import STATE_BITS, STATE_LOW, Round, decode_round, encode_round
+from codec.rans import STATE_BITS, STATE_LOW, Round, encode_round
 from codec.varint import read_varint, write_varint
 
 MAGIC = b"TI"
@@ -126,85 +126,4 @@ def decode(data: bytes | memoryview, max_indices: int = DEFAULT_MAX_INDICES) -> 
         return torch.arange(k, dtype=torch.long).expand(n, k).clone()
     if n * STATE_BITS > 8 * len(body):
         raise DecodeError(f"{len(body)} bytes cannot hold {n} chunks")
-    return torch.from_numpy(_decode_body(body, chunk_size, k, n))
-
-
-def _decode_body(body: bytes, chunk_size: int, k: int, n: int) -> np.ndarray:
-    tables = split_tables(chunk_size, k)
-    levels = tables.levels
-    reader = BitReader(body)
-    x = reader.read_uniform(n, STATE_BITS) | STATE_LOW
-    out = np.empty(n * k, dtype=np.int64)
-    singles: list[tuple[np.ndarray, np.ndarray, int]] = []  # (out position, start, width)
-    nodes = Nodes.roots(n, chunk_size, k)
-    if k == 1 and chunk_size == 1 << levels:
-        singles.append((nodes.row, nodes.start, levels))
-        nodes.row = _EMPTY
-    for level in range(levels):
-        if nodes.row.size == 0:
-            break
-        split = Split.of(nodes, level, tables)
-        value = split.lo.copy()  # forced splits keep their only value
-        if split.sym.any():
-            value[split.sym] = decode_round(
-                x, Round.build(nodes.row[split.sym], n), split.tid[split.sym], tables, reader
-            )
-        if split.leaf.any():
-            _write_leaves(out, nodes, split, value, k, 2 * split.half)
-        j = value
-        counts = split.child_counts(nodes, j)
-        full, single, active = split.kinds(counts)
-        if full.any():
-            _write_full(out, split.pick(nodes, counts, j, full), k)
-        singles.append((*split.pick_lone(nodes, j, single, k), levels - level - 1))
-        nodes = split.pick(nodes, counts, j, active)
-    widths = np.concatenate([np.full(p.size, w, np.int64) for p, _, w in singles])
-    raw = _read_raw(reader, x, widths, n)
-    out[np.concatenate([p for p, _, _ in singles])] = (
-        np.concatenate([s for _, s, _ in singles]) + raw
-    )
-    return out.reshape(n, k)
-
-
-def _write_leaves(
-    out: np.ndarray, nodes: Nodes, split: Split, value: np.ndarray, k: int, size: int
-) -> None:
-    """Expand each leaf's colex rank into its positions (one lookup table per block size)."""
-    flat, offsets = leaf_table(size)
-    sel = np.flatnonzero(split.leaf)
-    m = nodes.m[sel]
-    src = offsets[m] + value[sel] * m
-    dst = nodes.row[sel] * k + nodes.rank[sel]
-    rep = np.repeat(np.arange(sel.size), m)
-    within = np.arange(rep.size) - (np.cumsum(m) - m)[rep]
-    out[dst[rep] + within] = nodes.start[sel][rep] + flat[src[rep] + within]
-
-
-def _write_full(out: np.ndarray, fulls: Nodes, k: int) -> None:
-    within = np.arange(int(fulls.eff.sum())) - np.repeat(
-        np.cumsum(fulls.eff) - fulls.eff, fulls.eff
-    )
-    out[np.repeat(fulls.row * k + fulls.rank, fulls.eff) + within] = (
-        np.repeat(fulls.start, fulls.eff) + within
-    )
-
-
-def _read_raw(reader: BitReader, x: np.ndarray, widths: np.ndarray, n: int) -> np.ndarray:
-    """Raw fields: the explicit part from the stream, the rest from the lanes' final states."""
-    total = int(widths.sum())
-    back = min(STATE_BITS, total // n)
-    tail = x - STATE_LOW
-    if (tail >> back).any():
-        raise DecodeError("index stream is corrupt: lane states do not end where they began")
-    explicit = total - n * back
-    if explicit > reader.total_bits - reader.cursor:
-        raise DecodeError("index stream truncated in its raw section")
-    pieces = np.full(explicit // 32, 32, np.int64)
-    if explicit % 32:
-        pieces = np.append(pieces, explicit % 32)
-    head = reader.read(pieces)
-    reader.check_padding()
-    vals = np.concatenate([head, tail]) if back else head
-    wids = np.concatenate([pieces, np.full(n, back, np.int64)]) if back else pieces
-    joined, _ = pack_fields(vals, wids)
-    return BitReader(joined).read(widths)
+    return torch.from_numpy(decode_body(body, chunk_size, k, n))

@@ -50,7 +50,7 @@ class Round:
     def build(cls, lanes_of_symbols: np.ndarray, n_lanes: int) -> Round:
         """`lanes_of_symbols` must be sorted: a lane's symbols are contiguous and in order."""
         counts = np.bincount(lanes_of_symbols, minlength=n_lanes)
-        order = np.argsort(-counts.astype(np.int32), kind="stable")
+        order = np.argsort(-counts.astype(np.int16), kind="stable")  # radix sort
         first = np.cumsum(counts) - counts
         n_steps = int(counts.max(initial=0))
         busy = n_lanes - np.cumsum(np.bincount(counts, minlength=n_steps + 1))[:n_steps]
@@ -110,20 +110,21 @@ def decode_round(
     t = tids[rnd.perm]
     cbase = tables.coarse_base[t]
     cshift = tables.coarse_shift[t]
-    first_value = tables.table_start[t] - tables.table_lo[t]
-    values = np.empty(t.size, dtype=np.int64)
+    entries = np.empty(t.size, dtype=np.int64)
+    packed, end = tables.packed, tables.end
     xo = x[rnd.order]
     for s in range(rnd.n_steps):
         busy, sl = rnd.busy[s], rnd.step(s)
         xs = xo[:busy]
         slot = xs & _SLOT_MASK
         e = tables.coarse[cbase[sl] + (slot >> cshift[sl])]
-        behind = slot >= tables.end[e]
+        behind = slot >= end[e]
         while behind.any():
             e += behind
-            behind = slot >= tables.end[e]
-        values[sl] = e - first_value[sl]
-        xs = tables.freq[e] * (xs >> _M) + slot - tables.cum[e]
+            behind = slot >= end[e]
+        entries[sl] = e
+        p = packed[e]  # freq << 32 | cum
+        xs = (p >> 32) * (xs >> _M) + slot - (p & 0xFFFFFFFF)
         r0 = rnd.readers(s)
         if r0 < busy:
             tail = xs[r0:]
@@ -133,6 +134,6 @@ def decode_round(
             xs[r0:] = (tail << nbits) | reader.read(nbits)
         xo[:busy] = xs
     x[rnd.order] = xo
-    out = np.empty_like(values)
-    out[rnd.perm] = values
+    out = np.empty_like(entries)
+    out[rnd.perm] = entries - (tables.table_start[t] - tables.table_lo[t])
     return out

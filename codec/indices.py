@@ -98,11 +98,16 @@ def encode(idx: torch.Tensor | np.ndarray, chunk_size: int) -> bytes:
     return bytes(out + body)
 
 
-def decode(data: bytes | memoryview, max_indices: int = DEFAULT_MAX_INDICES) -> torch.Tensor:
+def decode(
+    data: bytes | memoryview,
+    max_indices: int = DEFAULT_MAX_INDICES,
+    expect: tuple[int, int, int] | None = None,
+) -> torch.Tensor:
     """Decode bytes from `encode` into a LongTensor (n_chunks, k) with sorted rows.
 
     Every malformed input raises `DecodeError`; allocations are bounded by `max_indices` and by
-    what the input's length can possibly describe.
+    what the input's length can possibly describe. `expect` = (chunk_size, k, n_chunks) makes
+    any other declared shape an error before anything is allocated.
     """
     data = bytes(data)
     if len(data) < len(MAGIC) + 4 or data[: len(MAGIC)] != MAGIC:
@@ -117,6 +122,8 @@ def decode(data: bytes | memoryview, max_indices: int = DEFAULT_MAX_INDICES) -> 
         raise DecodeError(f"chunk size {chunk_size} out of range")
     if k > chunk_size or (k > MAX_K and k != chunk_size):
         raise DecodeError(f"k={k} out of range for chunk size {chunk_size}")
+    if expect is not None and (chunk_size, k, n) != expect:
+        raise DecodeError(f"index stream for (C, k, n) = {(chunk_size, k, n)}, expected {expect}")
     if n * k > max_indices:
         raise DecodeError(f"{n} x {k} indices exceed the limit of {max_indices}")
     body = data[pos:]

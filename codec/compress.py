@@ -1,0 +1,381 @@
+"""Error feedback + chunked Top-k + 2-bit values, per tensor (SparseLoCo, Algorithm 1, lines 14-16).
+
+For every tensor and outer step::
+
+    e     <- beta * e + delta          # OuterEF accumulation
+    d_hat <- Q(TopK_k(e)) per chunk    # what is transmitted (a `SparseTensor`)
+    e     <- e - dequantize(d_hat)     # the quantization error stays in e
+
+During the EF freeze (Appendix E) the buffer is neither used nor accumulated: ``delta`` itself is
+compressed and ``e`` is left as it is (zero at the start of training).
+
+The EF buffer of a tensor lives permanently in chunked layout: one contiguous
+``(n_chunks, chunk_size)`` float32 buffer per chunk group (see `codec.chunking`). The update reads
+the pseudo-gradient through strided tile views and writes the chunk rows directly, so Top-k
+always runs on contiguous rows and no full-size copy of ``delta`` or ``e`` is ever made. Work is
+done in blocks of whole chunks (a few MiB) so the temporaries stay in cache.
+
+Top-k is exact: in every chunk the ``k_g`` entries of largest ``|e|``; among entries tied at the
+threshold the lowest positions win. Positions come out sorted ascending per chunk. The selection
+avoids a full sort: a lower bound on each chunk's k-th largest ``|e|`` (the k-th largest of the
+maxima of ``2k`` strided bins: at least k entries reach it) leaves ~1.4k candidates per chunk,
+whose exact k-th largest value is then found with `torch.topk` on a small padded matrix.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+from codec.chunking import ChunkGroup, ChunkLayout
+from codec.errors import DecodeError
+from codec.quantize import dequantize, quantize, validate
+from codec.spec import CodecParams, ModelSpec
+
+__all__ = [
+    "BLOCK_ELEMENTS",
+    "Compressor",
+    "SparseGroup",
+    "SparseTensor",
+    "densify",
+    "scatter_add",
+    "topk_rows",
+]
+
+BLOCK_ELEMENTS = 1 << 21
+"""Elements of EF buffer processed at a time (8 MiB of float32)."""
+
+_CANDIDATE_CAP = 4
+"""Candidates per chunk kept for the exact pass, in units of k; rows with more are sorted in full."""
+
+
+@dataclass
+class SparseGroup:
+    """The transmitted entries of one chunk group.
+
+    ``idx``: int64 (n_chunks, k), local positions inside each chunk, strictly ascending per row;
+    ``codes``: uint8 (n_chunks, k), 2-bit value codes; ``scales``: uint8 (n_chunks,), side bytes
+    (see `codec.quantize`).
+    """
+
+    idx: torch.Tensor
+    codes: torch.Tensor
+    scales: torch.Tensor
+
+
+@dataclass
+class SparseTensor:
+    """One tensor's compressed update: its groups in layout order and its float32 (R, 2) codebook."""
+
+    name: str
+    shape: tuple[int, ...]
+    groups: list[SparseGroup]
+    codebook: torch.Tensor
+
+    def layout(self, params: CodecParams) -> ChunkLayout:
+        return ChunkLayout.for_shape(self.shape, params)
+
+    def validate(self, params: CodecParams) -> None:
+        """Raise `DecodeError` unless this update is well formed for its shape under ``params``."""
+        try:
+            layout = self.layout(params)
+        except ValueError as exc:
+            raise DecodeError(f"{self.name}: bad shape {self.shape}: {exc}") from exc
+        if len(self.groups) != len(layout.groups):
+            raise DecodeError(
+                f"{self.name}: {len(self.groups)} groups, layout has {len(layout.groups)}"
+            )
+        for gi, (g, sg) in enumerate(zip(layout.groups, self.groups, strict=True)):
+            try:
+                _validate_group(g, sg)
+                validate(sg.codes, sg.scales, self.codebook)
+            except DecodeError as exc:
+                raise DecodeError(f"{self.name} group {gi}: {exc}") from exc
+
+    def values(self) -> list[torch.Tensor]:
+        """Decoded float32 values (n_chunks, k) per group."""
+        return [dequantize(g.codes, g.scales, self.codebook) for g in self.groups]
+
+
+def _validate_group(g: ChunkGroup, sg: SparseGroup) -> None:
+    idx = sg.idx
+    if idx.dtype != torch.int64 or tuple(idx.shape) != (g.n_chunks, g.k):
+        raise DecodeError(
+            f"idx must be int64 {(g.n_chunks, g.k)}, got {idx.dtype} {tuple(idx.shape)}"
+        )
+    if tuple(sg.codes.shape) != (g.n_chunks, g.k) or tuple(sg.scales.shape) != (g.n_chunks,):
+        raise DecodeError("codes or scales do not match the chunk group")
+    if g.n_chunks == 0:
+        return
+    if int(idx[:, 0].min()) < 0 or int(idx[:, -1].max()) >= g.chunk_size:
+        raise DecodeError(f"position outside the chunk of {g.chunk_size}")
+    if g.k > 1 and not bool((idx[:, 1:] > idx[:, :-1]).all()):
+        raise DecodeError("positions not strictly ascending within a chunk")
+
+
+def scatter_add(
+    out: torch.Tensor, sparse: SparseTensor, params: CodecParams, factor: float = 1.0
+) -> None:
+    """Add ``factor * decoded(sparse)`` into the dense float32 tensor ``out`` (in place).
+
+    Each position is touched at most once, so the result is one float32 rounding per position
+    whatever the device: with a fixed order of calls the accumulation is bit-reproducible.
+    """
+    if tuple(out.shape) != tuple(sparse.shape) or out.dtype != torch.float32:
+        raise ValueError(f"out must be float32 {sparse.shape}, got {out.dtype} {tuple(out.shape)}")
+    layout = sparse.layout(params)
+    flat_out = out.view(-1)
+    scale = torch.tensor(factor, dtype=torch.float32, device=out.device)
+    for gi, (g, vals) in enumerate(zip(sparse.groups, sparse.values(), strict=True)):
+        flat = layout.flat_positions(gi, g.idx.to(out.device)).view(-1)
+        v = vals.to(out.device).view(-1)
+        flat_out.index_add_(0, flat, v if factor == 1.0 else v * scale)
+
+
+def densify(
+    sparse: SparseTensor, params: CodecParams, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """Dequantize and scatter into a dense float32 tensor of the original shape (zeros elsewhere)."""
+    out = torch.zeros(sparse.shape, dtype=torch.float32, device=device or sparse.codebook.device)
+    scatter_add(out, sparse, params)
+    return out
+
+
+@lru_cache(maxsize=1024)
+def _n_bins(chunk_size: int, k: int) -> int:
+    """Strided bins for the lower bound: the smallest divisor of C that is >= 2k, 0 if unusable."""
+    for bins in range(2 * k, chunk_size // 2 + 1):
+        if chunk_size % bins == 0:
+            return bins
+    return 0
+
+
+def _kth_largest(a: torch.Tensor, k: int) -> torch.Tensor:
+    return torch.topk(a, k, dim=1, sorted=False).values.amin(1)
+
+
+def _lower_bound(a: torch.Tensor, k: int) -> tuple[torch.Tensor, bool]:
+    """Per row a value that at least k entries of ``a`` reach, and whether it is exact."""
+    bins = _n_bins(a.shape[1], k)
+    if bins == 0:
+        return _kth_largest(a, k), True
+    maxima = a.view(a.shape[0], -1, bins).amax(1)
+    return _kth_largest(maxima, k), False
+
+
+def _exact_threshold(
+    a: torch.Tensor, k: int, flat: torch.Tensor, row: torch.Tensor, cand: torch.Tensor
+) -> torch.Tensor:
+    """Exact k-th largest per row from the candidates (flat positions, rows, values)."""
+    nb, c = a.shape
+    counts = torch.bincount(row, minlength=nb)
+    cap = min(c, _CANDIDATE_CAP * k, int(counts.max()))
+    start = torch.cumsum(counts, 0) - counts
+    slot = torch.arange(flat.numel(), device=a.device) - start[row]
+    padded = torch.full((nb, cap), -1.0, dtype=a.dtype, device=a.device)
+    over = (counts > cap).nonzero().squeeze(1)
+    if over.numel():
+        fits = slot < cap
+        padded.view(-1)[(row * cap + slot)[fits]] = cand[fits]
+    else:
+        padded.view(-1)[row * cap + slot] = cand
+    t = _kth_largest(padded, k)
+    if over.numel():
+        t[over] = _kth_largest(a[over], k)
+    return t
+
+
+def _keep_with_ties(
+    cand: torch.Tensor, row: torch.Tensor, t: torch.Tensor, k: int, nb: int
+) -> torch.Tensor:
+    """Mask over candidates: all above the threshold, then the lowest positions tied at it."""
+    tr = t[row]
+    above = cand > tr
+    tied = cand == tr
+    need = k - torch.bincount(row[above], minlength=nb)
+    counts = torch.bincount(row, minlength=nb)
+    start = torch.cumsum(counts, 0) - counts
+    tied_before = torch.cumsum(tied, 0) - tied.long()
+    rank = tied_before - tied_before[start.clamp(max=cand.numel() - 1)][row]
+    return above | (tied & (rank < need[row]))
+
+
+def topk_rows(
+    x: torch.Tensor, k: int, work: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> torch.Tensor:
+    """Exact per-row Top-k by ``|x|`` of a contiguous (n, C) tensor: positions (n, k), ascending.
+
+    Ties at the threshold go to the lowest positions. ``work`` optionally provides float32 and
+    bool scratch buffers of at least ``x.numel()`` elements.
+    """
+    nb, c = x.shape
+    if not 1 <= k <= c:
+        raise ValueError(f"k={k} outside 1..{c}")
+    if work is None:
+        a = torch.empty_like(x, dtype=torch.float32)
+        mask = torch.empty(x.shape, dtype=torch.bool, device=x.device)
+    else:
+        a = work[0][: x.numel()].view(nb, c)
+        mask = work[1][: x.numel()].view(nb, c)
+    torch.abs(x, out=a)
+    bound, exact = _lower_bound(a, k)
+    torch.ge(a, bound[:, None], out=mask)
+    flat = mask.view(-1).nonzero().squeeze(1)
+    row = torch.div(flat, c, rounding_mode="floor")
+    cand = a.view(-1)[flat]
+    t = bound if exact else _exact_threshold(a, k, flat, row, cand)
+    keep = cand >= t[row]
+    if int(keep.sum()) != nb * k:
+        keep = _keep_with_ties(cand, row, t, k, nb)
+    chosen = flat[keep].view(nb, k)
+    return chosen - (torch.arange(nb, device=x.device) * c)[:, None]
+
+
+def _blocks(g: ChunkGroup, block_elements: int) -> Iterator[tuple[int, slice, slice]]:
+    """(first chunk, tile-row slice, tile-column slice) covering a group in chunk order."""
+    a, b = g.grid
+    per = max(1, block_elements // g.chunk_size)
+    if b >= per:
+        for i in range(a):
+            for j in range(0, b, per):
+                yield i * b + j, slice(i, i + 1), slice(j, min(j + per, b))
+    else:
+        rows = per // b
+        for i in range(0, a, rows):
+            yield i * b, slice(i, min(i + rows, a)), slice(0, b)
+
+
+class Compressor:
+    """Error-feedback buffers of a model and the compression step of SparseLoCo.
+
+    The buffers are float32, in chunked layout, on ``device``; `state_dict` gives them back in
+    the tensors' own shapes so that a node can checkpoint and restore them.
+    """
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        params: CodecParams,
+        device: torch.device | str = "cpu",
+        block_elements: int = BLOCK_ELEMENTS,
+    ) -> None:
+        self.spec = spec
+        self.params = params
+        self.device = torch.device(device)
+        self.block_elements = block_elements
+        self.layouts = {t.name: ChunkLayout.for_shape(t.shape, params) for t in spec.tensors}
+        self._ef = {
+            name: [torch.zeros(g.n_chunks, g.chunk_size, device=self.device) for g in lay.groups]
+            for name, lay in self.layouts.items()
+        }
+        self._work: tuple[torch.Tensor, ...] | None = None
+
+    def _scratch(self) -> tuple[torch.Tensor, ...]:
+        if self._work is None:
+            largest = max(
+                (g.chunk_size for lay in self.layouts.values() for g in lay.groups), default=1
+            )
+            n = max(self.block_elements, largest)
+            self._work = (
+                torch.empty(n, device=self.device),
+                torch.empty(n, dtype=torch.bool, device=self.device),
+                torch.empty(n, device=self.device),
+            )
+        return self._work
+
+    def compress(
+        self,
+        name: str,
+        delta: torch.Tensor,
+        beta: float,
+        freeze: bool = False,
+        timings: dict[str, float] | None = None,
+    ) -> SparseTensor:
+        """Fold ``delta`` into the EF buffer of ``name`` and return what to transmit.
+
+        ``freeze``: compress ``delta`` alone and leave the buffer untouched (Appendix E).
+        ``timings``: if given, wall-clock seconds per phase are added to it.
+        """
+        layout = self._layout(name)
+        if tuple(delta.shape) != layout.shape:
+            raise ValueError(f"{name}: delta shape {tuple(delta.shape)} != {layout.shape}")
+        if not (math.isfinite(beta) and beta >= 0):
+            raise ValueError(f"beta must be finite and >= 0, got {beta}")
+        delta = delta.detach().to(self.device).contiguous()
+        if not bool(torch.isfinite(delta.sum())):
+            raise ValueError(f"{name}: delta has non-finite entries")
+        clock = time.perf_counter()
+        work = self._scratch()
+        idx, vals = [], []
+        for gi, g in enumerate(layout.groups):
+            src = layout.group_view(delta, gi)
+            buf = self._ef[name][gi]
+            gi_idx, gi_vals = [], []
+            for first, rs, cs in _blocks(g, self.block_elements):
+                view = src[rs, cs]
+                n = view.shape[0] * view.shape[1]
+                rows = work[2][: n * g.chunk_size].view(n, -1) if freeze else buf[first : first + n]
+                if freeze:
+                    rows.view(view.shape).copy_(view)
+                else:
+                    torch.add(view, rows.view(view.shape), alpha=beta, out=rows.view(view.shape))
+                pos = topk_rows(rows, g.k, (work[0], work[1]))
+                gi_idx.append(pos)
+                gi_vals.append(torch.gather(rows, 1, pos))
+            idx.append(torch.cat(gi_idx))
+            vals.append(torch.cat(gi_vals))
+        clock = _lap(timings, "select", clock)
+        q = quantize(vals)
+        clock = _lap(timings, "quantize", clock)
+        groups = [SparseGroup(i, c, s) for i, c, s in zip(idx, q.codes, q.scales, strict=True)]
+        sparse = SparseTensor(name=name, shape=layout.shape, groups=groups, codebook=q.codebook)
+        if not freeze:
+            for buf, i, v, dq in zip(self._ef[name], idx, vals, sparse.values(), strict=True):
+                buf.scatter_(1, i, v - dq)
+        _lap(timings, "feedback", clock)
+        return sparse
+
+    def error(self, name: str) -> torch.Tensor:
+        """A copy of the EF buffer of ``name`` in the tensor's own shape."""
+        return self._layout(name).merge(self._ef[name])
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """EF buffers by tensor name, each float32 in the tensor's own shape."""
+        return {name: self.error(name) for name in self.layouts}
+
+    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Restore buffers saved by `state_dict`; every tensor of the spec must be present."""
+        if set(state) != set(self.layouts):
+            missing, extra = set(self.layouts) - set(state), set(state) - set(self.layouts)
+            raise ValueError(
+                f"EF state mismatch: missing {sorted(missing)}, unexpected {sorted(extra)}"
+            )
+        new = {}
+        for name, lay in self.layouts.items():
+            t = state[name]
+            if tuple(t.shape) != lay.shape or not t.is_floating_point():
+                raise ValueError(
+                    f"{name}: EF state must be floating {lay.shape}, got {t.dtype} {tuple(t.shape)}"
+                )
+            if not bool(torch.isfinite(t).all()):
+                raise ValueError(f"{name}: EF state has non-finite entries")
+            new[name] = [c.to(self.device, torch.float32) for c in lay.split(t)]
+        self._ef = new
+
+    def _layout(self, name: str) -> ChunkLayout:
+        try:
+            return self.layouts[name]
+        except KeyError:
+            raise KeyError(f"unknown tensor {name!r}") from None
+
+
+def _lap(timings: dict[str, float] | None, phase: str, since: float) -> float:
+    now = time.perf_counter()
+    if timings is not None:
+        timings[phase] = timings.get(phase, 0.0) + now - since
+    return now

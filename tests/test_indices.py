@@ -1,0 +1,148 @@
+"""Index coder: exact round trips, size against the information-theoretic limit, hostile bytes."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from codec import indices
+from codec.errors import DecodeError
+
+
+def random_subsets(rng: np.random.Generator, n: int, c: int, k: int) -> np.ndarray:
+    if k == 0:
+        return np.zeros((n, 0), dtype=np.int64)
+    return np.sort(rng.random((n, c)).argpartition(k - 1, axis=1)[:, :k], axis=1)
+
+
+def limit_bits(c: int, k: int) -> float:
+    return (math.lgamma(c + 1) - math.lgamma(k + 1) - math.lgamma(c - k + 1)) / math.log(2)
+
+
+@st.composite
+def subsets(draw: st.DrawFn) -> tuple[np.ndarray, int]:
+    c = draw(st.integers(1, 5000))
+    k = draw(st.integers(0, min(c, 300)))
+    n = draw(st.integers(0, 6))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    if draw(st.booleans()) and 0 < k < c:  # clustered: a run plus a few strays
+        start = rng.integers(0, c - k + 1, size=n)
+        idx = start[:, None] + np.arange(k)
+    else:
+        idx = random_subsets(rng, n, c, k)
+    return idx.astype(np.int64), c
+
+
+@settings(max_examples=300, deadline=None)
+@given(subsets())
+def test_round_trip_is_exact(case: tuple[np.ndarray, int]) -> None:
+    idx, c = case
+    data = indices.encode(torch.from_numpy(idx), c)
+    out = indices.decode(data)
+    assert out.dtype == torch.long
+    assert out.shape == idx.shape
+    assert np.array_equal(out.numpy(), idx)
+
+
+@pytest.mark.parametrize("k", [32, 64, 128, 256])
+def test_random_subsets_within_one_percent_of_the_limit(k: int) -> None:
+    rng = np.random.default_rng(k)
+    n, c = 4096, 4096
+    data = indices.encode(random_subsets(rng, n, c, k), c)
+    bits_per_index = 8 * len(data) / (n * k)
+    assert bits_per_index <= 1.01 * limit_bits(c, k) / k
+
+
+def test_clustered_rows_cost_no_more_than_random() -> None:
+    """Top-k of row-structured tiles clusters by rows; the coder must not pay for it."""
+    rng = np.random.default_rng(7)
+    n, c, k = 4096, 4096, 64
+    tiles = rng.standard_normal((n, 64, 64)) * rng.gamma(0.3, size=(n, 64, 1))  # hot rows
+    idx = np.sort(np.argpartition(-np.abs(tiles.reshape(n, c)), k, axis=1)[:, :k], axis=1)
+    data = indices.encode(idx, c)
+    assert 8 * len(data) / (n * k) <= 1.01 * limit_bits(c, k) / k
+    assert np.array_equal(indices.decode(data).numpy(), idx)
+
+
+@pytest.mark.parametrize(
+    ("bad", "why"),
+    [
+        (np.array([[3, 1]]), "increasing"),
+        (np.array([[1, 1]]), "increasing"),
+        (np.array([[0, 4096]]), "lie in"),
+        (np.array([[-1, 2]]), "lie in"),
+        (np.array([1, 2]), "2-D"),
+    ],
+)
+def test_encoder_rejects_malformed_rows(bad: np.ndarray, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        indices.encode(bad, 4096)
+
+
+def _valid_stream(n: int = 64, k: int = 64) -> bytes:
+    return indices.encode(random_subsets(np.random.default_rng(1), n, 4096, k), 4096)
+
+
+def test_adversarial_headers_raise_decode_error_quickly() -> None:
+    good = _valid_stream()
+    head = len(indices.MAGIC) + 1
+    corpus = [
+        b"",
+        b"TI",
+        b"XX" + good[2:],
+        good[:2] + bytes([9]) + good[3:],  # unknown version
+        good[:head] + b"\xff" * 12,  # varint too long
+        good[:head] + b"\x80\x80\x80\x80\x80\x80\x80\x80\x80\x80\x01",  # overlong varint
+        good[:head] + b"\x80\x20\x40\xff\xff\xff\x7f",  # C=4096, k=64, n huge: lying count
+        good[:head] + b"\x00\x01\x01",  # chunk size 0
+        good[:head] + b"\x80\x20\x81\x20\x01",  # k > C
+        good[: len(good) // 2],  # truncated
+        good + b"\x00",  # trailing byte
+        good[:head] + b"\x80\x20\x40\x40" + b"\x00" * 10,  # claims 64 chunks, too short
+    ]
+    for data in corpus:
+        t0 = time.perf_counter()
+        with pytest.raises(DecodeError):
+            indices.decode(data)
+        assert time.perf_counter() - t0 < 2.0
+
+
+def test_allocation_bound_is_enforced_before_decoding() -> None:
+    with pytest.raises(DecodeError, match="exceed"):
+        indices.decode(_valid_stream(), max_indices=100)
+    with pytest.raises(DecodeError, match="expected"):
+        indices.decode(_valid_stream(), expect=(4096, 64, 63))
+
+
+def test_fuzzed_mutations_never_escape_decode_error() -> None:
+    """Random bit flips, byte edits and truncations: either a DecodeError or a valid result."""
+    rng = np.random.default_rng(3)
+    good = bytearray(_valid_stream(n=32, k=32))
+    for _ in range(400):
+        data = bytearray(good)
+        for _ in range(int(rng.integers(1, 4))):
+            kind = rng.integers(0, 3)
+            pos = int(rng.integers(0, len(data)))
+            if kind == 0:
+                data[pos] ^= 1 << int(rng.integers(0, 8))
+            elif kind == 1:
+                data[pos] = int(rng.integers(0, 256))
+            else:
+                del data[pos:]
+                if not data:
+                    data = bytearray(b"T")
+        try:
+            out = indices.decode(bytes(data), max_indices=1 << 20)
+        except DecodeError:
+            continue
+        rows = out.numpy()
+        assert rows.ndim == 2
+        if rows.size:
+            assert (np.diff(rows, axis=1) > 0).all()

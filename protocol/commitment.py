@@ -21,6 +21,8 @@ Body, version 1 (all lengths in bytes)::
     ..      1+n   read access key id   (string)
     ..      1+n   read secret          (string)
     ..      3-63  bucket name          (ASCII, the rest of the body)
+    --- provider 6 = local (the embedded file:// store of a simulation; same layout as s3,
+        the region field is conventionally "local"; refused unless local mode is allowed)
     --- provider 4 = https, 5 = http (any S3-compatible endpoint, e.g. MinIO):
     1       1+n   host[:port]          (u8 length 1..255, then lowercase ASCII)
     ..      1+n   region               (string)
@@ -96,6 +98,8 @@ class Provider(IntEnum):
     S3 = 3
     HTTPS = 4
     HTTP = 5
+    LOCAL = 6
+    """The embedded `file://` store of a simulation on one machine (refused outside local mode)."""
 
 
 _R2 = (Provider.R2, Provider.R2_EU)
@@ -147,9 +151,9 @@ class BucketCommitment(BaseModel):
             raise ValueError("region must match [a-z][a-z0-9-]{0,31}")
         for value in (self.credentials.access_key_id, self.credentials.secret_access_key):
             _encode_str(value)  # raises if it cannot be carried
-        if p is Provider.S3:
+        if p in (Provider.S3, Provider.LOCAL):
             if self.host is not None:
-                raise ValueError("s3 commitments derive the host from the region")
+                raise ValueError("s3 and local commitments carry no host")
             return self
         if self.host is None:
             raise ValueError("https/http commitments need a host")
@@ -169,6 +173,8 @@ class BucketCommitment(BaseModel):
             return f"https://{self.account_id}.eu.r2.cloudflarestorage.com"
         if p is Provider.S3:
             return f"https://s3.{self.region}.amazonaws.com"
+        if p is Provider.LOCAL:
+            return "file://"
         scheme = "https" if p is Provider.HTTPS else "http"
         return f"{scheme}://{self.host}"
 
@@ -372,6 +378,8 @@ def parse_commitment(data: bytes, *, allow_private_endpoints: bool = False) -> B
         raise CommitmentError(f"invalid commitment: {msgs}") from None
     if render_commitment(commitment) != body:
         raise CommitmentError("non-canonical commitment encoding")
+    if not allow_private_endpoints and provider is Provider.LOCAL:
+        raise CommitmentError("local (file://) buckets are refused outside local simulations")
     if not allow_private_endpoints and provider in _ENDPOINT:
         if provider is Provider.HTTP:
             raise CommitmentError("plain-http endpoints are refused outside local simulations")

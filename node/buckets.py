@@ -1,0 +1,52 @@
+"""From on-chain commitments to readable stores: how a node reaches every other node's bucket."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from protocol.chain.base import Chain
+from protocol.commitment import BucketCommitment, CommitmentError, Provider, parse_commitment
+from protocol.stores import ReadableStore, StoreError, open_store
+
+
+@dataclass(frozen=True)
+class PeerBucket:
+    """A registered peer and the read-only store its commitment points at."""
+
+    uid: int
+    hotkey: str
+    store: ReadableStore
+
+
+def store_for(commitment: BucketCommitment, local_root: Path | None) -> ReadableStore:
+    """Open the bucket a commitment names with its read key (never with our write key)."""
+    if commitment.provider is Provider.LOCAL:
+        if local_root is None:
+            raise CommitmentError("a local bucket needs the simulation's storage root")
+        return open_store(f"file://{local_root}?bucket={commitment.bucket}", commitment.credentials)
+    url = f"s3://{commitment.bucket}?endpoint={commitment.endpoint_url}&region={commitment.region_name}"
+    return open_store(url, commitment.credentials)
+
+
+def peer_buckets(
+    chain: Chain, local_root: Path | None = None, allow_private: bool = False
+) -> tuple[dict[int, PeerBucket], dict[int, str]]:
+    """Every registered uid with a usable commitment; and why the others have none."""
+    metagraph = chain.metagraph()
+    commitments = chain.read_all_commitments()
+    found: dict[int, PeerBucket] = {}
+    problems: dict[int, str] = {}
+    for neuron in metagraph.neurons:
+        c = commitments.get(neuron.hotkey)
+        if c is None:
+            problems[neuron.uid] = "no commitment"
+            continue
+        try:
+            parsed = parse_commitment(
+                c.data, allow_private_endpoints=allow_private or local_root is not None
+            )
+            found[neuron.uid] = PeerBucket(neuron.uid, neuron.hotkey, store_for(parsed, local_root))
+        except (CommitmentError, StoreError, ValueError) as exc:
+            problems[neuron.uid] = f"bad commitment: {exc}"
+    return found, problems

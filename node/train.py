@@ -1,0 +1,98 @@
+"""The H inner AdamW steps of one window (warmup + cosine, gradient clipping, bf16 on GPU)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from protocol.runconfig import RunConfig
+
+
+@dataclass
+class InnerResult:
+    """What one window of local training did."""
+
+    losses: list[float]
+    tokens: int
+    seconds: float
+
+    @property
+    def mean_loss(self) -> float:
+        return sum(self.losses) / len(self.losses) if self.losses else math.nan
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def make_optimizer(model: torch.nn.Module, run: RunConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (norms and embeddings' 1-D params excluded)."""
+    opt = run.optimizer
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": opt.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=opt.lr,
+        betas=opt.betas,
+        eps=opt.eps,
+        foreach=True,
+    )
+
+
+def learning_rate(run: RunConfig, step: int) -> float:
+    """Linear warmup to `lr`, then cosine decay to `min_lr` over the run's inner steps."""
+    opt = run.optimizer
+    if step < opt.warmup_steps:
+        return opt.lr * (step + 1) / opt.warmup_steps
+    horizon = max(1, run.total_inner_steps - opt.warmup_steps)
+    progress = min(1.0, (step - opt.warmup_steps) / horizon)
+    return opt.min_lr + 0.5 * (opt.lr - opt.min_lr) * (1 + math.cos(math.pi * progress))
+
+
+def lm_loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of a (B, T+1) token batch."""
+    logits = model(batch[:, :-1])
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+
+
+def train_window(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batches: Iterable[torch.Tensor],
+    run: RunConfig,
+    window: int,
+    device: torch.device,
+    on_step: object = None,
+) -> InnerResult:
+    """Run the inner steps of `window` on `batches`; `on_step(step, loss)` reports progress."""
+    model.train()
+    losses: list[float] = []
+    tokens = 0
+    start = time.perf_counter()
+    accum = run.grad_accum_steps
+    use_bf16 = device.type == "cuda"
+    for h, batch in enumerate(batches):
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(run, window * run.inner_steps + h)
+        total = 0.0
+        for micro in batch.to(device).chunk(accum):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
+                loss = lm_loss(model, micro) / accum
+            loss.backward()
+            total += float(loss.detach())
+        torch.nn.utils.clip_grad_norm_(model.parameters(), run.optimizer.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(total)
+        tokens += batch.shape[0] * (batch.shape[1] - 1)
+        if callable(on_step):
+            on_step(h, total)
+    return InnerResult(losses=losses, tokens=tokens, seconds=time.perf_counter() - start)

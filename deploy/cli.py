@@ -16,10 +16,12 @@ from collections.abc import Callable, Sequence
 # `run(args) -> int`.
 COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("deploy.bench_cli", "run a benchmark (codec, ...) and print a table or --json"),
+    "miner": ("node.miner_cli", "run a peer: train, compress, publish, gather, aggregate"),
     "chain": (
         "protocol.chain.cli",
         "manage the embedded local chain (create a subnet, register hotkeys, stake)",
     ),
+    "data": ("node.data_prep", "prepare pre-tokenized training shards"),
 }
 
 

@@ -91,10 +91,21 @@ def check_update(
     return update
 
 
-def fetch(peer: PeerBucket, run: RunConfig, spec: ModelSpec, window: int) -> Fetched:
-    """Download, decode and verify one peer's update; never raises."""
+def fetch(
+    peer: PeerBucket, run: RunConfig, spec: ModelSpec, window: int, deadline_s: float
+) -> Fetched:
+    """Download, decode and verify one peer's update; never raises.
+
+    An object stored after `deadline_s` (epoch seconds) plus the run's clock-skew tolerance is
+    late and dropped, whatever its content: every node applies the same rule to the same
+    timestamps, so they all keep the same set.
+    """
     key = update_key(run.run_id, window, peer.uid, peer.hotkey)
     try:
+        info = peer.store.head(key)
+        late_by = info.last_modified.timestamp() - deadline_s
+        if late_by > run.timing.clock_skew_tolerance_s:
+            return Fetched(peer.uid, None, f"late: stored {late_by:.1f}s after the deadline")
         data = peer.store.get(key, max_update_bytes(spec, run))
     except ObjectNotFound:
         return Fetched(peer.uid, None, "missing")
@@ -116,13 +127,18 @@ def fetch(peer: PeerBucket, run: RunConfig, spec: ModelSpec, window: int) -> Fet
 
 
 def gather(
-    peers: Sequence[PeerBucket], run: RunConfig, spec: ModelSpec, window: int, workers: int = 8
+    peers: Sequence[PeerBucket],
+    run: RunConfig,
+    spec: ModelSpec,
+    window: int,
+    deadline_s: float,
+    workers: int = 8,
 ) -> list[Fetched]:
     """Fetch the selected peers' updates concurrently; results sorted by uid."""
     if not peers:
         return []
     with ThreadPoolExecutor(max_workers=min(workers, len(peers))) as pool:
-        results = list(pool.map(lambda p: fetch(p, run, spec, window), peers))
+        results = list(pool.map(lambda p: fetch(p, run, spec, window, deadline_s), peers))
     for r in results:
         if not r.ok:
             log.warning("window %d: dropping uid %d: %s", window, r.uid, r.reason)

@@ -1,0 +1,248 @@
+"""The peer: one SparseLoCo outer step per window, resumable, tolerant of every other node failing.
+
+`Peer.run_window` is the whole per-window flow, top to bottom:
+
+1. train the H inner steps on the samples assigned to (run, uid, window);
+2. pseudo-gradient against the window's starting weights, error feedback, compression;
+3. sign and upload to our own bucket (before the deadline);
+4. at the deadline, gather the selected peers' updates, verify and decode them strictly,
+   aggregate deterministically, and take the outer step from the window's starting weights;
+5. publish our parameter fingerprint and save the local state atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from substrateinterface import Keypair
+
+from codec.aggregate import aggregate
+from codec.compress import Compressor, SparseTensor
+from codec.spec import ModelSpec
+from node.buckets import peer_buckets
+from node.data import assigned_batches, open_run_dataset
+from node.exchange import Fetched, encode_signed, gather, publish
+from node.fingerprint import fingerprint
+from node.model import build_model
+from node.selection import select_peers
+from node.state import PeerState, load_state, save_state
+from node.train import InnerResult, make_optimizer, train_window
+from protocol.chain.base import Chain
+from protocol.naming import fingerprint_key
+from protocol.runconfig import RunConfig
+from protocol.stores import ObjectStore, StoreError
+from protocol.windows import WindowSchedule
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WindowReport:
+    """What one window did on this peer (also what the simulation's report shows)."""
+
+    window: int
+    loss: float
+    tokens_per_s: float
+    upload_bytes: int
+    upload_s: float
+    gathered: list[int]
+    dropped: dict[int, str]
+    fingerprint: str
+
+
+class Peer:
+    """A SparseLoCo peer bound to one run, one hotkey, one chain and its own bucket."""
+
+    def __init__(
+        self,
+        run: RunConfig,
+        keypair: Keypair,
+        chain: Chain,
+        store: ObjectStore,
+        state_dir: Path,
+        local_root: Path | None = None,
+        device: str = "cpu",
+    ) -> None:
+        self.cfg, self.keypair, self.chain, self.store = run, keypair, chain, store
+        self.state_dir, self.local_root = state_dir, local_root
+        self.device = torch.device(device)
+        self.schedule = WindowSchedule.from_run(run)
+        self.model = build_model(run.model, run.seed).to(self.device)
+        self.spec = ModelSpec.from_module(self.model)
+        self.optimizer = make_optimizer(self.model, run)
+        self.compressor = Compressor(self.spec, run.codec, device=self.device)
+        _, self.dataset = open_run_dataset(run)
+        self.uid = self._registered_uid()
+        self.next_window = self._restore()
+
+    # -- the window --------------------------------------------------------------------------
+
+    def run_window(self, window: int) -> WindowReport:
+        start = self._weights()
+        inner = self._train(window)
+        sparse = self._compress(start, window)
+        upload_bytes, upload_s = self._publish(sparse, window)
+        fetched = self._gather(window)
+        self._outer_step(start, fetched)
+        fp = self._publish_fingerprint(window)
+        self._save(window + 1, fp)
+        return WindowReport(
+            window=window,
+            loss=inner.mean_loss,
+            tokens_per_s=inner.tokens_per_s,
+            upload_bytes=upload_bytes,
+            upload_s=upload_s,
+            gathered=[f.uid for f in fetched if f.ok],
+            dropped={f.uid: f.reason for f in fetched if not f.ok},
+            fingerprint=fp,
+        )
+
+    def run(self, windows: int) -> list[WindowReport]:
+        """Train `windows` windows, starting at the current one, resuming from saved state."""
+        reports = []
+        for _ in range(windows):
+            window = max(self.next_window, self.current_window())
+            if window > self.next_window:
+                log.warning(
+                    "missed windows %d..%d; training from %d", self.next_window, window - 1, window
+                )
+            reports.append(self.run_window(window))
+            log.info(
+                "window %d: loss %.4f, %.0f tok/s, %d B up in %.2fs, gathered %s, fingerprint %s",
+                window, reports[-1].loss, reports[-1].tokens_per_s, reports[-1].upload_bytes,
+                reports[-1].upload_s, reports[-1].gathered, reports[-1].fingerprint[:12],
+            )  # fmt: skip
+        return reports
+
+    def current_window(self) -> int:
+        return self.schedule.window_of(self.chain.block())
+
+    # -- steps -------------------------------------------------------------------------------
+
+    def _weights(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach().clone() for n, p in self.model.named_parameters()}
+
+    def _train(self, window: int) -> InnerResult:
+        batches = assigned_batches(
+            self.dataset,
+            self.cfg.run_id,
+            self.uid,
+            window,
+            self.cfg.inner_steps,
+            self.cfg.batch_size,
+        )
+        return train_window(self.model, self.optimizer, batches, self.cfg, window, self.device)
+
+    def _compress(self, start: dict[str, torch.Tensor], window: int) -> list[SparseTensor]:
+        freeze = window < self.cfg.outer.ef_freeze_windows
+        out = []
+        with torch.no_grad():
+            for name, p in self.model.named_parameters():
+                delta = start[name] - p.detach()
+                out.append(
+                    self.compressor.compress(name, delta, self.cfg.outer.beta, freeze=freeze)
+                )
+        return out
+
+    def _publish(self, sparse: list[SparseTensor], window: int) -> tuple[int, float]:
+        data = encode_signed(sparse, self.cfg, self.spec, window, self.uid, self.keypair)
+        try:
+            done = publish(self.store, data, self.cfg, window, self.uid, self.keypair.ss58_address)
+        except StoreError as exc:  # keep training: a missed upload costs us one window's score
+            log.error("window %d: upload failed: %s", window, exc)
+            return len(data), float("nan")
+        return done.n_bytes, done.seconds
+
+    def _wait_for_block(self, block: int) -> None:
+        while self.chain.block() < block:
+            time.sleep(min(1.0, self.cfg.timing.block_time_s / 4))
+
+    def deadline_s(self, window: int) -> float:
+        """The window's upload deadline in epoch seconds, from the chain's own clock."""
+        anchor = self.schedule.first_block(window)
+        return self.schedule.deadline_time(
+            window, anchor, self.chain.block_timestamp(anchor).timestamp()
+        )
+
+    def _gather(self, window: int) -> list[Fetched]:
+        timing = self.cfg.timing
+        grace = math.ceil(timing.clock_skew_tolerance_s / timing.block_time_s) + 1
+        self._wait_for_block(self.schedule.deadline_block(window) + grace)
+        buckets, _ = peer_buckets(self.chain, self.local_root)
+        weights = self.chain.weights_all()
+        selected = select_peers(
+            self.chain.metagraph(),
+            {b.hotkey for b in buckets.values()},
+            weights,
+            self.cfg.run_id,
+            window,
+            self.cfg.gather_size,
+        )
+        peers = [buckets[uid] for uid in selected]
+        return gather(peers, self.cfg, self.spec, window, self.deadline_s(window))
+
+    def _outer_step(self, start: dict[str, torch.Tensor], fetched: list[Fetched]) -> None:
+        updates = {f.uid: f.update.tensors for f in fetched if f.update is not None}
+        mean = aggregate(updates, self.spec, self.cfg.codec, device=self.device)
+        alpha = self.cfg.outer.alpha
+        with torch.no_grad():
+            for name, p in self.model.named_parameters():
+                p.copy_(start[name].sub_(mean[name], alpha=alpha))
+
+    def _publish_fingerprint(self, window: int) -> str:
+        fp = fingerprint(self.model)
+        body = {"run_id": self.cfg.run_id, "window": window, "uid": self.uid, "fingerprint": fp}
+        key = fingerprint_key(self.cfg.run_id, window, self.uid, self.keypair.ss58_address)
+        try:
+            self.store.put(key, json.dumps(body).encode())
+        except StoreError as exc:
+            log.error("window %d: fingerprint upload failed: %s", window, exc)
+        return fp
+
+    # -- state -------------------------------------------------------------------------------
+
+    def _registered_uid(self) -> int:
+        from protocol.chain.errors import NotRegistered
+
+        hotkey, netuid = self.keypair.ss58_address, self.chain.netuid
+        uid = self.chain.uid_of(hotkey)
+        if uid is None:
+            raise NotRegistered(
+                hotkey,
+                netuid,
+                f"register it with `btcli subnet register --netuid {netuid}` (on a local chain: "
+                f"`tessera chain register --db PATH --hotkey {hotkey}`)",
+            )
+        return uid
+
+    def _save(self, next_window: int, fp: str) -> None:
+        self.next_window = next_window
+        save_state(
+            self.state_dir,
+            PeerState(
+                run_id=self.cfg.run_id,
+                window=next_window,
+                model={k: v.cpu() for k, v in self.model.state_dict().items()},
+                optimizer=self.optimizer.state_dict(),
+                error_feedback=self.compressor.state_dict(),
+                fingerprint=fp,
+            ),
+        )
+
+    def _restore(self) -> int:
+        state = load_state(self.state_dir, self.cfg.run_id)
+        if state is None:
+            return 0
+        self.model.load_state_dict(state.model)
+        self.optimizer.load_state_dict(state.optimizer)
+        self.compressor.load_state_dict(state.error_feedback)
+        if fingerprint(self.model) != state.fingerprint:
+            raise RuntimeError("restored model does not match its saved fingerprint")
+        log.info("resumed at window %d (fingerprint %s)", state.window, state.fingerprint[:12])
+        return state.window

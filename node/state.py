@@ -1,0 +1,68 @@
+"""The peer's local state, saved atomically after every window and restored after any crash.
+
+One file, `state.pt`, holds the model, the inner optimizer, the error-feedback buffers and the
+next window to train. It is written to a temporary file, fsynced and renamed over the old one, so
+a `kill -9` at any moment leaves either the previous window's state or the new one, never a torn
+file. The previous file is kept as `state.prev.pt` in case the newest is ever unreadable.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from node.atomic_files import write_bytes_atomic
+
+STATE_FILE = "state.pt"
+PREVIOUS_FILE = "state.prev.pt"
+FORMAT = 1
+
+
+class StateError(RuntimeError):
+    """The local state exists but cannot be used (another run, unreadable, wrong format)."""
+
+
+@dataclass
+class PeerState:
+    run_id: str
+    window: int  # the next window to train; the model is at the start of this window
+    model: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    error_feedback: dict[str, torch.Tensor]
+    fingerprint: str
+
+
+def save_state(directory: Path, state: PeerState) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    torch.save({"format": FORMAT, **state.__dict__}, buf)
+    current = directory / STATE_FILE
+    if current.exists():
+        os.replace(current, directory / PREVIOUS_FILE)
+    return write_bytes_atomic(current, buf.getbuffer())
+
+
+def load_state(directory: Path, run_id: str) -> PeerState | None:
+    """The newest readable state of this run, or None when there is none."""
+    for name in (STATE_FILE, PREVIOUS_FILE):
+        path = directory / name
+        if not path.exists():
+            continue
+        try:
+            raw = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception:  # a torn or foreign file: fall back to the previous one
+            continue
+        if raw.get("format") != FORMAT:
+            continue
+        if raw["run_id"] != run_id:
+            raise StateError(
+                f"{path} belongs to run {raw['run_id']}, not {run_id}: use another --state-dir"
+            )
+        raw.pop("format")
+        return PeerState(**raw)
+    return None

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -113,6 +114,8 @@ class Peer:
                     "missed windows %d..%d; training from %d", self.next_window, window - 1, window
                 )
             reports.append(self.run_window(window))
+            with (self.state_dir / "reports.jsonl").open("a") as f:
+                f.write(json.dumps(dataclasses.asdict(reports[-1])) + "\n")
             log.info(
                 "window %d: loss %.4f, %.0f tok/s, %d B up in %.2fs, gathered %s, fingerprint %s",
                 window, reports[-1].loss, reports[-1].tokens_per_s, reports[-1].upload_bytes,

@@ -1,0 +1,96 @@
+"""Two real peer processes on the embedded chain and storage: bit-identical, learning, resumable."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from protocol.chain.local_db import LocalChainDB, create_local_chain
+from protocol.keys import create_hotkey
+from protocol.runconfig import RunConfig
+
+NETUID = 1
+
+
+def fast_run(tmp: Path) -> Path:
+    run = RunConfig.preset(
+        "tiny",
+        name="e2e",
+        inner_steps=4,
+        optimizer={"warmup_steps": 4},
+        timing={"block_time_s": 0.5, "blocks_per_window": 16, "upload_deadline_blocks": 4,
+                "clock_skew_tolerance_s": 0.5},
+    )  # fmt: skip
+    return run.dump(tmp / "run.json")
+
+
+def setup_chain(tmp: Path, n: int) -> None:
+    create_local_chain(tmp / "chain.db", NETUID, block_time=0.5)
+    db = LocalChainDB(tmp / "chain.db")
+    for i in range(n):
+        kp = create_hotkey("sim", f"peer{i}", root=tmp / "wallets")
+        db.register(NETUID, kp.ss58_address)
+
+
+def start_peer(tmp: Path, i: int, windows: int) -> subprocess.Popen[bytes]:
+    cmd = [
+        sys.executable, "-m", "deploy.cli", "miner",
+        "--run", str(tmp / "run.json"),
+        "--chain", f"local://{tmp / 'chain.db'}", "--netuid", str(NETUID),
+        "--store", f"file://{tmp / 'buckets'}?bucket=peer-{i}", "--local-root", str(tmp / "buckets"),
+        "--wallet", "sim", "--hotkey", f"peer{i}", "--wallet-path", str(tmp / "wallets"),
+        "--state-dir", str(tmp / f"state{i}"), "--windows", str(windows), "--commit",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    log = (tmp / f"peer{i}.log").open("ab")
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def reports(tmp: Path, i: int) -> list[dict]:
+    path = tmp / f"state{i}" / "reports.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def wait(procs: list[subprocess.Popen[bytes]], tmp: Path, timeout: float = 240) -> None:
+    deadline = time.time() + timeout
+    for p in procs:
+        p.wait(timeout=max(1, deadline - time.time()))
+    for i, p in enumerate(procs):
+        assert p.returncode == 0, (tmp / f"peer{i}.log").read_text()[-3000:]
+
+
+@pytest.mark.slow
+def test_two_peers_stay_identical_learn_and_resume_after_kill(tmp_path: Path) -> None:
+    fast_run(tmp_path)
+    setup_chain(tmp_path, 2)
+    procs = [start_peer(tmp_path, i, windows=3) for i in range(2)]
+    wait(procs, tmp_path)
+    a, b = reports(tmp_path, 0), reports(tmp_path, 1)
+    assert [r["window"] for r in a] == [r["window"] for r in b]
+    for ra, rb in zip(a, b, strict=True):
+        assert ra["fingerprint"] == rb["fingerprint"], (ra, rb)
+        assert sorted(ra["gathered"]) == [0, 1]
+    assert a[-1]["loss"] < a[0]["loss"]
+
+    # kill -9 peer 1 in the middle of its next window, restart it: it resumes from its state
+    procs = [start_peer(tmp_path, 0, windows=3), start_peer(tmp_path, 1, windows=3)]
+    time.sleep(6)
+    procs[1].send_signal(signal.SIGKILL)
+    procs[1].wait()
+    procs[1] = start_peer(tmp_path, 1, windows=2)
+    wait(procs, tmp_path)
+    a, b = (
+        {r["window"]: r for r in reports(tmp_path, 0)},
+        {r["window"]: r for r in reports(tmp_path, 1)},
+    )
+    both = sorted(set(a) & set(b))
+    assert len(both) >= 4
+    for w in both:
+        assert a[w]["fingerprint"] == b[w]["fingerprint"], w

@@ -12,7 +12,7 @@ and writes `shard-NNNNNN.npy` files of `--shard-tokens` tokens plus `index.json`
 - ``*.jsonl``: one JSON object per line, its ``--text-field`` (default ``text``) is a document;
 - either may be gzip-compressed (``*.gz``).
 
-The output folder must be empty or new (``--force`` overwrites). Shards are written atomically
+The output folder must be empty or new (``--force`` replaces the index and shards in it). Shards are written atomically
 and the index last, so an interrupted prep leaves a folder that readers refuse, never a
 truncated dataset. A training run then uses ``dataset = "file:///data/tiny-shards"`` and the
 same ``tokenizer`` reference.
@@ -160,7 +160,7 @@ def prepare_shards(
         out, tokenizer_ref=tokenizer_ref, tokenizer=tokenizer, shard_tokens=shard_tokens, eos_id=eos
     )
     sizes = [f.stat().st_size for f in files]
-    with make_progress(enabled=show_progress) as progress:
+    with make_progress(enabled=show_progress, in_bytes=True) as progress:
         task = progress.add_task("tokenizing", total=sum(sizes))
         done_before = 0
 
@@ -186,6 +186,8 @@ def _prepare_out(out: Path, force: bool) -> None:
         if not force:
             raise DataError(f"--out {out} is not empty (use --force to overwrite)")
         (out / INDEX_NAME).unlink(missing_ok=True)  # the folder is incomplete until the new index
+        for old in out.glob("shard-*.npy"):
+            old.unlink()
 
 
 def _summary(index: ShardIndex, where: Path) -> Table:

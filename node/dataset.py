@@ -180,9 +180,12 @@ class Dataset:
 
     @property
     def fingerprint(self) -> str:
-        """32 hex chars identifying the slot layout: index, seq_len and held-out fraction."""
+        """32 hex chars identifying the slot layout: index, seq_len and held-out fraction.
+
+        The tokenizer enters by its sha256 only (not by the reference string it was named by).
+        """
         h = hashlib.blake2b(b"tessera/dataset/v1\x00", digest_size=16)
-        h.update(self.index.model_dump_json().encode("utf-8"))
+        h.update(self.index.model_dump_json(exclude={"tokenizer"}).encode("utf-8"))
         h.update(f"|{self.seq_len}|{self.heldout_fraction!r}".encode("ascii"))
         return h.hexdigest()
 

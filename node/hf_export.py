@@ -160,6 +160,8 @@ def load_hf(directory: str | os.PathLike[str]) -> tuple[CausalLM, ModelConfig]:
         raise HFExportError(f"cannot read {folder / CONFIG_NAME}: {e}") from e
     cfg = model_config_from_hf(hf)
     tensors = load_file(str(folder / WEIGHTS_NAME), device="cpu")
+    for stale in [k for k in tensors if k.endswith("rotary_emb.inv_freq")]:  # old HF checkpoints
+        del tensors[stale]
     if cfg.tie_embeddings:
         tensors.pop("lm_head.weight", None)
     with torch.device("meta"):

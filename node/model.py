@@ -61,7 +61,7 @@ def rotary_tables(
     exponents = torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim
     inv_freq = 1.0 / (cfg.rope_theta**exponents)
     positions = torch.arange(seq_len, device=device, dtype=torch.float32)
-    freqs = torch.outer(positions, inv_freq)
+    freqs = positions[:, None] * inv_freq[None, :]  # elementwise: autocast never lowers it
     angles = torch.cat((freqs, freqs), dim=-1)
     return angles.cos(), angles.sin()
 

@@ -30,6 +30,7 @@ from node.buckets import peer_buckets
 from node.data import assigned_batches, open_run_dataset
 from node.exchange import Fetched, encode_signed, gather, publish
 from node.fingerprint import fingerprint
+from node.history import HistoryError, catch_up
 from node.model import build_model
 from node.selection import select_peers
 from node.state import PeerState, load_state, save_state
@@ -122,6 +123,39 @@ class Peer:
                 reports[-1].upload_s, reports[-1].gathered, reports[-1].fingerprint[:12],
             )  # fmt: skip
         return reports
+
+    def catch_up(self, window: int) -> None:
+        """Replay what we missed from the best-staked validator's published history."""
+        buckets, _ = peer_buckets(self.chain, self.local_root)
+        metagraph = self.chain.metagraph()
+        hotkeys = {n.uid: n.hotkey for n in metagraph.neurons}
+        sources = sorted(
+            (n for n in metagraph.neurons if n.validator_permit and n.uid in buckets),
+            key=lambda n: (-n.stake, n.uid),
+        )
+        for v in sources:
+            try:
+                catch_up(
+                    self.model, self.cfg, self.spec, buckets[v.uid].store, v.uid, v.hotkey,
+                    hotkeys, self.next_window, window,
+                )  # fmt: skip
+            except HistoryError as exc:
+                log.warning("catch-up from validator uid %d failed: %s", v.uid, exc)
+                continue
+            log.info(
+                "caught up from window %d to %d via validator uid %d",
+                self.next_window,
+                window,
+                v.uid,
+            )
+            self.next_window = window
+            return
+        log.error(
+            "missed windows %d..%d and no validator history could replay them: training on stale "
+            "weights until a checkpoint is published",
+            self.next_window,
+            window - 1,
+        )
 
     def current_window(self) -> int:
         return self.schedule.window_of(self.chain.block())

@@ -14,6 +14,7 @@ from typing import TypeVar
 from rich.console import Console
 from rich.progress import (
     BarColumn,
+    DownloadColumn,
     MofNCompleteColumn,
     Progress,
     TextColumn,
@@ -48,12 +49,12 @@ def tracked(items: Iterable[T], description: str, total: int | None = None) -> I
     )
 
 
-def make_progress(*, enabled: bool | None = None) -> Progress:
-    """A rich `Progress` with count, bar, elapsed and remaining time, drawn on stderr."""
+def make_progress(*, enabled: bool | None = None, in_bytes: bool = False) -> Progress:
+    """A rich `Progress` with count (or bytes), bar, elapsed and remaining time, on stderr."""
     return Progress(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
-        MofNCompleteColumn(),
+        DownloadColumn() if in_bytes else MofNCompleteColumn(),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
         console=Console(stderr=True),

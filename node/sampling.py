@@ -10,7 +10,8 @@ positions `s*batch_size ...` of that run. Hence:
   from (run_id, uid, window, n_steps, batch_size) and the dataset's slot count alone;
 - peers are *exactly* disjoint within a window as long as `(max uid + 1) * m ≤ n_train` (always
   the case for production datasets; for the embedded tiny corpus: uids 0..63 at the tiny preset);
-- a peer gets fresh, independent samples every window; held-out slots are never assigned.
+- a peer gets fresh, independent samples every window; held-out slots are never assigned;
+- a dataset smaller than one peer's need (`m > n_train`) wraps around: the peer sees repeats.
 
 Evaluation samples: `n` distinct slots of a split (held-out by default, or training) chosen by
 another keyed permutation (key = ("eval", split, run_id, window, purpose)), so each purpose (e.g.

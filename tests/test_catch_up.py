@@ -1,0 +1,56 @@
+"""A late peer replays a validator's published history and lands on the same weights."""
+
+from __future__ import annotations
+
+import torch
+
+from codec.compress import Compressor
+from codec.spec import ModelSpec
+from node.exchange import encode_signed
+from node.fingerprint import fingerprint
+from node.history import HistoryError, catch_up, publish_aggregate, publish_checkpoint
+from node.model import build_model
+from protocol.keys import create_hotkey
+from protocol.runconfig import RunConfig
+from protocol.stores import open_store
+
+
+def test_late_peer_replays_checkpoint_and_aggregates(tmp_path) -> None:
+    run = RunConfig.preset("tiny", name="history")
+    keys = [create_hotkey("w", f"k{i}", root=tmp_path / "wallets") for i in range(3)]
+    validator = keys[2]
+    store = open_store(f"file://{tmp_path}?bucket=validator")
+    hotkeys = {i: k.ss58_address for i, k in enumerate(keys)}
+
+    live = build_model(run.model, run.seed)
+    spec = ModelSpec.from_module(live)
+    compressors = [Compressor(spec, run.codec) for _ in range(2)]
+    gen = torch.Generator().manual_seed(0)
+    fingerprints = {}
+    for window in range(4):
+        if window == 2:
+            publish_checkpoint(store, run, window, 2, validator, live)
+        raw = {}
+        for uid in range(2):
+            sparse = [
+                compressors[uid].compress(n, torch.randn(p.shape, generator=gen) * 1e-3, 0.95)
+                for n, p in live.named_parameters()
+            ]
+            raw[uid] = encode_signed(sparse, run, spec, window, uid, keys[uid])
+        publish_aggregate(store, run, window, 2, validator, raw)
+        # what the live peers did: the same replay of the same bytes
+        catch_up(live, run, spec, store, 2, validator.ss58_address, hotkeys, window, window + 1)
+        fingerprints[window + 1] = fingerprint(live)
+
+    late = build_model(run.model, run.seed)
+    assert catch_up(late, run, spec, store, 2, validator.ss58_address, hotkeys, 0, 4) == 4
+    assert fingerprint(late) == fingerprints[4]
+
+    # a history signed by someone else is refused
+    other = build_model(run.model, run.seed)
+    try:
+        catch_up(other, run, spec, store, 2, keys[0].ss58_address, hotkeys, 0, 4)
+    except HistoryError:
+        pass
+    else:
+        raise AssertionError("a forged history was accepted")

@@ -19,7 +19,8 @@ Top-k is exact: in every chunk the ``k_g`` entries of largest ``|e|``; among ent
 threshold the lowest positions win. Positions come out sorted ascending per chunk. The selection
 avoids a full sort: a lower bound on each chunk's k-th largest ``|e|`` (the k-th largest of the
 maxima of ``2k`` strided bins: at least k entries reach it) leaves ~1.4k candidates per chunk,
-whose exact k-th largest value is then found with `torch.topk` on a small padded matrix.
+whose exact k-th largest value is then found with `torch.topk` on a small padded matrix. Rows
+crowded with candidates (more than 4k: ties, runs of zeros) take a dense path instead.
 """
 
 from __future__ import annotations
@@ -47,11 +48,12 @@ __all__ = [
     "topk_rows",
 ]
 
-BLOCK_ELEMENTS = 1 << 21
-"""Elements of EF buffer processed at a time (8 MiB of float32)."""
+BLOCK_ELEMENTS = {"cpu": 1 << 21, "default": 1 << 25}
+"""Elements of EF buffer processed at a time: 8 MiB of float32 on CPU (cache-sized blocks were
+fastest on a 2-core box), 128 MiB elsewhere (fewer kernel launches)."""
 
 _CANDIDATE_CAP = 4
-"""Candidates per chunk kept for the exact pass, in units of k; rows with more are sorted in full."""
+"""Rows with more candidates than this many times k (ties, zeros) are handled as dense rows."""
 
 
 @dataclass
@@ -84,7 +86,7 @@ class SparseTensor:
         """Raise `DecodeError` unless this update is well formed for its shape under ``params``."""
         try:
             layout = self.layout(params)
-        except ValueError as exc:
+        except (TypeError, ValueError) as exc:
             raise DecodeError(f"{self.name}: bad shape {self.shape}: {exc}") from exc
         if len(self.groups) != len(layout.groups):
             raise DecodeError(
@@ -123,8 +125,9 @@ def scatter_add(
 ) -> None:
     """Add ``factor * decoded(sparse)`` into the dense float32 tensor ``out`` (in place).
 
-    Each position is touched at most once, so the result is one float32 rounding per position
-    whatever the device: with a fixed order of calls the accumulation is bit-reproducible.
+    ``factor`` is rounded to float32 first. Each position is touched at most once, so the result
+    is one float32 rounding per position whatever the device: with a fixed order of calls the
+    accumulation is bit-reproducible.
     """
     if tuple(out.shape) != tuple(sparse.shape) or out.dtype != torch.float32:
         raise ValueError(f"out must be float32 {sparse.shape}, got {out.dtype} {tuple(out.shape)}")
@@ -134,7 +137,8 @@ def scatter_add(
     for gi, (g, vals) in enumerate(zip(sparse.groups, sparse.values(), strict=True)):
         flat = layout.flat_positions(gi, g.idx.to(out.device)).view(-1)
         v = vals.to(out.device).view(-1)
-        flat_out.index_add_(0, flat, v if factor == 1.0 else v * scale)
+        # positions are unique, so gather + add + put is one rounding each, on any device
+        flat_out[flat] = flat_out[flat] + (v if factor == 1.0 else v * scale)
 
 
 def densify(
@@ -169,25 +173,19 @@ def _lower_bound(a: torch.Tensor, k: int) -> tuple[torch.Tensor, bool]:
 
 
 def _exact_threshold(
-    a: torch.Tensor, k: int, flat: torch.Tensor, row: torch.Tensor, cand: torch.Tensor
+    a: torch.Tensor, k: int, row: torch.Tensor, cand: torch.Tensor, counts: torch.Tensor
 ) -> torch.Tensor:
-    """Exact k-th largest per row from the candidates (flat positions, rows, values)."""
-    nb, c = a.shape
-    counts = torch.bincount(row, minlength=nb)
-    cap = min(c, _CANDIDATE_CAP * k, int(counts.max()))
+    """Exact k-th largest per row from its candidates (row, |value|), at most 4k per row.
+
+    Rows without candidates (handled elsewhere) get a meaningless threshold.
+    """
+    nb = a.shape[0]
+    cap = max(k, int(counts.max()))
     start = torch.cumsum(counts, 0) - counts
-    slot = torch.arange(flat.numel(), device=a.device) - start[row]
+    slot = torch.arange(row.numel(), device=a.device) - start[row]
     padded = torch.full((nb, cap), -1.0, dtype=a.dtype, device=a.device)
-    over = (counts > cap).nonzero().squeeze(1)
-    if over.numel():
-        fits = slot < cap
-        padded.view(-1)[(row * cap + slot)[fits]] = cand[fits]
-    else:
-        padded.view(-1)[row * cap + slot] = cand
-    t = _kth_largest(padded, k)
-    if over.numel():
-        t[over] = _kth_largest(a[over], k)
-    return t
+    padded.view(-1)[row * cap + slot] = cand
+    return _kth_largest(padded, k)
 
 
 def _keep_with_ties(
@@ -205,11 +203,49 @@ def _keep_with_ties(
     return above | (tied & (rank < need[row]))
 
 
+def _dense_positions(a: torch.Tensor, k: int) -> torch.Tensor:
+    t = _kth_largest(a, k)[:, None]
+    above = a > t
+    tied = a == t
+    need = k - above.sum(1, keepdim=True)
+    keep = above | (tied & (torch.cumsum(tied, 1) <= need))
+    return keep.nonzero()[:, 1].view(-1, k)
+
+
+def _dense_topk(x: torch.Tensor, a: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k of whole rows (rows with many candidates: ties, zeros): (positions, values)."""
+    pos = torch.arange(k, device=x.device).expand(x.shape[0], k).clone()  # all-zero rows
+    live = (a.amax(1) > 0).nonzero().squeeze(1)
+    if live.numel():
+        pos[live] = _dense_positions(a[live], k)
+    return pos, torch.gather(x, 1, pos)
+
+
+def _sparse_topk(
+    x: torch.Tensor, a: torch.Tensor, mask: torch.Tensor, k: int, bound: tuple[torch.Tensor, bool]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Top-k of the rows that have candidates in ``mask``: (rows, positions, values)."""
+    nb, c = a.shape
+    flat = mask.view(-1).nonzero().squeeze(1)
+    row = torch.div(flat, c, rounding_mode="floor")
+    signed = x.view(-1)[flat]
+    cand = signed.abs()
+    counts = torch.bincount(row, minlength=nb)
+    t = bound[0] if bound[1] else _exact_threshold(a, k, row, cand, counts)
+    keep = cand >= t[row]
+    rows = (counts > 0).nonzero().squeeze(1)
+    if int(keep.sum()) != rows.numel() * k:
+        keep = _keep_with_ties(cand, row, t, k, nb)
+    pos = (flat[keep] - row[keep] * c).view(-1, k)
+    return rows, pos, signed[keep].view(-1, k)
+
+
 def topk_rows(
     x: torch.Tensor, k: int, work: tuple[torch.Tensor, torch.Tensor] | None = None
-) -> torch.Tensor:
-    """Exact per-row Top-k by ``|x|`` of a contiguous (n, C) tensor: positions (n, k), ascending.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact per-row Top-k by ``|x|`` of a contiguous float32 (n, C) tensor.
 
+    Returns the positions (n, k) int64, ascending in each row, and the values of ``x`` there.
     Ties at the threshold go to the lowest positions. ``work`` optionally provides float32 and
     bool scratch buffers of at least ``x.numel()`` elements.
     """
@@ -217,23 +253,28 @@ def topk_rows(
     if not 1 <= k <= c:
         raise ValueError(f"k={k} outside 1..{c}")
     if work is None:
-        a = torch.empty_like(x, dtype=torch.float32)
+        a = torch.empty_like(x)
         mask = torch.empty(x.shape, dtype=torch.bool, device=x.device)
     else:
         a = work[0][: x.numel()].view(nb, c)
         mask = work[1][: x.numel()].view(nb, c)
     torch.abs(x, out=a)
-    bound, exact = _lower_bound(a, k)
-    torch.ge(a, bound[:, None], out=mask)
-    flat = mask.view(-1).nonzero().squeeze(1)
-    row = torch.div(flat, c, rounding_mode="floor")
-    cand = a.view(-1)[flat]
-    t = bound if exact else _exact_threshold(a, k, flat, row, cand)
-    keep = cand >= t[row]
-    if int(keep.sum()) != nb * k:
-        keep = _keep_with_ties(cand, row, t, k, nb)
-    chosen = flat[keep].view(nb, k)
-    return chosen - (torch.arange(nb, device=x.device) * c)[:, None]
+    bound = _lower_bound(a, k)
+    torch.ge(a, bound[0][:, None], out=mask)
+    crowded = torch.zeros(0, dtype=torch.int64, device=x.device)
+    if not bound[1]:
+        crowded = (mask.sum(1, dtype=torch.int32) > _CANDIDATE_CAP * k).nonzero().squeeze(1)
+    if crowded.numel() == 0:
+        _, pos, vals = _sparse_topk(x, a, mask, k, bound)
+        return pos, vals
+    pos = torch.empty(nb, k, dtype=torch.int64, device=x.device)
+    vals = torch.empty(nb, k, dtype=x.dtype, device=x.device)
+    pos[crowded], vals[crowded] = _dense_topk(x[crowded], a[crowded], k)
+    if crowded.numel() < nb:
+        mask[crowded] = False
+        rows, sparse_pos, sparse_vals = _sparse_topk(x, a, mask, k, bound)
+        pos[rows], vals[rows] = sparse_pos, sparse_vals
+    return pos, vals
 
 
 def _blocks(g: ChunkGroup, block_elements: int) -> Iterator[tuple[int, slice, slice]]:
@@ -262,12 +303,14 @@ class Compressor:
         spec: ModelSpec,
         params: CodecParams,
         device: torch.device | str = "cpu",
-        block_elements: int = BLOCK_ELEMENTS,
+        block_elements: int | None = None,
     ) -> None:
         self.spec = spec
         self.params = params
         self.device = torch.device(device)
-        self.block_elements = block_elements
+        self.block_elements = block_elements or BLOCK_ELEMENTS.get(
+            self.device.type, BLOCK_ELEMENTS["default"]
+        )
         self.layouts = {t.name: ChunkLayout.for_shape(t.shape, params) for t in spec.tensors}
         self._ef = {
             name: [torch.zeros(g.n_chunks, g.chunk_size, device=self.device) for g in lay.groups]
@@ -300,15 +343,43 @@ class Compressor:
 
         ``freeze``: compress ``delta`` alone and leave the buffer untouched (Appendix E).
         ``timings``: if given, wall-clock seconds per phase are added to it.
+        Raises ValueError (and changes nothing) for a wrong shape, a non-finite ``delta`` or a
+        bad ``beta``; KeyError for a name not in the spec.
         """
+        delta = self._checked(name, delta, beta)
+        return self._compress(name, delta, beta, freeze, timings)
+
+    def compress_all(
+        self, deltas: Mapping[str, torch.Tensor], beta: float, freeze: bool = False
+    ) -> list[SparseTensor]:
+        """`compress` every tensor of the spec, in spec order, after checking all of them first."""
+        if set(deltas) != set(self.layouts):
+            raise ValueError(f"deltas must cover exactly the spec's {len(self.layouts)} tensors")
+        checked = {t.name: self._checked(t.name, deltas[t.name], beta) for t in self.spec.tensors}
+        return [self._compress(n, d, beta, freeze, None) for n, d in checked.items()]
+
+    def _checked(self, name: str, delta: torch.Tensor, beta: float) -> torch.Tensor:
         layout = self._layout(name)
-        if tuple(delta.shape) != layout.shape:
-            raise ValueError(f"{name}: delta shape {tuple(delta.shape)} != {layout.shape}")
+        if tuple(delta.shape) != layout.shape or not delta.is_floating_point():
+            raise ValueError(
+                f"{name}: delta must be floating {layout.shape}, got {tuple(delta.shape)}"
+            )
         if not (math.isfinite(beta) and beta >= 0):
             raise ValueError(f"beta must be finite and >= 0, got {beta}")
         delta = delta.detach().to(self.device).contiguous()
         if not bool(torch.isfinite(delta.sum())):
             raise ValueError(f"{name}: delta has non-finite entries")
+        return delta
+
+    def _compress(
+        self,
+        name: str,
+        delta: torch.Tensor,
+        beta: float,
+        freeze: bool,
+        timings: dict[str, float] | None,
+    ) -> SparseTensor:
+        layout = self.layouts[name]
         clock = time.perf_counter()
         work = self._scratch()
         idx, vals = [], []
@@ -324,9 +395,9 @@ class Compressor:
                     rows.view(view.shape).copy_(view)
                 else:
                     torch.add(view, rows.view(view.shape), alpha=beta, out=rows.view(view.shape))
-                pos = topk_rows(rows, g.k, (work[0], work[1]))
+                pos, kept = topk_rows(rows, g.k, (work[0], work[1]))
                 gi_idx.append(pos)
-                gi_vals.append(torch.gather(rows, 1, pos))
+                gi_vals.append(kept)
             idx.append(torch.cat(gi_idx))
             vals.append(torch.cat(gi_vals))
         clock = _lap(timings, "select", clock)

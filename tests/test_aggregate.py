@@ -1,0 +1,108 @@
+"""Aggregation: the mean of decoded updates, independent of arrival order, with median clipping."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from codec.aggregate import aggregate, clip_factors, update_norm
+from codec.compress import Compressor, SparseTensor, densify
+from codec.errors import DecodeError
+from codec.spec import CodecParams, ModelSpec
+
+SHAPES = {"w": (48, 80), "b": (200,), "x": (3, 5, 9)}
+SPEC = ModelSpec.from_shapes(SHAPES)
+PARAMS = CodecParams(tile=16, k=12)
+
+
+def _update(seed: int, scale: float = 1.0) -> list[SparseTensor]:
+    gen = torch.Generator().manual_seed(seed)
+    comp = Compressor(SPEC, PARAMS)
+    return [
+        comp.compress(name, torch.randn(shape, generator=gen) * scale, 0.95)
+        for name, shape in SHAPES.items()
+    ]
+
+
+@pytest.fixture(scope="module")
+def peers() -> dict[str, list[SparseTensor]]:
+    scales = [1.0, 0.5, 3.0, 1.5, 40.0]
+    return {f"peer-{i}": _update(i, s) for i, s in enumerate(scales)}
+
+
+def _dense(update: list[SparseTensor]) -> dict[str, torch.Tensor]:
+    return {s.name: densify(s, PARAMS) for s in update}
+
+
+@pytest.mark.parametrize("clip", [False, True])
+def test_order_independent_bitwise(peers: dict[str, list[SparseTensor]], clip: bool) -> None:
+    first = aggregate(peers, SPEC, PARAMS, clip_to_median=clip)
+    keys = list(peers)
+    rng = random.Random(0)
+    for _ in range(4):
+        rng.shuffle(keys)
+        shuffled = {k: list(reversed(peers[k])) for k in keys}
+        again = aggregate(shuffled, SPEC, PARAMS, clip_to_median=clip)
+        assert all(torch.equal(first[n], again[n]) for n in SHAPES)
+
+
+def test_mean_matches_dense_reference(peers: dict[str, list[SparseTensor]]) -> None:
+    mean = aggregate(peers, SPEC, PARAMS)
+    dense = [_dense(u) for u in peers.values()]
+    for name in SHAPES:
+        ref = torch.stack([d[name].double() for d in dense]).mean(0)
+        torch.testing.assert_close(mean[name].double(), ref, rtol=1e-6, atol=1e-6)
+        assert mean[name].dtype == torch.float32 and tuple(mean[name].shape) == SHAPES[name]
+
+
+def test_update_norm_matches_dense(peers: dict[str, list[SparseTensor]]) -> None:
+    for update in peers.values():
+        dense = torch.cat([t.double().reshape(-1) for t in _dense(update).values()])
+        assert math.isclose(update_norm(update), float(dense.norm()), rel_tol=1e-12)
+
+
+def test_clip_factors() -> None:
+    assert clip_factors([1.0, 2.0, 4.0]) == [1.0, 1.0, 0.5]
+    assert clip_factors([1.0, 3.0, 5.0, 8.0]) == [1.0, 1.0, 0.8, 0.5]
+    assert clip_factors([0.0, 0.0, 2.0]) == [1.0, 1.0, 0.0]
+    assert clip_factors([]) == []
+
+
+def test_median_clipping(peers: dict[str, list[SparseTensor]]) -> None:
+    clipped = aggregate(peers, SPEC, PARAMS, clip_to_median=True)
+    norms = {k: update_norm(u) for k, u in peers.items()}
+    median = sorted(norms.values())[len(norms) // 2]
+    ref = {n: torch.zeros(s, dtype=torch.float64) for n, s in SHAPES.items()}
+    for key, update in peers.items():
+        factor = min(1.0, median / norms[key])
+        for name, t in _dense(update).items():
+            ref[name] += t.double() * factor
+    for name in SHAPES:
+        torch.testing.assert_close(
+            clipped[name].double(), ref[name] / len(peers), rtol=1e-5, atol=1e-6
+        )
+    # the outlier peer (scale 40) dominates the plain mean but not the clipped one
+    plain = aggregate(peers, SPEC, PARAMS)
+    plain_norm = math.sqrt(sum(float(t.double().square().sum()) for t in plain.values()))
+    clipped_norm = math.sqrt(sum(float(t.double().square().sum()) for t in clipped.values()))
+    assert clipped_norm <= median + 1e-9 < plain_norm
+
+
+def test_missing_unknown_and_empty(peers: dict[str, list[SparseTensor]]) -> None:
+    partial = {"a": [s for s in peers["peer-0"] if s.name != "b"], "b": peers["peer-1"]}
+    mean = aggregate(partial, SPEC, PARAMS)
+    torch.testing.assert_close(mean["b"], densify(peers["peer-1"][1], PARAMS) / 2)
+    empty = aggregate({}, SPEC, PARAMS)
+    assert all(not t.any() for t in empty.values())
+    stray = SparseTensor("zzz", (4,), peers["peer-0"][1].groups, peers["peer-0"][1].codebook)
+    with pytest.raises(DecodeError):
+        aggregate({"a": [*peers["peer-0"], stray]}, SPEC, PARAMS)
+    with pytest.raises(DecodeError):
+        aggregate({"a": [*peers["peer-0"], peers["peer-0"][0]]}, SPEC, PARAMS)
+    broken = peers["peer-0"][0]
+    bad = SparseTensor(broken.name, broken.shape, broken.groups, broken.codebook * -1)
+    with pytest.raises(DecodeError):
+        aggregate({"a": [bad]}, SPEC, PARAMS)

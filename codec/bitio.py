@@ -2,7 +2,8 @@
 
 A field is an unsigned integer of 0..32 bits. `pack_fields` lays fields out back to back, least
 significant bit first, in little-endian 32-bit words; `BitReader.read` takes many fields at once
-given their widths. Both run as a handful of numpy passes with no Python loop per field.
+given their widths; `join_bits` appends one packed bit string to another at any bit offset. All
+run as a handful of numpy passes with no Python loop per field.
 """
 
 from __future__ import annotations
@@ -17,27 +18,47 @@ _MASKS = (np.int64(1) << np.arange(MAX_FIELD_BITS + 1, dtype=np.int64)) - 1
 
 
 def pack_fields(values: np.ndarray, widths: np.ndarray) -> tuple[bytes, int]:
-    """Pack `values[i]` in `widths[i]` bits each; returns (bytes, total number of bits)."""
+    """Pack `values[i]` (< 2**widths[i]) in `widths[i]` bits each; returns (bytes, total bits)."""
     widths = np.asarray(widths, dtype=np.int64)
-    keep = widths > 0
-    values = np.asarray(values).astype(_U64, copy=False)[keep]
-    widths = widths[keep]
-    total = int(widths.sum())
+    ends = np.cumsum(widths)
+    total = int(ends[-1]) if ends.size else 0
     if total == 0:
         return b"", 0
-    pos = np.cumsum(widths) - widths
+    pos = ends - widths
     word = pos >> 5
-    off = (pos & 31).astype(_U64)
-    low = (values << off) & _U64(0xFFFFFFFF)
-    # Fields are back to back and at most 32 bits wide, so every word holds the start of some
-    # field (but perhaps the last), and at most one field crosses into the next word. Disjoint
-    # bit ranges: summing a word's low parts equals OR-ing them.
-    words = np.zeros((total + 31) // 32 + 1, dtype=_U64)
-    starts = np.flatnonzero(np.diff(word, prepend=-1))
-    words[word[starts]] = np.add.reduceat(low, starts)
-    cross = np.flatnonzero(off + widths.astype(_U64) > _U64(32))
-    words[word[cross] + 1] |= values[cross] >> (_U64(32) - off[cross])
-    return words.astype("<u4").tobytes()[: (total + 7) // 8], total
+    shifted = np.asarray(values).astype(_U64) << (pos & 31).astype(_U64)  # < 2**64
+    # Fields are disjoint, so summing the parts that land in a word equals OR-ing them, and each
+    # word's sum stays below 2**32: exact in the float64 weights of a bincount.
+    n_words = (total + 31) // 32 + 1
+    low = np.bincount(word, weights=shifted & _U64(0xFFFFFFFF), minlength=n_words)
+    high = np.bincount(word, weights=shifted >> _U64(32), minlength=n_words)
+    words = low.astype("<u4")
+    words[1:] |= high[:-1].astype("<u4")
+    return words.tobytes()[: (total + 7) // 8], total
+
+
+def join_bits(head: bytes, head_bits: int, tail: bytes, tail_bits: int) -> bytes:
+    """The first `head_bits` bits of `head` followed by the first `tail_bits` bits of `tail`."""
+    total = head_bits + tail_bits
+    n_words = (total + 31) // 32 + 2
+    out = np.zeros(n_words, dtype=_U64)
+    hw = _words(head, head_bits)
+    out[: hw.size] = hw
+    tw = _words(tail, tail_bits) << _U64(head_bits & 31)
+    at = head_bits >> 5
+    out[at : at + tw.size] |= tw & _U64(0xFFFFFFFF)
+    out[at + 1 : at + 1 + tw.size] |= tw >> _U64(32)
+    return out.astype("<u4").tobytes()[: (total + 7) // 8]
+
+
+def _words(data: bytes, bits: int) -> np.ndarray:
+    """The first `bits` bits of `data` as little-endian 32-bit words (uint64), the rest zero."""
+    n_bytes = (bits + 7) // 8
+    buf = np.zeros((n_bytes + 3) // 4 * 4, dtype=np.uint8)
+    buf[:n_bytes] = np.frombuffer(data, dtype=np.uint8, count=n_bytes)
+    if bits % 8:
+        buf[n_bytes - 1] &= (1 << (bits % 8)) - 1
+    return buf.view("<u4").astype(_U64)
 
 
 class BitReader:

@@ -48,6 +48,9 @@ class SplitTables:
     table_start: np.ndarray  # int64: first entry in the flat arrays
     table_lo: np.ndarray  # int64: the value the first entry stands for
     is_leaf: np.ndarray  # bool: a uniform rank over the node's whole subset
+    sends: np.ndarray  # bool: the node sends a symbol (a leaf, or a split that is not forced)
+    split_lo: np.ndarray  # int64: the smallest possible left count (the only one if forced)
+    value_base: np.ndarray  # int64: table_start - table_lo (entry - value_base = value)
     coarse_base: np.ndarray  # int64: where the table's coarse lookup starts
     coarse_shift: np.ndarray  # int64: slot >> shift indexes the coarse lookup
     # per entry (int64)
@@ -74,6 +77,8 @@ class _Builder:
         self.starts = np.zeros(n_tables, dtype=np.int64)
         self.los = np.zeros(n_tables, dtype=np.int64)
         self.leaf = np.zeros(n_tables, dtype=bool)
+        self.sends = np.zeros(n_tables, dtype=bool)
+        self.split_lo = np.zeros(n_tables, dtype=np.int64)
         self.cbase = np.zeros(n_tables, dtype=np.int64)
         self.cshift = np.full(n_tables, PRECISION_BITS - COARSE_BITS, dtype=np.int64)
         self.freqs: list[np.ndarray] = []
@@ -86,6 +91,7 @@ class _Builder:
         shift = 0 if leaf else PRECISION_BITS - COARSE_BITS
         buckets = np.arange(TOTAL_FREQ >> shift, dtype=np.int64) << shift
         self.starts[tid], self.los[tid], self.leaf[tid] = self.n_entries, lo, leaf
+        self.sends[tid] = True
         self.cbase[tid], self.cshift[tid] = self.n_coarse, shift
         self.coarse.append(self.n_entries + np.searchsorted(cum + f, buckets, side="right"))
         self.freqs.append(f)
@@ -118,6 +124,7 @@ def split_tables(chunk_size: int, k: int) -> SplitTables:
                     bld.add(tid, 0, np.diff((np.arange(n_sym + 1) * TOTAL_FREQ) // n_sym), True)
                     continue
                 lo, hi = max(0, m - b), min(m, a)
+                bld.split_lo[tid] = lo
                 if hi == lo:
                     continue  # forced split: no symbol
                 j = np.arange(lo, hi + 1)
@@ -134,6 +141,9 @@ def split_tables(chunk_size: int, k: int) -> SplitTables:
         table_start=bld.starts,
         table_lo=bld.los,
         is_leaf=bld.leaf,
+        sends=bld.sends,
+        split_lo=bld.split_lo,
+        value_base=bld.starts - bld.los,
         coarse_base=bld.cbase,
         coarse_shift=bld.cshift,
         freq=freq,

@@ -41,26 +41,37 @@ class Split:
     @classmethod
     def of(cls, nodes: Nodes, level: int, tables: SplitTables) -> Split:
         half = 1 << (tables.levels - level - 1)
-        partial = (nodes.eff != 2 * half).astype(np.int64)
-        a = np.minimum(nodes.eff, half)
-        b = nodes.eff - a
-        lo = np.maximum(0, nodes.m - b)
-        tid = tables.table_id(level, partial, nodes.m)
-        leaf = tables.is_leaf[tid]
-        sym = leaf | (np.minimum(nodes.m, a) > lo)
-        return cls(half, tid, leaf, sym, lo, np.stack([a, b], axis=1))
+        partial = nodes.eff != 2 * half
+        child_eff = np.full((nodes.eff.size, 2), half, dtype=np.int64)
+        base = 2 * level * (tables.k + 1)
+        if partial.any():  # at most one node per chunk straddles the chunk's end
+            tid = base + partial * (tables.k + 1) + nodes.m
+            child_eff[:, 0] = np.minimum(nodes.eff, half)
+            child_eff[:, 1] = nodes.eff - child_eff[:, 0]
+        else:
+            tid = nodes.m + base
+        return cls(
+            half, tid, tables.is_leaf[tid], tables.sends[tid], tables.split_lo[tid], child_eff
+        )
 
     def child_counts(self, nodes: Nodes, j: np.ndarray) -> np.ndarray:
-        counts = np.stack([j, nodes.m - j], axis=1)
-        counts[self.leaf] = 0  # a leaf sends its whole subset; it has no children
+        counts = np.empty((j.size, 2), dtype=np.int64)
+        np.multiply(j, ~self.leaf, out=counts[:, 0])  # a leaf sends its whole subset
+        np.multiply(nodes.m - j, ~self.leaf, out=counts[:, 1])  # and has no children
         return counts
 
     def kinds(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Flat (full, single, active) masks over the children, left and right interleaved."""
         c, e = counts.reshape(-1), self.child_eff.reshape(-1)
-        full = (c == e) & (c > 0)
-        single = (c == 1) & (e == self.half)
-        return full, single, (c > 0) & ~full & ~single
+        full = c == e
+        full &= c > 0
+        single = c == 1
+        single &= e == self.half
+        active = c > 0
+        active &= c < e
+        if self.half > 1:  # then every single child is among those (1 < half = e)
+            active ^= single
+        return full, single, active
 
     def pick_lone(
         self, nodes: Nodes, j: np.ndarray, mask: np.ndarray, k: int

@@ -41,14 +41,14 @@ def walk(arr: np.ndarray, tables: SplitTables) -> Walk:
         out.add_raw(arr.reshape(-1), levels)
         return out
     dense = dense_depth(k, levels)
-    nodes, item_val, item_node = _dense_phase(arr, tables, dense, out)
-    _item_phase(nodes, item_val, item_node, tables, dense, out)
+    nodes, item_val = _dense_phase(arr, tables, dense, out)
+    _item_phase(nodes, item_val, tables, dense, out)
     return out
 
 
 def _dense_phase(
     arr: np.ndarray, tables: SplitTables, dense: int, out: Walk
-) -> tuple[Nodes, np.ndarray, np.ndarray]:
+) -> tuple[Nodes, np.ndarray]:
     n, k = arr.shape
     levels = tables.levels
     flat = arr.reshape(-1)
@@ -68,9 +68,7 @@ def _dense_phase(
         split = Split.of(nodes, level, tables)
         j = hist[level + 1][:, 0::2].reshape(-1)[np.flatnonzero(busy)]
         sym = split.sym
-        out.rounds.append(
-            (nodes.row[sym], tables.table_start[split.tid[sym]] + j[sym] - split.lo[sym])
-        )
+        out.rounds.append((nodes.row[sym], tables.value_base[split.tid[sym]] + j[sym]))
         child_m, child_eff = hist[level + 1], grid_eff(tables, level + 1)
         lone = (child_m == 1) & (child_eff == half) & np.repeat(busy, 2, axis=1)
         cells = np.flatnonzero(lone)
@@ -80,42 +78,50 @@ def _dense_phase(
     m, eff = hist[dense], grid_eff(tables, dense)
     busy = grid_busy(m, eff, size)
     nodes = grid_cells(busy, m, eff, dense, size)
-    first = (np.cumsum(m, axis=1) - m).reshape(-1)[np.flatnonzero(busy)] + nodes.row * k
-    item_node = np.repeat(np.arange(nodes.m.size, dtype=np.int64), nodes.m)
-    within = np.arange(item_node.size) - np.repeat(np.cumsum(nodes.m) - nodes.m, nodes.m)
-    return nodes, flat[first[item_node] + within], item_node
+    return nodes, flat[np.repeat(busy.reshape(-1), m.reshape(-1))]
 
 
 def _item_phase(
     nodes: Nodes,
     item_val: np.ndarray,
-    item_node: np.ndarray,
     tables: SplitTables,
     start_level: int,
     out: Walk,
 ) -> None:
+    """Items stay in (chunk, position) order, so a node's items are a run of `nodes.m` of them
+    starting at `first`, and its children's runs follow in left, right order: lone and leaf items
+    are found from their nodes, and the items of active children are kept with one mask."""
     levels = tables.levels
-    binom = binomials()
+    binom = binomials().reshape(-1)
+    width = binomials().shape[1]
     for level in range(start_level, levels):
         if nodes.row.size == 0:
             break
         split = Split.of(nodes, level, tables)
         first = np.cumsum(nodes.m) - nodes.m
-        bit = (item_val >> (levels - level - 1)) & 1
+        bit = item_val >> (levels - level - 1)
+        bit &= 1
         j = nodes.m - np.add.reduceat(bit, first)
-        value = j - split.lo
+        value = j
         if split.leaf.any():
-            in_leaf = np.flatnonzero(split.leaf[item_node])
-            owner = item_node[in_leaf]
-            contrib = binom[item_val[in_leaf] - nodes.start[owner], in_leaf - first[owner] + 1]
-            leaf_m = nodes.m[split.leaf]
-            value[split.leaf] = np.add.reduceat(contrib, np.cumsum(leaf_m) - leaf_m)
-        tid = split.tid[split.sym]
-        out.rounds.append((nodes.row[split.sym], tables.table_start[tid] + value[split.sym]))
+            value = j.copy()
+            leaf = np.flatnonzero(split.leaf)
+            leaf_m = nodes.m[leaf]
+            starts = np.cumsum(leaf_m) - leaf_m
+            owner = np.repeat(np.arange(leaf.size), leaf_m)
+            rank = np.arange(owner.size) - starts[owner]
+            local = item_val[first[leaf][owner] + rank] & (2 * split.half - 1)
+            value[leaf] = np.add.reduceat(binom[local * width + rank + 1], starts)
+        sym = split.sym
+        out.rounds.append((nodes.row[sym], tables.value_base[split.tid[sym]] + value[sym]))
         counts = split.child_counts(nodes, j)
         _, single, active = split.kinds(counts)
-        child = 2 * item_node + bit
-        out.add_raw(item_val[single[child]] & (split.half - 1), levels - level - 1)
-        keep = active[child]
-        item_val, item_node = item_val[keep], (np.cumsum(active) - 1)[child[keep]]
+        lone = np.flatnonzero(single)
+        parent = lone >> 1
+        lone_at = first[parent] + (lone & 1) * j[parent]
+        out.add_raw(item_val[lone_at] & (split.half - 1), levels - level - 1)
+        flat = np.empty(2 * j.size, dtype=np.int64)  # items per child, leaves' ones included
+        flat[0::2] = j
+        np.subtract(nodes.m, j, out=flat[1::2])
+        item_val = item_val[np.repeat(active, flat)]
         nodes = split.pick(nodes, counts, j, active)

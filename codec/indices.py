@@ -22,6 +22,8 @@ recovers when it ends. The per-chunk waste is a fraction of a bit.
 Layout: MAGIC, version, varints (chunk_size, k, n_chunks), then one bit stream (LSB first):
 [lane states: n_chunks x R bits][renormalisation fields, step by step][raw fields, level by
 level] with the last n_chunks x R' bits of the raw part removed (they live in the lane states).
+The encoder packs the raw part once: it reads the bits-back tail from it, then appends the rest
+of it to the packed lane states and renormalisation fields.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from codec.bitio import BitReader, pack_fields
+from codec.bitio import BitReader, join_bits, pack_fields
 from codec.errors import DecodeError
 from codec.index_decode import decode_body
 from codec.index_model import MAX_CHUNK_BITS, MAX_K, split_tables
@@ -88,14 +90,10 @@ def encode(idx: torch.Tensor | np.ndarray, chunk_size: int) -> bytes:
     fields: list[tuple[np.ndarray, np.ndarray]] = []
     for rows, entries in reversed(tree.rounds):
         fields[:0] = encode_round(x, Round.build(rows, n), entries, tables)
-    vals = np.concatenate([x - STATE_LOW, *[v for v, _ in fields], raw_v])
-    widths = np.concatenate([np.full(n, STATE_BITS, np.int64), *[w for _, w in fields], raw_w])
-    data, total = pack_fields(vals, widths)
-    keep = total - n * back
-    body = bytearray(data[: (keep + 7) // 8])
-    if keep % 8:
-        body[-1] &= (1 << (keep % 8)) - 1
-    return bytes(out + body)
+    vals = np.concatenate([x - STATE_LOW, *[v for v, _ in fields]])
+    widths = np.concatenate([np.full(n, STATE_BITS, np.int64), *[w for _, w in fields]])
+    head, head_bits = pack_fields(vals, widths)
+    return bytes(out) + join_bits(head, head_bits, raw_bytes, raw_total - n * back)
 
 
 def decode(

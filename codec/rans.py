@@ -50,9 +50,16 @@ class Round:
     def build(cls, lanes_of_symbols: np.ndarray, n_lanes: int) -> Round:
         """`lanes_of_symbols` must be sorted: a lane's symbols are contiguous and in order."""
         counts = np.bincount(lanes_of_symbols, minlength=n_lanes)
+        n_steps = int(counts.max(initial=0))
+        if counts.size and int(counts.min()) == n_steps:  # every lane as busy: a transpose
+            return cls(
+                order=np.arange(n_lanes),
+                busy=[n_lanes] * n_steps + [0],
+                offsets=list(range(0, (n_steps + 1) * n_lanes, n_lanes)),
+                perm=np.arange(lanes_of_symbols.size).reshape(n_lanes, n_steps).T.reshape(-1),
+            )
         order = np.argsort(-counts.astype(np.int16), kind="stable")  # radix sort
         first = np.cumsum(counts) - counts
-        n_steps = int(counts.max(initial=0))
         busy = n_lanes - np.cumsum(np.bincount(counts, minlength=n_steps + 1))[:n_steps]
         offsets = np.concatenate([[0], np.cumsum(busy)])
         lane_pos = np.empty(n_lanes, dtype=np.int64)
@@ -135,5 +142,6 @@ def decode_round(
         xo[:busy] = xs
     x[rnd.order] = xo
     out = np.empty_like(entries)
-    out[rnd.perm] = entries - (tables.table_start[t] - tables.table_lo[t])
+    entries -= tables.value_base[t]
+    out[rnd.perm] = entries
     return out

@@ -15,7 +15,10 @@ from protocol.runconfig import RunConfig
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     env = os.environ.get
     parser.add_argument(
-        "--run", default=env("TESSERA_RUN", "tiny"), help="preset name or run config file"
+        "--run",
+        "--run-config",  # under torchrun: its --run-path makes --run ambiguous
+        default=env("TESSERA_RUN", "tiny"),
+        help="preset name or run config file",
     )
     parser.add_argument(
         "--chain", default=env("TESSERA_CHAIN"), help="local:///path.db or ws(s)://subtensor"
@@ -43,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--commit", action="store_true", help="post our bucket commitment if missing or stale"
     )
     parser.add_argument("--log-level", default=env("TESSERA_LOG_LEVEL", "INFO"))
+    parser.add_argument(
+        "--metrics-port", type=int, default=int(env("TESSERA_METRICS_PORT", "0")), help="0: off"
+    )
 
 
 def load_run(ref: str) -> RunConfig:
@@ -52,7 +58,9 @@ def load_run(ref: str) -> RunConfig:
 
 def run(args: argparse.Namespace) -> int:
     from node.commit import commitment_for, ensure_commitment
+    from node.multigpu import init_ranks
     from node.peer import Peer
+    from node.preflight import check_bucket, check_disk
     from protocol.chain import open_chain
     from protocol.keys import load_hotkey
     from protocol.stores import open_store
@@ -65,13 +73,20 @@ def run(args: argparse.Namespace) -> int:
             "tessera miner: --chain and --store are required (or TESSERA_CHAIN / TESSERA_STORE)"
         )
     run_cfg = load_run(args.run)
+    ranks, device = init_ranks(args.device, run_cfg)  # one peer on all torchrun processes
+    if not ranks.is_main:
+        logging.getLogger().setLevel(logging.WARNING)
     keypair = load_hotkey(args.wallet, args.hotkey, args.wallet_path)
     chain = open_chain(args.chain, netuid=args.netuid)
     store = open_store(args.store)
-    ensure_commitment(chain, keypair, commitment_for(args.store), post=args.commit)
+    if ranks.is_main:
+        check_bucket(store)
+        ensure_commitment(chain, keypair, commitment_for(args.store), post=args.commit)
+    ranks.barrier()
     state_dir = Path(
         args.state_dir or Path.home() / ".tessera" / "state" / run_cfg.run_id / keypair.ss58_address
     )
+    check_disk(state_dir, needed=1 << 26)
     peer = Peer(
         run_cfg,
         keypair,
@@ -79,10 +94,16 @@ def run(args: argparse.Namespace) -> int:
         store,
         state_dir,
         local_root=Path(args.local_root) if args.local_root else None,
-        device=args.device,
+        device=str(device),
+        ranks=ranks,
     )
+    if args.metrics_port and ranks.is_main:
+        peer.metrics.serve(args.metrics_port)
     logging.getLogger("tessera.miner").info(
         "run %s, uid %d, starting at window %d", run_cfg.run_id, peer.uid, peer.next_window
     )
-    peer.run(args.windows)
+    try:
+        peer.run(args.windows)
+    finally:
+        ranks.close()
     return 0

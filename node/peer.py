@@ -31,9 +31,13 @@ from node.data import assigned_batches, open_run_dataset
 from node.exchange import Fetched, encode_signed, gather, publish
 from node.fingerprint import fingerprint
 from node.history import HistoryError, catch_up
+from node.metrics import PeerMetrics
 from node.model import build_model
+from node.multigpu import Ranks
+from node.preflight import explain_os_error
+from node.progress import tracked
 from node.selection import select_peers
-from node.state import PeerState, load_state, save_state
+from node.state import PeerState, load_error_feedback, load_state, save_ef_shard, save_state
 from node.train import InnerResult, make_optimizer, train_window
 from protocol.chain.base import Chain
 from protocol.naming import fingerprint_key
@@ -53,6 +57,7 @@ class WindowReport:
     tokens_per_s: float
     upload_bytes: int
     upload_s: float
+    download_bytes: int
     gathered: list[int]
     dropped: dict[int, str]
     fingerprint: str
@@ -70,18 +75,22 @@ class Peer:
         state_dir: Path,
         local_root: Path | None = None,
         device: str = "cpu",
+        ranks: Ranks | None = None,
     ) -> None:
         self.cfg, self.keypair, self.chain, self.store = run, keypair, chain, store
+        self.ranks = ranks or Ranks()  # the devices of a multi-GPU peer (`node.multigpu`)
         self.state_dir, self.local_root = state_dir, local_root
         self.device = torch.device(device)
         self.schedule = WindowSchedule.from_run(run)
         self.model = build_model(run.model, run.seed).to(self.device)
         self.spec = ModelSpec.from_module(self.model)
         self.optimizer = make_optimizer(self.model, run)
-        self.compressor = Compressor(self.spec, run.codec, device=self.device)
+        self.compressor = Compressor(self.ranks.shard_of(self.spec), run.codec, device=self.device)
         _, self.dataset = open_run_dataset(run)
         self.uid = self._registered_uid()
+        self.metrics = PeerMetrics()
         self.next_window = self._restore()
+        self.trainer = self.ranks.wrap(self.model)  # what the inner steps train (DDP or itself)
 
     # -- the window --------------------------------------------------------------------------
 
@@ -100,6 +109,7 @@ class Peer:
             tokens_per_s=inner.tokens_per_s,
             upload_bytes=upload_bytes,
             upload_s=upload_s,
+            download_bytes=sum(f.n_bytes for f in fetched),
             gathered=[f.uid for f in fetched if f.ok],
             dropped={f.uid: f.reason for f in fetched if not f.ok},
             fingerprint=fp,
@@ -109,12 +119,15 @@ class Peer:
         """Train `windows` windows, starting at the current one, resuming from saved state."""
         reports = []
         for _ in range(windows):
-            window = max(self.next_window, self.current_window())
+            window = self.ranks.broadcast_object(max(self.next_window, self.current_window()))
             if window > self.next_window:
                 log.warning(
                     "missed windows %d..%d; training from %d", self.next_window, window - 1, window
                 )
             reports.append(self.run_window(window))
+            if not self.ranks.is_main:  # rank 0 reports for the whole peer
+                continue
+            self._record(reports[-1])
             with (self.state_dir / "reports.jsonl").open("a") as f:
                 f.write(json.dumps(dataclasses.asdict(reports[-1])) + "\n")
             log.info(
@@ -157,6 +170,17 @@ class Peer:
             window - 1,
         )
 
+    def _record(self, r: WindowReport) -> None:
+        m = self.metrics
+        m.window.set(r.window)
+        m.loss.set(r.loss)
+        m.tokens_per_s.set(r.tokens_per_s)
+        m.bytes_up.inc(r.upload_bytes)
+        m.bytes_down.inc(r.download_bytes)
+        total = len(r.gathered) + len(r.dropped)
+        m.gather_ok.set(len(r.gathered) / total if total else 0.0)
+        m.window_lag.set(self.current_window() - r.window)
+
     def current_window(self) -> int:
         return self.schedule.window_of(self.chain.block())
 
@@ -174,20 +198,27 @@ class Peer:
             self.cfg.inner_steps,
             self.cfg.batch_size,
         )
-        return train_window(self.model, self.optimizer, batches, self.cfg, window, self.device)
+        rows = map(self.ranks.local_rows, batches)
+        steps = tracked(rows, f"window {window} (uid {self.uid})", total=self.cfg.inner_steps)
+        inner = train_window(self.trainer, self.optimizer, steps, self.cfg, window, self.device)
+        return self.ranks.reduce_inner(inner)
 
     def _compress(self, start: dict[str, torch.Tensor], window: int) -> list[SparseTensor]:
+        """Compress this rank's tensors; the whole update on rank 0, [] on the other ranks."""
         freeze = window < self.cfg.outer.ef_freeze_windows
+        params = dict(self.model.named_parameters())
         out = []
         with torch.no_grad():
-            for name, p in self.model.named_parameters():
-                delta = start[name] - p.detach()
+            for name in (t.name for t in self.compressor.spec.tensors):
+                delta = start[name] - params[name].detach()
                 out.append(
                     self.compressor.compress(name, delta, self.cfg.outer.beta, freeze=freeze)
                 )
-        return out
+        return self.ranks.gather_sparse(out, self.spec)
 
     def _publish(self, sparse: list[SparseTensor], window: int) -> tuple[int, float]:
+        if not self.ranks.is_main:  # one upload per peer
+            return 0, math.nan
         data = encode_signed(sparse, self.cfg, self.spec, window, self.uid, self.keypair)
         try:
             done = publish(self.store, data, self.cfg, window, self.uid, self.keypair.ss58_address)
@@ -208,6 +239,8 @@ class Peer:
         )
 
     def _gather(self, window: int) -> list[Fetched]:
+        if not self.ranks.is_main:  # rank 0 fetches, the others receive its aggregate
+            return []
         timing = self.cfg.timing
         grace = math.ceil(timing.clock_skew_tolerance_s / timing.block_time_s) + 1
         self._wait_for_block(self.schedule.deadline_block(window) + grace)
@@ -226,13 +259,20 @@ class Peer:
 
     def _outer_step(self, start: dict[str, torch.Tensor], fetched: list[Fetched]) -> None:
         updates = {f.uid: f.update.tensors for f in fetched if f.update is not None}
-        mean = aggregate(updates, self.spec, self.cfg.codec, device=self.device)
+        mean = (
+            aggregate(updates, self.spec, self.cfg.codec, device=self.device)
+            if self.ranks.is_main
+            else None
+        )
+        mean = self.ranks.broadcast_aggregate(mean, self.spec, self.device)
         alpha = self.cfg.outer.alpha
         with torch.no_grad():
             for name, p in self.model.named_parameters():
                 p.copy_(start[name].sub_(mean[name], alpha=alpha))
 
     def _publish_fingerprint(self, window: int) -> str:
+        if not self.ranks.is_main:
+            return ""
         fp = fingerprint(self.model)
         body = {"run_id": self.cfg.run_id, "window": window, "uid": self.uid, "fingerprint": fp}
         key = fingerprint_key(self.cfg.run_id, window, self.uid, self.keypair.ss58_address)
@@ -260,6 +300,18 @@ class Peer:
 
     def _save(self, next_window: int, fp: str) -> None:
         self.next_window = next_window
+        try:
+            self._write_state(next_window, fp)
+        except OSError as exc:  # the previous state is intact; stop with a clear reason
+            raise explain_os_error(exc, self.state_dir) from exc
+
+    def _write_state(self, next_window: int, fp: str) -> None:
+        if not self.ranks.is_main:  # EF shards first: a state.pt on disk finds all of its own
+            ef = self.compressor.state_dict()
+            save_ef_shard(self.state_dir, self.cfg.run_id, next_window, self.ranks.rank, ef)
+        self.ranks.barrier()
+        if not self.ranks.is_main:
+            return
         save_state(
             self.state_dir,
             PeerState(
@@ -278,7 +330,8 @@ class Peer:
             return 0
         self.model.load_state_dict(state.model)
         self.optimizer.load_state_dict(state.optimizer)
-        self.compressor.load_state_dict(state.error_feedback)
+        ef = load_error_feedback(self.state_dir, state)
+        self.compressor.load_state_dict({t.name: ef[t.name] for t in self.compressor.spec.tensors})
         if fingerprint(self.model) != state.fingerprint:
             raise RuntimeError("restored model does not match its saved fingerprint")
         log.info("resumed at window %d (fingerprint %s)", state.window, state.fingerprint[:12])

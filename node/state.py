@@ -66,3 +66,50 @@ def load_state(directory: Path, run_id: str) -> PeerState | None:
         raw.pop("format")
         return PeerState(**raw)
     return None
+
+
+# -- error-feedback shards of a multi-device peer (see `node.multigpu`) ---------------------------
+#
+# Rank 0 keeps its share of the EF buffers in `state.pt`; rank r > 0 keeps its share in
+# `ef-rank{r}.pt` (previous one: `ef-rank{r}.prev.pt`), tagged with the window it belongs to.
+# The shards are written before rank 0 writes `state.pt`, so whichever `state.pt` is loaded,
+# every shard of its window is on disk (the current or the previous file).
+
+
+def _shard_paths(directory: Path, rank: int) -> tuple[Path, Path]:
+    return directory / f"ef-rank{rank}.pt", directory / f"ef-rank{rank}.prev.pt"
+
+
+def save_ef_shard(
+    directory: Path, run_id: str, window: int, rank: int, error_feedback: dict[str, torch.Tensor]
+) -> Path:
+    """Atomically save rank `rank`'s EF buffers for the state at the start of `window`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    body = {"format": FORMAT, "run_id": run_id, "window": window, "error_feedback": error_feedback}
+    torch.save(body, buf)
+    current, previous = _shard_paths(directory, rank)
+    if current.exists():
+        os.replace(current, previous)
+    return write_bytes_atomic(current, buf.getbuffer())
+
+
+def load_error_feedback(directory: Path, state: PeerState) -> dict[str, torch.Tensor]:
+    """Every EF buffer saved for `state`'s window: its own plus all ranks' shard files.
+
+    A single-device state holds them all; a multi-device one is completed from the shards
+    (files of another run or window are ignored), so a peer can resume on any number of ranks.
+    """
+    merged = dict(state.error_feedback)
+    for path in sorted(directory.glob("ef-rank*.pt")):
+        try:
+            raw = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception:  # torn or foreign: the other file of this rank may still match
+            continue
+        if (raw.get("format"), raw.get("run_id"), raw.get("window")) == (
+            FORMAT,
+            state.run_id,
+            state.window,
+        ):
+            merged.update(raw["error_feedback"])
+    return merged

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Iterable
@@ -63,6 +64,25 @@ def lm_loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
 
 
+def micro_steps(rows: int, micro_batch_size: int) -> int:
+    """Micro-batches for `rows` rows: the fewest equal ones of at most `micro_batch_size` rows.
+
+    Equal micro-batches make the mean of their mean losses the batch's mean loss. For a full
+    batch this is `RunConfig.grad_accum_steps`; a rank's slice of it (see `node.multigpu`) may
+    need another count.
+    """
+    n = math.ceil(rows / micro_batch_size)
+    while rows % n:
+        n += 1
+    return n
+
+
+def _grad_sync(model: torch.nn.Module, sync: bool) -> contextlib.AbstractContextManager[object]:
+    """Under DDP, all-reduce the gradients only on the last micro-batch of a step."""
+    no_sync = getattr(model, "no_sync", None)
+    return no_sync() if callable(no_sync) and not sync else contextlib.nullcontext()
+
+
 def train_window(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -77,16 +97,17 @@ def train_window(
     losses: list[float] = []
     tokens = 0
     start = time.perf_counter()
-    accum = run.grad_accum_steps
     use_bf16 = device.type == "cuda"
     for h, batch in enumerate(batches):
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(run, window * run.inner_steps + h)
         total = 0.0
-        for micro in batch.to(device).chunk(accum):
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
-                loss = lm_loss(model, micro) / accum
-            loss.backward()
+        accum = micro_steps(batch.shape[0], run.micro_batch_size)
+        for i, micro in enumerate(batch.to(device).chunk(accum)):
+            with _grad_sync(model, i == accum - 1):
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
+                    loss = lm_loss(model, micro) / accum
+                loss.backward()
             total += float(loss.detach())
         torch.nn.utils.clip_grad_norm_(model.parameters(), run.optimizer.grad_clip)
         optimizer.step()

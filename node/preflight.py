@@ -1,0 +1,53 @@
+"""Start-up checks with actionable errors: our bucket is writable and readable, disk has room."""
+
+from __future__ import annotations
+
+import errno
+import shutil
+from pathlib import Path
+
+from protocol.stores import AccessDenied, ObjectStore, StoreError, StoreUnavailable
+
+PROBE_KEY = "tessera-probe/write-check"
+MIN_FREE_BYTES = 1 << 30
+
+
+class PreflightError(RuntimeError):
+    """Something the operator must fix before the node can run; the message says how."""
+
+
+def check_bucket(store: ObjectStore) -> None:
+    """Write, read back and delete a probe object in our own bucket."""
+    try:
+        store.put(PROBE_KEY, b"ok")
+        if store.get(PROBE_KEY, 16) != b"ok":
+            raise PreflightError(f"bucket {store.location} returned other bytes than we wrote")
+        store.delete(PROBE_KEY)
+    except AccessDenied as exc:
+        raise PreflightError(
+            f"cannot write to our bucket {store.location}: the write key was refused ({exc}). "
+            "Set TESSERA_S3_ACCESS_KEY_ID / TESSERA_S3_SECRET_ACCESS_KEY to a key with write "
+            "access to this bucket (the read-only key goes in the commitment, not here)."
+        ) from exc
+    except StoreUnavailable as exc:
+        raise PreflightError(
+            f"our bucket {store.location} is unreachable ({exc}); check the endpoint URL and network"
+        ) from exc
+    except StoreError as exc:
+        raise PreflightError(f"our bucket {store.location} is not usable: {exc}") from exc
+
+
+def check_disk(directory: Path, needed: int = MIN_FREE_BYTES) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(directory).free
+    if free < needed:
+        raise PreflightError(
+            f"only {free / 2**20:.0f} MiB free under {directory}; the node needs at least "
+            f"{needed / 2**20:.0f} MiB for its state: free space or point --state-dir elsewhere"
+        )
+
+
+def explain_os_error(exc: OSError, where: Path) -> PreflightError:
+    if exc.errno == errno.ENOSPC:
+        return PreflightError(f"disk full while writing {where}: free space or move --state-dir")
+    return PreflightError(f"cannot write {where}: {exc}")

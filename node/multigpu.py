@@ -132,7 +132,7 @@ class DistributedRanks(Ranks):
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         ids = [self.device.index] if self.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
+        return DistributedDataParallel(model, device_ids=ids)  # the model has no buffers
 
     def local_rows(self, batch: torch.Tensor) -> torch.Tensor:
         rows = batch.shape[0]

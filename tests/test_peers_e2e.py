@@ -25,7 +25,7 @@ def fast_run(tmp: Path) -> Path:
         name="e2e",
         inner_steps=4,
         optimizer={"warmup_steps": 4},
-        timing={"block_time_s": 0.5, "blocks_per_window": 16, "upload_deadline_blocks": 4,
+        timing={"block_time_s": 0.5, "blocks_per_window": 24, "upload_deadline_blocks": 4,
                 "clock_skew_tolerance_s": 0.5},
     )  # fmt: skip
     return run.dump(tmp / "run.json")
@@ -79,9 +79,12 @@ def test_two_peers_stay_identical_learn_and_resume_after_kill(tmp_path: Path) ->
         assert sorted(ra["gathered"]) == [0, 1]
     assert a[-1]["loss"] < a[0]["loss"]
 
-    # kill -9 peer 1 in the middle of its next window, restart it: it resumes from its state
+    # kill -9 peer 1 while it trains its next window, restart it: it resumes from its state
     procs = [start_peer(tmp_path, 0, windows=3), start_peer(tmp_path, 1, windows=3)]
-    time.sleep(6)
+    done = len(reports(tmp_path, 1))
+    while len(reports(tmp_path, 1)) == done:  # let it finish one window, then kill mid-window
+        time.sleep(0.2)
+    time.sleep(1.0)
     procs[1].send_signal(signal.SIGKILL)
     procs[1].wait()
     procs[1] = start_peer(tmp_path, 1, windows=2)

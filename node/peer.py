@@ -120,10 +120,8 @@ class Peer:
         reports = []
         for _ in range(windows):
             window = self.ranks.broadcast_object(max(self.next_window, self.current_window()))
-            if window > self.next_window:
-                log.warning(
-                    "missed windows %d..%d; training from %d", self.next_window, window - 1, window
-                )
+            if window > self.next_window:  # every rank replays the same history identically
+                self.catch_up(window)
             reports.append(self.run_window(window))
             if not self.ranks.is_main:  # rank 0 reports for the whole peer
                 continue

@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("deploy.bench_cli", "run a benchmark (codec, ...) and print a table or --json"),
     "miner": ("node.miner_cli", "run a peer: train, compress, publish, gather, aggregate"),
+    "validator": ("validator.cli", "run a validator: check, score, rate, set weights, publish"),
+    "sim-adversary": ("deploy.sim.adversary", "a misbehaving peer, for simulations only"),
     "chain": (
         "protocol.chain.cli",
         "manage the embedded local chain (create a subnet, register hotkeys, stake)",

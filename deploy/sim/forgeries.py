@@ -1,0 +1,78 @@
+"""What the simulation's adversaries upload, built on the real codec so the bytes are well formed.
+
+* `perturbed_copy`: another peer's decoded update with its 2-bit values jittered and a few
+  indices moved (a copier trying to dodge digest and overlap checks);
+* `noise_update`: a random sparse update (random dense noise through the real `Compressor`);
+* `zero_update`: what a freeloader who never trains can send cheaply;
+* `poisoned`: an update whose codebook holds NaN (a peer uploading non-finite values).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from codec.compress import Compressor, SparseGroup, SparseTensor
+from codec.spec import CodecParams, ModelSpec
+from protocol.runconfig import RunConfig
+
+
+def perturbed_copy(
+    update: Sequence[SparseTensor],
+    params: CodecParams,
+    gen: torch.Generator,
+    jitter: float = 0.3,
+    move_chunks: float = 0.1,
+) -> list[SparseTensor]:
+    """Jitter a fraction `jitter` of the value codes and move one index in `move_chunks` of the
+    chunks to a random free position of the same chunk (keeping the format valid)."""
+    out = []
+    for sparse in update:
+        groups = []
+        layout = sparse.layout(params)
+        for g, lg in zip(sparse.groups, layout.groups, strict=True):
+            idx, codes = g.idx.clone(), g.codes.clone()
+            flip = torch.rand(codes.shape, generator=gen) < jitter
+            codes[flip] ^= 2  # the magnitude bit: value jittered, sign kept
+            n_chunks, k = idx.shape
+            for row in torch.nonzero(torch.rand(n_chunks, generator=gen) < move_chunks).flatten():
+                r = int(row)
+                taken = set(idx[r].tolist())
+                free = [p for p in range(lg.chunk_size) if p not in taken]
+                if not free or k == 0:
+                    continue
+                col = int(torch.randint(k, (1,), generator=gen))
+                idx[r, col] = free[int(torch.randint(len(free), (1,), generator=gen))]
+                order = torch.argsort(idx[r])
+                idx[r], codes[r] = idx[r][order], codes[r][order]
+            groups.append(SparseGroup(idx=idx, codes=codes, scales=g.scales.clone()))
+        out.append(SparseTensor(sparse.name, sparse.shape, groups, sparse.codebook.clone()))
+    return out
+
+
+def noise_update(
+    spec: ModelSpec, run: RunConfig, scale: float, gen: torch.Generator
+) -> list[SparseTensor]:
+    """A random sparse update: Top-k of dense N(0, scale²) noise through the real compressor."""
+    comp = Compressor(spec, run.codec)
+    return [
+        comp.compress(t.name, torch.randn(t.shape, generator=gen) * scale, 0.0, freeze=True)
+        for t in spec.tensors
+    ]
+
+
+def zero_update(spec: ModelSpec, run: RunConfig) -> list[SparseTensor]:
+    """An all-zero update in valid form: nothing learned, nothing spent."""
+    comp = Compressor(spec, run.codec)
+    return [comp.compress(t.name, torch.zeros(t.shape), 0.0, freeze=True) for t in spec.tensors]
+
+
+def poisoned(update: Sequence[SparseTensor]) -> list[SparseTensor]:
+    """The same update with a NaN in every codebook (decoders must refuse it)."""
+    out = []
+    for s in update:
+        book = s.codebook.clone()
+        book[0, 1] = float("nan")
+        out.append(SparseTensor(s.name, s.shape, s.groups, book))
+    return out

@@ -79,16 +79,21 @@ class BitReader:
     def read(self, widths: np.ndarray) -> np.ndarray:
         """Read consecutive fields of the given widths (each 0..32) from the cursor on."""
         widths = np.asarray(widths, dtype=np.int64)
-        pos = self.cursor + np.cumsum(widths) - widths
-        end = self.cursor + int(widths.sum())
+        pos = np.cumsum(widths)
+        end = self.cursor + (int(pos[-1]) if pos.size else 0)
         if end > self.total_bits:
             raise DecodeError(f"bit stream truncated: needs {end} bits, has {self.total_bits}")
+        pos -= widths
+        pos += self.cursor
         self.cursor = end
         return self.gather(pos, widths)
 
     def gather(self, pos: np.ndarray, widths: np.ndarray) -> np.ndarray:
         """Fields (int64) at arbitrary bit positions (already bounds-checked by the caller)."""
-        return (self._pairs[pos >> 5] >> (pos & 31)) & _MASKS[widths]
+        out = self._pairs.take(pos >> 5)
+        out >>= pos & 31
+        out &= _MASKS.take(widths)
+        return out
 
     def read_uniform(self, count: int, width: int) -> np.ndarray:
         """`count` fields of the same width."""

@@ -12,7 +12,7 @@ import numpy as np
 
 from codec.bitio import BitReader, pack_fields
 from codec.errors import DecodeError
-from codec.index_model import SplitTables, leaf_table, split_tables
+from codec.index_model import SplitTables, leaf_columns, split_tables
 from codec.index_nodes import Nodes, Split, dense_depth, grid_busy, grid_cells, grid_eff
 from codec.rans import STATE_BITS, STATE_LOW, Round, decode_round
 
@@ -73,14 +73,20 @@ def _dense_phase(
         left = np.zeros(busy.size, np.int64)
         left[np.flatnonzero(busy)] = j
         left = left.reshape(busy.shape)
-        child_m = np.stack([left, np.where(busy, m - left, 0)], axis=2).reshape(n, -1)
-        rank = np.stack([rank, rank + left], axis=2).reshape(n, -1)
+        child = np.empty((n, busy.shape[1], 2), np.int64)
+        child[:, :, 0] = left
+        np.subtract(m, left, out=child[:, :, 1])
+        child[:, :, 1] *= busy
+        child_m = child.reshape(n, -1)
+        child_rank = np.empty_like(child)
+        child_rank[:, :, 0] = rank
+        np.add(rank, left, out=child_rank[:, :, 1])
+        rank = child_rank.reshape(n, -1)
         child_eff = grid_eff(tables, level + 1)
         cells = np.flatnonzero((child_m == 1) & (child_eff == half))
         q = cells & ((2 << level) - 1)
-        lone.append(
-            ((cells >> (level + 1)) * k + rank.reshape(-1)[cells], q * half, levels - level - 1)
-        )
+        at = (cells >> (level + 1)) * k + rank.reshape(-1).take(cells)
+        lone.append((at, q * half, levels - level - 1))
         full = (child_m == child_eff) & (child_m > 0)
         if full.any():
             _write_full(out, grid_cells(full, child_m, child_eff, level + 1, half, rank), k)
@@ -121,14 +127,17 @@ def _write_leaves(
     out: np.ndarray, nodes: Nodes, split: Split, value: np.ndarray, k: int, size: int
 ) -> None:
     """Expand each leaf's colex rank into its positions (one lookup table per block size)."""
-    flat, offsets = leaf_table(size)
     sel = np.flatnonzero(split.leaf)
-    m = nodes.m[sel]
-    src = offsets[m] + value[sel] * m
-    dst = nodes.row[sel] * k + nodes.rank[sel]
-    rep = np.repeat(np.arange(sel.size), m)
-    within = np.arange(rep.size) - (np.cumsum(m) - m)[rep]
-    out[dst[rep] + within] = nodes.start[sel][rep] + flat[src[rep] + within]
+    m = nodes.m.take(sel)
+    rank = value.take(sel)
+    start = nodes.start.take(sel)
+    dst = nodes.row.take(sel) * k + nodes.rank.take(sel)
+    for mm in range(int(m.min()), int(m.max()) + 1):
+        group = np.flatnonzero(m == mm)
+        if group.size:
+            rows = leaf_columns(size, mm).take(rank.take(group), axis=1)  # (mm, leaves)
+            rows += start.take(group)
+            out[dst.take(group) + np.arange(mm)[:, None]] = rows
 
 
 def _write_full(out: np.ndarray, fulls: Nodes, k: int) -> None:

@@ -184,17 +184,7 @@ def leaf_subsets(e: int, m: int) -> np.ndarray:
     return out
 
 
-@lru_cache(maxsize=32)
-def leaf_table(e: int) -> tuple[np.ndarray, np.ndarray]:
-    """All leaf subsets of a block of e positions, flattened: the subset of m positions with rank
-    r starts at `offsets[m] + r * m` in the flat array."""
-    offsets = np.zeros(e + 1, dtype=np.int64)
-    parts: list[np.ndarray] = []
-    size = 0
-    for m in range(2, e):
-        if is_leaf_size(e, m):
-            offsets[m] = size
-            parts.append(leaf_subsets(e, m).reshape(-1))
-            size += parts[-1].size
-    flat = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-    return flat, offsets
+@lru_cache(maxsize=128)
+def leaf_columns(e: int, m: int) -> np.ndarray:
+    """`leaf_subsets(e, m)` transposed: column r holds the subset of colex rank r."""
+    return np.ascontiguousarray(leaf_subsets(e, m).T)

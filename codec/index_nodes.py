@@ -36,37 +36,46 @@ class Split:
     leaf: np.ndarray
     sym: np.ndarray
     lo: np.ndarray
-    child_eff: np.ndarray  # (n, 2)
+    child_eff: np.ndarray | None  # (n, 2), or None when every child is a full `half` block
 
     @classmethod
     def of(cls, nodes: Nodes, level: int, tables: SplitTables) -> Split:
         half = 1 << (tables.levels - level - 1)
         partial = nodes.eff != 2 * half
-        child_eff = np.full((nodes.eff.size, 2), half, dtype=np.int64)
-        base = 2 * level * (tables.k + 1)
+        child_eff = None
+        tid = nodes.m + 2 * level * (tables.k + 1)
         if partial.any():  # at most one node per chunk straddles the chunk's end
-            tid = base + partial * (tables.k + 1) + nodes.m
-            child_eff[:, 0] = np.minimum(nodes.eff, half)
-            child_eff[:, 1] = nodes.eff - child_eff[:, 0]
-        else:
-            tid = nodes.m + base
+            tid += partial * (tables.k + 1)
+            child_eff = np.empty((nodes.eff.size, 2), dtype=np.int64)
+            np.minimum(nodes.eff, half, out=child_eff[:, 0])
+            np.subtract(nodes.eff, child_eff[:, 0], out=child_eff[:, 1])
         return cls(
-            half, tid, tables.is_leaf[tid], tables.sends[tid], tables.split_lo[tid], child_eff
+            half,
+            tid,
+            tables.is_leaf.take(tid),
+            tables.sends.take(tid),
+            tables.split_lo.take(tid),
+            child_eff,
         )
 
     def child_counts(self, nodes: Nodes, j: np.ndarray) -> np.ndarray:
         counts = np.empty((j.size, 2), dtype=np.int64)
-        np.multiply(j, ~self.leaf, out=counts[:, 0])  # a leaf sends its whole subset
-        np.multiply(nodes.m - j, ~self.leaf, out=counts[:, 1])  # and has no children
+        keep = ~self.leaf  # a leaf sends its whole subset and has no children
+        np.multiply(j, keep, out=counts[:, 0])
+        np.subtract(nodes.m, j, out=counts[:, 1])
+        counts[:, 1] *= keep
         return counts
 
     def kinds(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Flat (full, single, active) masks over the children, left and right interleaved."""
-        c, e = counts.reshape(-1), self.child_eff.reshape(-1)
+        c = counts.reshape(-1)
+        e = self.half if self.child_eff is None else self.child_eff.reshape(-1)
         full = c == e
-        full &= c > 0
+        if self.child_eff is not None:
+            full &= c > 0
         single = c == 1
-        single &= e == self.half
+        if self.child_eff is not None:
+            single &= e == self.half
         active = c > 0
         active &= c < e
         if self.half > 1:  # then every single child is among those (1 < half = e)
@@ -79,18 +88,22 @@ class Split:
         """(output position, block start) of the lone positions picked by `mask`."""
         idx = np.flatnonzero(mask)
         parent, side = idx >> 1, idx & 1
-        rank = nodes.rank[parent] + side * j[parent]
-        return nodes.row[parent] * k + rank, nodes.start[parent] + side * self.half
+        rank = nodes.rank.take(parent) + side * j.take(parent)
+        return nodes.row.take(parent) * k + rank, nodes.start.take(parent) + side * self.half
 
     def pick(self, nodes: Nodes, counts: np.ndarray, j: np.ndarray, mask: np.ndarray) -> Nodes:
         idx = np.flatnonzero(mask)
         parent, side = idx >> 1, idx & 1
+        if self.child_eff is None:
+            eff = np.full(idx.size, self.half, dtype=np.int64)
+        else:
+            eff = self.child_eff.reshape(-1).take(idx)
         return Nodes(
-            row=nodes.row[parent],
-            start=nodes.start[parent] + side * self.half,
-            eff=self.child_eff.reshape(-1)[idx],
-            m=counts.reshape(-1)[idx],
-            rank=nodes.rank[parent] + side * j[parent] if nodes.rank.size else _EMPTY,
+            row=nodes.row.take(parent),
+            start=nodes.start.take(parent) + side * self.half,
+            eff=eff,
+            m=counts.reshape(-1).take(idx),
+            rank=nodes.rank.take(parent) + side * j.take(parent) if nodes.rank.size else _EMPTY,
         )
 
 
@@ -127,7 +140,7 @@ def grid_cells(
     return Nodes(
         row=cells >> level,
         start=q * size,
-        eff=eff[q],
-        m=m.reshape(-1)[cells],
-        rank=rank.reshape(-1)[cells] if rank is not None else _EMPTY,
+        eff=eff.take(q),
+        m=m.reshape(-1).take(cells),
+        rank=rank.reshape(-1).take(cells) if rank is not None else _EMPTY,
     )

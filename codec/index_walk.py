@@ -52,33 +52,32 @@ def _dense_phase(
     n, k = arr.shape
     levels = tables.levels
     flat = arr.reshape(-1)
-    rows = np.repeat(np.arange(n, dtype=np.int64), k)
-    hist = [
-        np.bincount((rows << dense) + (flat >> (levels - dense)), minlength=n << dense).reshape(
-            n, 1 << dense
-        )
-    ]
+    cell = arr >> (levels - dense)
+    cell += np.arange(n, dtype=np.int64)[:, None] << dense
+    hist = [np.bincount(cell.reshape(-1), minlength=n << dense).reshape(n, 1 << dense)]
     for _ in range(dense):
-        hist.insert(0, hist[0].reshape(n, -1, 2).sum(axis=2))
+        hist.insert(0, hist[0][:, 0::2] + hist[0][:, 1::2])
     for level in range(dense):
         size, half = 1 << (levels - level), 1 << (levels - level - 1)
         m, eff = hist[level], grid_eff(tables, level)
         busy = grid_busy(m, eff, size)
         nodes = grid_cells(busy, m, eff, level, size)
         split = Split.of(nodes, level, tables)
-        j = hist[level + 1][:, 0::2].reshape(-1)[np.flatnonzero(busy)]
-        sym = split.sym
-        out.rounds.append((nodes.row[sym], tables.value_base[split.tid[sym]] + j[sym]))
+        sym = np.flatnonzero(split.sym)
+        j = hist[level + 1].reshape(-1)[0::2].take(np.flatnonzero(busy).take(sym))
+        out.rounds.append((nodes.row.take(sym), tables.value_base.take(split.tid.take(sym)) + j))
         child_m, child_eff = hist[level + 1], grid_eff(tables, level + 1)
-        lone = (child_m == 1) & (child_eff == half) & np.repeat(busy, 2, axis=1)
+        lone = (child_m == 1) & (child_eff == half)
+        lone.reshape(n, -1, 2)[...] &= busy[:, :, None]
         cells = np.flatnonzero(lone)
-        rank = (np.cumsum(child_m, axis=1) - child_m).reshape(-1)[cells]
-        out.add_raw(flat[(cells >> (level + 1)) * k + rank] & (half - 1), levels - level - 1)
+        rank = (np.cumsum(child_m, axis=1) - child_m).reshape(-1).take(cells)
+        at = (cells >> (level + 1)) * k + rank
+        out.add_raw(flat.take(at) & (half - 1), levels - level - 1)
     size = 1 << (levels - dense)
     m, eff = hist[dense], grid_eff(tables, dense)
     busy = grid_busy(m, eff, size)
     nodes = grid_cells(busy, m, eff, dense, size)
-    return nodes, flat[np.repeat(busy.reshape(-1), m.reshape(-1))]
+    return nodes, flat.take(np.flatnonzero(np.repeat(busy.reshape(-1), m.reshape(-1))))
 
 
 def _item_phase(
@@ -92,8 +91,6 @@ def _item_phase(
     starting at `first`, and its children's runs follow in left, right order: lone and leaf items
     are found from their nodes, and the items of active children are kept with one mask."""
     levels = tables.levels
-    binom = binomials().reshape(-1)
-    width = binomials().shape[1]
     for level in range(start_level, levels):
         if nodes.row.size == 0:
             break
@@ -105,23 +102,37 @@ def _item_phase(
         value = j
         if split.leaf.any():
             value = j.copy()
-            leaf = np.flatnonzero(split.leaf)
-            leaf_m = nodes.m[leaf]
-            starts = np.cumsum(leaf_m) - leaf_m
-            owner = np.repeat(np.arange(leaf.size), leaf_m)
-            rank = np.arange(owner.size) - starts[owner]
-            local = item_val[first[leaf][owner] + rank] & (2 * split.half - 1)
-            value[leaf] = np.add.reduceat(binom[local * width + rank + 1], starts)
-        sym = split.sym
-        out.rounds.append((nodes.row[sym], tables.value_base[split.tid[sym]] + value[sym]))
+            _leaf_ranks(value, nodes, split, first, item_val)
+        sym = np.flatnonzero(split.sym)
+        entry = tables.value_base.take(split.tid.take(sym)) + value.take(sym)
+        out.rounds.append((nodes.row.take(sym), entry))
         counts = split.child_counts(nodes, j)
         _, single, active = split.kinds(counts)
         lone = np.flatnonzero(single)
         parent = lone >> 1
-        lone_at = first[parent] + (lone & 1) * j[parent]
-        out.add_raw(item_val[lone_at] & (split.half - 1), levels - level - 1)
+        lone_at = first.take(parent) + (lone & 1) * j.take(parent)
+        out.add_raw(item_val.take(lone_at) & (split.half - 1), levels - level - 1)
         flat = np.empty(2 * j.size, dtype=np.int64)  # items per child, leaves' ones included
         flat[0::2] = j
         np.subtract(nodes.m, j, out=flat[1::2])
-        item_val = item_val[np.repeat(active, flat)]
+        item_val = item_val.take(np.flatnonzero(np.repeat(active, flat)))
         nodes = split.pick(nodes, counts, j, active)
+
+
+def _leaf_ranks(
+    value: np.ndarray, nodes: Nodes, split: Split, first: np.ndarray, item_val: np.ndarray
+) -> None:
+    """Each leaf's colex rank (sum over its i-th position p of C(p, i + 1)), into `value`."""
+    binom = np.ascontiguousarray(binomials().T)  # binom[r, n] = C(n, r)
+    leaf = np.flatnonzero(split.leaf)
+    leaf_m = nodes.m.take(leaf)
+    at = first.take(leaf)
+    for mm in range(int(leaf_m.min()), int(leaf_m.max()) + 1):
+        group = np.flatnonzero(leaf_m == mm)
+        if group.size:
+            local = item_val.take(at.take(group) + np.arange(mm)[:, None])  # (mm, leaves)
+            local &= 2 * split.half - 1
+            rank = binom[1].take(local[0])
+            for i in range(1, mm):
+                rank += binom[i + 1].take(local[i])
+            value[leaf.take(group)] = rank

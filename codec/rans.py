@@ -59,15 +59,16 @@ class Round:
                 perm=np.arange(lanes_of_symbols.size).reshape(n_lanes, n_steps).T.reshape(-1),
             )
         order = np.argsort(-counts.astype(np.int16), kind="stable")  # radix sort
-        first = np.cumsum(counts) - counts
         busy = n_lanes - np.cumsum(np.bincount(counts, minlength=n_steps + 1))[:n_steps]
         offsets = np.concatenate([[0], np.cumsum(busy)])
-        lane_pos = np.empty(n_lanes, dtype=np.int64)
-        lane_pos[order] = np.arange(n_lanes)
-        step = np.arange(lanes_of_symbols.size) - first[lanes_of_symbols]
-        perm = np.empty(lanes_of_symbols.size, dtype=np.int64)
-        perm[offsets[step] + lane_pos[lanes_of_symbols]] = np.arange(lanes_of_symbols.size)
-        return cls(order=order, busy=[*busy.tolist(), 0], offsets=offsets.tolist(), perm=perm)
+        first = (np.cumsum(counts) - counts).take(order)  # each lane's first symbol, busiest first
+        busy_list = busy.tolist()
+        perm = (
+            np.concatenate([first[:b] + s for s, b in enumerate(busy_list)])
+            if busy_list
+            else first[:0]
+        )
+        return cls(order=order, busy=[*busy_list, 0], offsets=offsets.tolist(), perm=perm)
 
     @property
     def n_steps(self) -> int:
@@ -114,34 +115,39 @@ def decode_round(
     x: np.ndarray, rnd: Round, tids: np.ndarray, tables: SplitTables, reader: BitReader
 ) -> np.ndarray:
     """Decode one round; updates lane states `x`; returns each symbol's value (j or leaf rank)."""
-    t = tids[rnd.perm]
-    cbase = tables.coarse_base[t]
-    cshift = tables.coarse_shift[t]
+    t = tids.take(rnd.perm)
+    cpos = tables.coarse_base.take(t)
+    cshift = tables.coarse_shift.take(t)
     entries = np.empty(t.size, dtype=np.int64)
-    packed, end = tables.packed, tables.end
-    xo = x[rnd.order]
+    coarse, packed, end = tables.coarse, tables.packed, tables.end
+    xo = x.take(rnd.order)
     for s in range(rnd.n_steps):
         busy, sl = rnd.busy[s], rnd.step(s)
         xs = xo[:busy]
         slot = xs & _SLOT_MASK
-        e = tables.coarse[cbase[sl] + (slot >> cshift[sl])]
-        behind = slot >= end[e]
-        while behind.any():
-            e += behind
-            behind = slot >= end[e]
+        e = cpos[sl]
+        e += slot >> cshift[sl]
+        e = coarse.take(e)
+        behind = np.flatnonzero(slot >= end.take(e))
+        while behind.size:  # the few slots past their bucket's first candidate
+            e[behind] += 1
+            behind = behind[slot.take(behind) >= end.take(e.take(behind))]
         entries[sl] = e
-        p = packed[e]  # freq << 32 | cum
-        xs = (p >> 32) * (xs >> _M) + slot - (p & 0xFFFFFFFF)
+        p = packed.take(e)  # freq << 32 | cum
+        xs >>= _M
+        xs *= p >> 32
+        xs += slot
+        xs -= p & 0xFFFFFFFF
         r0 = rnd.readers(s)
         if r0 < busy:
             tail = xs[r0:]
             nbits = STATE_BITS + 1 - bitlen(tail)
             if nbits.max(initial=0) > STATE_BITS:
                 raise DecodeError("index stream is corrupt: a lane state collapsed")
-            xs[r0:] = (tail << nbits) | reader.read(nbits)
-        xo[:busy] = xs
+            tail <<= nbits
+            tail |= reader.read(nbits)
     x[rnd.order] = xo
     out = np.empty_like(entries)
-    entries -= tables.value_base[t]
+    entries -= tables.value_base.take(t)
     out[rnd.perm] = entries
     return out

@@ -20,8 +20,6 @@ from codec.compress import SparseTensor
 from codec.spec import ModelSpec
 from deploy.sim.forgeries import noise_update, perturbed_copy, poisoned, zero_update
 from deploy.sim.layout import ADVERSARY_KINDS
-from protocol.chain.base import Chain
-from protocol.runconfig import RunConfig
 
 log = logging.getLogger("tessera.adversary")
 NOISE_SCALE = 1e-3

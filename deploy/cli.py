@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("deploy.bench_cli", "run a benchmark (codec, ...) and print a table or --json"),
     "miner": ("node.miner_cli", "run a peer: train, compress, publish, gather, aggregate"),
     "validator": ("validator.cli", "run a validator: check, score, rate, set weights, publish"),
+    "sim": ("deploy.sim.cli", "simulate a run on this machine: peers, adversaries, validator"),
     "sim-adversary": ("deploy.sim.adversary", "a misbehaving peer, for simulations only"),
     "chain": (
         "protocol.chain.cli",

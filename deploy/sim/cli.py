@@ -1,0 +1,167 @@
+"""`tessera sim`: chain, storage, N honest peers, adversaries and a validator on one machine.
+
+The whole run, top to bottom: build the world (run config, embedded chain, wallets, buckets),
+start one process per member, supervise them, train the AdamW baseline on the same tokens, then
+write `report.json` and `report.html` and print a summary. Exits non-zero when honest peers end
+up with different models or the validator fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from deploy.sim.collect import SimReport
+from deploy.sim.layout import ADVERSARY_KINDS, World
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--peers", type=int, default=4, help="honest peers")
+    parser.add_argument("--windows", type=int, default=10)
+    parser.add_argument("--out", type=Path, default=Path("runs/demo"))
+    parser.add_argument(
+        "--storage", default="file", help="file (embedded, default) or s3://PREFIX?endpoint=URL"
+    )
+    parser.add_argument(
+        "--adversaries", default="", help=f"comma-separated kinds: {','.join(ADVERSARY_KINDS)}"
+    )
+    parser.add_argument("--block-time", type=float, default=1.0, help="seconds per block")
+    parser.add_argument("--blocks-per-window", type=int, default=30)
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before giving up")
+    parser.add_argument("--force", action="store_true", help="replace an existing --out folder")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the AdamW baseline")
+
+
+def run(args: argparse.Namespace) -> int:
+    from deploy.sim.layout import build_world, sim_run_config
+
+    console = Console()
+    kinds = [k for k in args.adversaries.split(",") if k] if args.adversaries else []
+    unknown = set(kinds) - set(ADVERSARY_KINDS)
+    if unknown:
+        raise SystemExit(f"unknown adversaries: {', '.join(sorted(unknown))}")
+    if args.out.exists() and any(args.out.iterdir()):
+        if not args.force:
+            raise SystemExit(f"{args.out} is not empty: pass --force to replace it")
+        shutil.rmtree(args.out)
+    run_cfg = sim_run_config(args.windows, args.block_time, args.blocks_per_window)
+    world = build_world(args.out, run_cfg, args.peers, kinds, args.storage)
+    console.print(
+        f"run {run_cfg.run_id}: {args.peers} peers, adversaries {kinds or 'none'}, "
+        f"{args.windows} windows of {args.blocks_per_window * args.block_time:.0f}s → {args.out}"
+    )
+    exit_codes = _run_processes(world, args, console)
+    return _report(world, exit_codes, args, console)
+
+
+def _run_processes(
+    world: World, args: argparse.Namespace, console: Console
+) -> dict[str, int | None]:
+    from deploy.sim.processes import start, supervise
+
+    # the validator needs one more window: it scores window w while the peers train w + 1
+    running = [start(world, m, args.windows + (m.kind == "validator")) for m in world.members]
+    started = time.monotonic()
+    with console.status("simulating…") as status:
+
+        def tick() -> None:
+            done = sum(r.proc.poll() is not None for r in running)
+            status.update(
+                f"simulating… {time.monotonic() - started:.0f}s, {done}/{len(running)} done"
+            )
+
+        return supervise(running, args.timeout, tick)
+
+
+def _report(
+    world: World, exit_codes: dict[str, int | None], args: argparse.Namespace, console: Console
+) -> int:
+    from codec.chunking import ChunkLayout
+    from deploy.sim.baseline import adamw_baseline
+    from deploy.sim.collect import collect
+    from deploy.sim.html import render
+    from node.model import build_model
+
+    run_cfg = world.run
+    model = build_model(run_cfg.model, run_cfg.seed)
+    dense = 4 * sum(p.numel() for p in model.parameters())
+    kept = sum(
+        ChunkLayout.for_shape(tuple(p.shape), run_cfg.codec).n_values for p in model.parameters()
+    )
+    honest = [m for m in world.members if m.kind == "honest"]
+    windows = _windows_done(world)
+    baseline = {} if args.no_baseline else adamw_baseline(run_cfg, [m.uid for m in honest], windows)
+    report = collect(world, exit_codes, dense, kept, baseline)
+    (world.out / "report.json").write_text(report.model_dump_json(indent=2))
+    summary = _summary(report)
+    (world.out / "report.html").write_text(render(report, summary))
+    table = Table(title="Simulation summary")
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    for k, v in summary:
+        table.add_row(k, v)
+    console.print(table)
+    console.print(f"report: {world.out / 'report.html'}")
+    validator = world.of_kind("validator")[0].name
+    if exit_codes.get(validator) != 0:
+        console.print(
+            f"[red]the validator failed (exit {exit_codes.get(validator)}): see {world.out}/logs[/]"
+        )
+        return 1
+    if report.diverged:
+        console.print(f"[red]honest peers diverged in windows {report.diverged}[/]")
+        return 1
+    failed = [m.name for m in honest if exit_codes.get(m.name) != 0]
+    if failed:
+        console.print(f"[red]honest peers failed: {failed}: see {world.out}/logs[/]")
+        return 1
+    return 0
+
+
+def _windows_done(world: World) -> list[int]:
+    import json
+
+    path = world.of_kind("honest")[0].state_dir / "reports.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line)["window"] for line in path.read_text().splitlines()]
+
+
+def _summary(r: SimReport) -> list[tuple[str, str]]:
+    weights = r.final_weights
+    honest = sum(w for n, w in weights.items() if n.startswith("peer"))
+    total = sum(weights.values()) or 1.0
+    last = r.windows[-1] if r.windows else None
+    losses = [
+        p.loss for p in (last.peers if last else []) if p.kind == "honest" and p.loss is not None
+    ]
+    ups = [
+        p.upload_bytes
+        for row in r.windows
+        for p in row.peers
+        if p.kind == "honest" and p.upload_bytes
+    ]
+    rows = [
+        ("windows", str(len(r.windows))),
+        ("honest weight share", f"{honest / total:.1%}"),
+        (
+            "adversary weights",
+            ", ".join(f"{n}={w:.3f}" for n, w in weights.items() if not n.startswith("peer"))
+            or "–",
+        ),
+        ("final honest loss (mean)", f"{sum(losses) / len(losses):.4f}" if losses else "–"),
+        (
+            "final baseline loss",
+            f"{last.baseline_loss:.4f}" if last and last.baseline_loss else "–",
+        ),
+        ("bytes per update (mean)", f"{sum(ups) / len(ups):,.0f}" if ups else "–"),
+        ("dense fp32 update", f"{r.dense_bytes:,}"),
+        ("bits per kept entry", f"{8 * sum(ups) / len(ups) / r.kept_entries:.2f}" if ups else "–"),
+        ("honest models identical", "yes" if not r.diverged else f"no: windows {r.diverged}"),
+    ]
+    return rows

@@ -1,0 +1,107 @@
+"""Gather what every process of a simulation wrote into one report (`report.json`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from deploy.sim.layout import World
+
+
+class PeerWindow(BaseModel):
+    """One member in one window, as its own log and the validator saw it."""
+
+    name: str
+    kind: str
+    uid: int
+    loss: float | None = None
+    upload_bytes: int | None = None
+    fingerprint: str | None = None
+    verdict: str | None = None
+    detail: str | None = None
+    score: float | None = None
+    weight: float = 0.0
+
+
+class WindowRow(BaseModel):
+    window: int
+    baseline_loss: float | None = None
+    peers: list[PeerWindow]
+
+
+class SimReport(BaseModel):
+    run_id: str
+    dense_bytes: int
+    kept_entries: int
+    windows: list[WindowRow]
+    exit_codes: dict[str, int | None]
+    diverged: list[int]
+    final_weights: dict[str, float]
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def collect(
+    world: World,
+    exit_codes: dict[str, int | None],
+    dense_bytes: int,
+    kept: int,
+    baseline: dict[int, float],
+) -> SimReport:
+    peer_logs = {
+        m.name: {r["window"]: r for r in _jsonl(m.state_dir / "reports.jsonl")}
+        for m in world.members
+    }
+    validator = world.of_kind("validator")[0]
+    scores = {r["window"]: r for r in _jsonl(validator.state_dir / "reports.jsonl")}
+    windows = sorted(scores) or sorted({w for logs in peer_logs.values() for w in logs})
+    rows = []
+    for w in windows:
+        by_uid = {p["uid"]: p for p in scores.get(w, {}).get("peers", [])}
+        weights = {int(k): v for k, v in scores.get(w, {}).get("weights", {}).items()}
+        peers = []
+        for m in world.members:
+            if m.kind == "validator":
+                continue
+            own, seen = peer_logs[m.name].get(w, {}), by_uid.get(m.uid, {})
+            loss = seen.get("loss") or {}
+            peers.append(
+                PeerWindow(
+                    name=m.name,
+                    kind=m.kind,
+                    uid=m.uid,
+                    loss=own.get("loss"),
+                    upload_bytes=own.get("upload_bytes") or seen.get("n_bytes"),
+                    fingerprint=own.get("fingerprint"),
+                    verdict=seen.get("verdict"),
+                    detail=seen.get("detail"),
+                    score=loss.get("score"),
+                    weight=weights.get(m.uid, 0.0),
+                )
+            )
+        rows.append(WindowRow(window=w, baseline_loss=baseline.get(w), peers=peers))
+    last = rows[-1].peers if rows else []
+    return SimReport(
+        run_id=world.run.run_id,
+        dense_bytes=dense_bytes,
+        kept_entries=kept,
+        windows=rows,
+        exit_codes=exit_codes,
+        diverged=_diverged(rows),
+        final_weights={p.name: p.weight for p in last},
+    )
+
+
+def _diverged(rows: list[WindowRow]) -> list[int]:
+    """Windows where honest peers that finished them hold different models."""
+    out = []
+    for row in rows:
+        fps = {p.fingerprint for p in row.peers if p.kind == "honest" and p.fingerprint}
+        if len(fps) > 1:
+            out.append(row.window)
+    return out

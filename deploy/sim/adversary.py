@@ -20,16 +20,18 @@ from codec.compress import SparseTensor
 from codec.spec import ModelSpec
 from deploy.sim.forgeries import noise_update, perturbed_copy, poisoned, zero_update
 from deploy.sim.layout import ADVERSARY_KINDS
+from protocol.chain.base import Chain
+from protocol.runconfig import RunConfig
 
 log = logging.getLogger("tessera.adversary")
 NOISE_SCALE = 1e-3
-VICTIM_UID = 0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from node.miner_cli import add_arguments as add_node_arguments
 
     parser.add_argument("--kind", required=True, choices=ADVERSARY_KINDS)
+    parser.add_argument("--victim", type=int, default=0, help="uid a copier or replayer copies")
     add_node_arguments(parser)
 
 
@@ -60,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     for window in range(first, first + args.windows):
         while chain.block() < sched.first_block(window) + sched.blocks_per_window // 2:
             time.sleep(0.2)
-        update = _forge(args.kind, window, run_cfg, spec, chain, local_root, gen)
+        update = _forge(args.kind, window, run_cfg, spec, chain, local_root, gen, args.victim)
         if update is None:
             log.info("window %d: nothing to upload", window)
         else:
@@ -79,11 +81,12 @@ def run(args: argparse.Namespace) -> int:
 def _forge(
     kind: str,
     window: int,
-    run_cfg: object,
-    spec: object,
-    chain: object,
+    run_cfg: RunConfig,
+    spec: ModelSpec,
+    chain: Chain,
     local_root: Path | None,
     gen: torch.Generator,
+    victim: int,
 ) -> list[SparseTensor] | None:
     if kind in ("noise", "late"):
         return noise_update(spec, run_cfg, NOISE_SCALE, gen)
@@ -92,18 +95,21 @@ def _forge(
     if kind == "nan":
         return poisoned(noise_update(spec, run_cfg, NOISE_SCALE, gen))
     source_window = window - 1 if kind == "stale" else window
-    victim = _victim_update(chain, local_root, run_cfg, spec, source_window)
-    if victim is None:
+    if source_window < 0:
         return None
-    return victim if kind == "stale" else perturbed_copy(victim, run_cfg.codec, gen)
+    taken = _victim_update(chain, local_root, run_cfg, spec, source_window, victim)
+    if taken is None:
+        return None
+    return taken if kind == "stale" else perturbed_copy(taken, run_cfg.codec, gen)
 
 
 def _victim_update(
-    chain: object,
+    chain: Chain,
     local_root: Path | None,
-    run_cfg: object,
-    spec: object,
+    run_cfg: RunConfig,
+    spec: ModelSpec,
     window: int,
+    victim_uid: int,
     wait_s: float = 30.0,
 ) -> list[SparseTensor] | None:
     """The victim's verified update for `window`, polling its bucket for up to `wait_s`."""
@@ -115,7 +121,7 @@ def _victim_update(
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         try:
-            victim = peer_buckets(chain, local_root)[0][VICTIM_UID]
+            victim = peer_buckets(chain, local_root)[0][victim_uid]
             key = update_key(run_cfg.run_id, window, victim.uid, victim.hotkey)
             data = victim.store.get(key, max_update_bytes(spec, run_cfg))
             return check_update(data, victim.uid, victim.hotkey, run_cfg, spec, window).tensors

@@ -136,10 +136,9 @@ def _summary(r: SimReport) -> list[tuple[str, str]]:
     weights = r.final_weights
     honest = sum(w for n, w in weights.items() if n.startswith("peer"))
     total = sum(weights.values()) or 1.0
-    last = r.windows[-1] if r.windows else None
-    losses = [
-        p.loss for p in (last.peers if last else []) if p.kind == "honest" and p.loss is not None
-    ]
+    trained = [w for w in r.windows if any(p.kind == "honest" and p.loss for p in w.peers)]
+    last = trained[-1] if trained else None
+    losses = [p.loss for p in (last.peers if last else []) if p.kind == "honest" and p.loss]
     ups = [
         p.upload_bytes
         for row in r.windows
@@ -147,7 +146,7 @@ def _summary(r: SimReport) -> list[tuple[str, str]]:
         if p.kind == "honest" and p.upload_bytes
     ]
     rows = [
-        ("windows", str(len(r.windows))),
+        ("windows trained", str(len(trained))),
         ("honest weight share", f"{honest / total:.1%}"),
         (
             "adversary weights",

@@ -11,6 +11,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 
 from deploy.sim.collect import SimReport
 
@@ -65,6 +66,7 @@ def _png(plot: Plot, r: SimReport) -> str:
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     plot(ax, r)
     ax.grid(alpha=0.3)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize=7, loc="best")
     buf = io.BytesIO()
     fig.tight_layout()

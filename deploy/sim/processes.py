@@ -32,7 +32,8 @@ def command(world: World, m: Member, windows: int) -> list[str]:
         return ["miner", *common]
     if m.kind == "validator":
         return ["validator", *common]
-    return ["sim-adversary", "--kind", m.kind, *common]
+    victim = world.of_kind("honest")[0].uid
+    return ["sim-adversary", "--kind", m.kind, "--victim", str(victim), *common]
 
 
 def start(world: World, m: Member, windows: int) -> Running:

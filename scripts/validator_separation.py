@@ -1,0 +1,134 @@
+"""Measure how well the validator's checks separate honest peers from noise, stale and copies.
+
+Simulates P honest SparseLoCo peers in-process (the real `node.train`, `codec` compressor and
+aggregate, the tiny preset with the end-to-end test's timing) for W windows and, every window,
+scores with `validator.scoring.LossProbe`:
+
+* each honest update (its own uid);
+* a noise update (`tests/adversaries.noise_update`) scaled to the honest median norm;
+* a stale update: each honest peer's update of the previous window, replayed;
+* a copy: honest peer 0's update claimed by another uid (whose own assignment it never saw);
+
+and measures the pooled index Jaccard (`validator.copies`) between honest peers of a window,
+of one peer across consecutive windows, and of a perturbed copy with its original.
+
+    python scripts/validator_separation.py [--peers 4] [--windows 6] [--n 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from adversaries import noise_update, perturbed_copy
+
+from codec.aggregate import aggregate, update_norm
+from codec.compress import Compressor
+from codec.spec import ModelSpec
+from node.data import assigned_batches, open_run_dataset
+from node.model import build_model
+from node.train import make_optimizer, train_window
+from protocol.runconfig import RunConfig
+from validator.copies import overlap, sketch
+from validator.scoring import LossProbe
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--peers", type=int, default=4)
+    p.add_argument("--windows", type=int, default=6)
+    p.add_argument("--n", type=int, default=64, help="random and own samples per probe")
+    p.add_argument("--inner-steps", type=int, default=4)
+    a = p.parse_args()
+    torch.manual_seed(0)
+    run = RunConfig.preset(
+        "tiny", name="sep", inner_steps=a.inner_steps, optimizer={"warmup_steps": 4}
+    )
+    _, dataset = open_run_dataset(run)
+    cpu = torch.device("cpu")
+    glob = build_model(run.model, run.seed)
+    spec = ModelSpec.from_module(glob)
+    peers = [build_model(run.model, run.seed) for _ in range(a.peers)]
+    opts = [make_optimizer(m, run) for m in peers]
+    comps = [Compressor(spec, run.codec) for _ in peers]
+    gen = torch.Generator().manual_seed(7)
+    rows: dict[str, list[float]] = {}
+    prev: dict[int, list] = {}
+    t0 = time.time()
+
+    def add(key: str, value: float) -> None:
+        rows.setdefault(key, []).append(value)
+
+    for w in range(a.windows):
+        start = {k: v.detach().clone() for k, v in glob.named_parameters()}
+        updates = {}
+        for uid, (m, opt, comp) in enumerate(zip(peers, opts, comps, strict=True)):
+            m.load_state_dict(glob.state_dict())
+            batches = assigned_batches(dataset, run.run_id, uid, w, run.inner_steps, run.batch_size)
+            train_window(m, opt, batches, run, w, cpu)
+            params = dict(m.named_parameters())
+            freeze = w < run.outer.ef_freeze_windows
+            updates[uid] = [
+                comp.compress(
+                    t.name, start[t.name] - params[t.name].detach(), run.outer.beta, freeze
+                )
+                for t in spec.tensors
+            ]
+        probe = LossProbe(glob, run, dataset, w, a.n, a.n, 0.2, cpu)
+        median = statistics.median(update_norm(u) for u in updates.values())
+        unit = noise_update(spec, run, 1.0, gen)
+        noise = noise_update(spec, run, median / update_norm(unit), gen)
+        for uid, u in updates.items():
+            h = probe.score(uid, u)
+            add("honest s", h.score)
+            add("honest indicator", h.indicator)
+            add("honest own-random margin", h.own_gain - h.score)
+            n = probe.score(uid, noise)
+            add("noise s", n.score)
+            add("noise indicator", n.indicator)
+            if uid in prev:
+                st = probe.score(uid, prev[uid])
+                add("stale s", st.score)
+                add("stale indicator", st.indicator)
+                add("stale own-random margin", st.own_gain - st.score)
+        c = probe.score(a.peers, updates[0])
+        add("copy indicator", c.indicator)
+        sk = {
+            u: sketch(u, w, bytes([u]) * 32, upd, spec, run.codec, 1 << 16, 1)
+            for u, upd in updates.items()
+        }
+        for i in sk:
+            for j in sk:
+                if i < j:
+                    add("honest cross overlap", overlap(sk[i], sk[j]))
+            if i in prev:
+                old = sketch(i, w - 1, b"\xff" * 32, prev[i], spec, run.codec, 1 << 16, 1)
+                add("honest self overlap (w-1)", overlap(sk[i], old))
+        cp = perturbed_copy(updates[0], run.codec, gen)
+        add(
+            "perturbed copy overlap",
+            overlap(sk[0], sketch(9, w, b"\1" * 32, cp, spec, run.codec, 1 << 16, 1)),
+        )
+        prev = updates
+        mean = aggregate(updates, spec, run.codec)
+        with torch.no_grad():
+            for name, prm in glob.named_parameters():
+                prm.sub_(mean[name], alpha=run.outer.alpha)
+        print(f"window {w} done ({time.time() - t0:.0f}s), loss {probe.before_random:.4f}")
+    print(f"\n{a.peers} peers, {a.windows} windows, n = {a.n} samples per probe\n")
+    for key, vals in rows.items():
+        print(
+            f"{key:28s} n={len(vals):3d} min {min(vals):+.5f} mean {statistics.mean(vals):+.5f} "
+            f"max {max(vals):+.5f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,242 @@
+"""Validator unit tests: each classification, copies (perturbed) and replays, ratings and weights."""
+
+from __future__ import annotations
+
+import math
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from codec.spec import ModelSpec
+from deploy.sim.forgeries import noise_update, perturbed_copy
+from node.buckets import PeerBucket
+from node.exchange import encode_signed
+from node.model import build_model
+from protocol.chain import open_chain
+from protocol.chain.local_db import LocalChainDB, create_local_chain
+from protocol.keys import create_hotkey
+from protocol.naming import update_key
+from protocol.runconfig import RunConfig
+from protocol.stores import open_store
+from validator.checks import Verdict, classify_fetch, in_sync, norm_verdicts
+from validator.config import ValidatorConfig
+from validator.copies import SketchHistory, find_copies, overlap, sketch
+from validator.fetching import fetch_all, fetch_one
+from validator.ratings import Book, PeerRecord, WindowOutcome
+from validator.state import ValidatorState, load_state, save_state
+from validator.weights import normalise, set_weights, version_key
+
+RUN = RunConfig.preset("tiny", name="vt", inner_steps=2)
+SPEC = ModelSpec.from_module(build_model(RUN.model, RUN.seed))
+WINDOW = 3
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> list:
+    root = tmp_path_factory.mktemp("wallets")
+    return [create_hotkey("t", f"k{i}", root=root) for i in range(3)]
+
+
+@pytest.fixture(scope="module")
+def update() -> list:
+    return noise_update(SPEC, RUN, 0.01, torch.Generator().manual_seed(0))
+
+
+def _bucket(tmp: Path, name: str, uid: int, hotkey: str) -> tuple[PeerBucket, object]:
+    store = open_store(f"file://{tmp}?bucket={name}")
+    return PeerBucket(uid, hotkey, store), store
+
+
+def _put(store: object, data: bytes, uid: int, hotkey: str, window: int = WINDOW) -> None:
+    store.put(update_key(RUN.run_id, window, uid, hotkey), data)  # type: ignore[attr-defined]
+
+
+# -- classification from the fetch ---------------------------------------------------------------
+
+
+def test_fetch_verdicts(tmp_path: Path, keys: list, update: list) -> None:
+    now = time.time()
+    a, b = keys[0], keys[1]
+    peer, store = _bucket(tmp_path, "peer-a", 0, a.ss58_address)
+    verdict = lambda deadline: classify_fetch(  # noqa: E731
+        fetch_one(peer, RUN, SPEC, WINDOW, deadline).fetched
+    )[0]
+    assert verdict(now + 60) is Verdict.MISSING
+    _put(store, encode_signed(update, RUN, SPEC, WINDOW, 0, a), 0, a.ss58_address)
+    assert verdict(now + 60) is Verdict.OK
+    # stored 100 s after the deadline: late whatever its content (tolerance 1 s in the tiny run)
+    assert verdict(now - 100) is Verdict.LATE
+    # within the clock-skew tolerance: still on time
+    assert verdict(now - RUN.timing.clock_skew_tolerance_s / 2) is Verdict.OK
+    # signed by another key, or made for another window / uid: invalid
+    _put(store, encode_signed(update, RUN, SPEC, WINDOW, 0, b), 0, a.ss58_address)
+    assert verdict(now + 60) is Verdict.INVALID
+    _put(store, encode_signed(update, RUN, SPEC, WINDOW + 1, 0, a), 0, a.ss58_address)
+    assert verdict(now + 60) is Verdict.INVALID
+    _put(store, encode_signed(update, RUN, SPEC, WINDOW, 1, a), 0, a.ss58_address)
+    assert verdict(now + 60) is Verdict.INVALID
+    _put(store, b"TSRU\x01garbage" * 10, 0, a.ss58_address)
+    assert verdict(now + 60) is Verdict.MALFORMED
+
+
+def test_fetch_all_contains_a_hanging_peer(tmp_path: Path, keys: list, update: list) -> None:
+    good, store = _bucket(tmp_path, "peer-a", 0, keys[0].ss58_address)
+    _put(store, encode_signed(update, RUN, SPEC, WINDOW, 0, keys[0]), 0, keys[0].ss58_address)
+
+    class Hanging:
+        def head(self, key: str) -> None:
+            time.sleep(3)
+
+        def get(self, key: str, max_bytes: int) -> None:
+            raise RuntimeError("boom")
+
+    hung = PeerBucket(1, keys[1].ss58_address, Hanging())  # type: ignore[arg-type]
+    t0 = time.time()
+    out = fetch_all([good, hung], RUN, SPEC, WINDOW, time.time() + 60, timeout_s=1.0)
+    assert time.time() - t0 < 2.5
+    assert out[0].fetched.ok and out[0].data is not None
+    assert classify_fetch(out[1].fetched)[0] is Verdict.UNREACHABLE
+
+
+def test_norm_and_sync_verdicts() -> None:
+    v = norm_verdicts({0: 1.0, 1: 1.2, 2: 0.9, 3: 15.0, 4: math.nan}, ratio=10.0)
+    assert [v[u][0] for u in range(5)] == [
+        Verdict.OK, Verdict.OK, Verdict.OK, Verdict.NORM_OUTLIER, Verdict.NON_FINITE,
+    ]  # fmt: skip
+    assert in_sync("ab", "ab") is True and in_sync("ab", "cd") is False
+    assert in_sync(None, "ab") is None
+
+
+# -- copies and replays --------------------------------------------------------------------------
+
+
+def _sk(uid: int, window: int, upd: list, digest: bytes | None = None, size: int = 1 << 16):
+    return sketch(uid, window, digest or bytes([uid, window]) * 16, upd, SPEC, RUN.codec, size, 5)
+
+
+def test_perturbed_copy_is_caught_and_the_later_upload_is_the_copier(update: list) -> None:
+    gen = torch.Generator().manual_seed(1)
+    copy = perturbed_copy(update, RUN.codec, gen, jitter=0.5, move_chunks=0.3)
+    other = noise_update(SPEC, RUN, 0.01, gen)
+    sk = {0: _sk(0, WINDOW, update), 1: _sk(1, WINDOW, copy), 2: _sk(2, WINDOW, other)}
+    assert overlap(sk[0], sk[1]) > 0.9  # values jittered, 30 % of chunks with an index moved
+    assert overlap(sk[0], sk[2]) < 0.05  # independent Top-k sets: ~k/C
+    t = datetime(2026, 1, 1, tzinfo=UTC)
+    copies = find_copies(sk, {0: t + timedelta(seconds=5), 1: t, 2: t}, 0.5)
+    assert set(copies) == {0} and copies[0].other_uid == 1  # uid 0 uploaded later
+    copies = find_copies(sk, {0: t, 1: t, 2: t}, 0.5)  # tie: the higher uid is the copier
+    assert set(copies) == {1} and copies[1].other_uid == 0
+
+
+def test_identical_digest_is_a_copy_and_sampled_sketches_agree(update: list) -> None:
+    a = _sk(0, WINDOW, update, b"d" * 32, size=2000)
+    b = _sk(1, WINDOW, update, b"d" * 32, size=2000)
+    assert overlap(a, b) == 1.0
+    assert 0 < a.positions.size < 4000  # sub-sampled: about `size` positions
+    full = overlap(
+        _sk(0, 1, update), _sk(1, 1, perturbed_copy(update, RUN.codec, torch.Generator()))
+    )
+    sampled = overlap(
+        _sk(0, 1, update, size=4000),
+        _sk(1, 1, perturbed_copy(update, RUN.codec, torch.Generator()), size=4000),
+    )
+    assert abs(full - sampled) < 0.05
+
+
+def test_replay_of_an_older_window_is_detected_and_history_is_bounded(update: list) -> None:
+    hist = SketchHistory(windows=2)
+    hist.add(1, [_sk(0, 1, update)])
+    replay = hist.find_replay(_sk(2, 2, perturbed_copy(update, RUN.codec, torch.Generator())), 0.5)
+    assert replay is not None and (replay.other_uid, replay.other_window) == (0, 1)
+    fresh = noise_update(SPEC, RUN, 0.01, torch.Generator().manual_seed(9))
+    assert hist.find_replay(_sk(2, 2, fresh), 0.5) is None
+    hist.add(3, [])
+    hist.add(4, [])
+    assert hist.entries() == []  # window 1 fell out of the last 2 windows
+
+
+# -- ratings, penalties, weights -----------------------------------------------------------------
+
+
+def _ok(hk: str, score: float, ind: int = 1) -> WindowOutcome:
+    return WindowOutcome(hotkey=hk, verdict=Verdict.OK, in_sync=True, score=score, indicator=ind)
+
+
+def test_rating_maths_noise_zero_honest_positive() -> None:
+    cfg = ValidatorConfig()
+    book = Book(cfg)
+    for _ in range(4):
+        book.update(
+            {
+                0: _ok("a", 0.02),
+                1: _ok("b", 0.01),
+                2: _ok("n", -0.001, ind=-1),  # noise: hurts random data, no own-data signal
+                3: WindowOutcome(hotkey="m", verdict=Verdict.MISSING),
+                4: WindowOutcome(hotkey="c", verdict=Verdict.COPY, score=0.02, indicator=-1),
+            }
+        )
+    final = book.final_scores()
+    assert final[0] > final[1] > 0
+    assert final[2] == final[3] == final[4] == 0.0
+    rec = book.records[0]
+    # EMA after four +1 indicators from 0: 1 - 0.7**4
+    assert rec.indicator_ema == pytest.approx(1 - 0.7**4)
+    b = book.breakdown(0)
+    assert b["final"] == pytest.approx(
+        (rec.ordinal - book.floor()) * rec.indicator_ema * rec.sync_ema * (1 - rec.penalty)
+    )
+    assert book.records[3].penalty == 1.0  # 0.5 per missed window, capped at 1
+
+
+def test_penalty_decays_so_a_peer_recovers() -> None:
+    cfg = ValidatorConfig()
+    book = Book(cfg)
+    book.update({0: _ok("a", 0.02), 1: _ok("b", 0.01)})
+    book.update({0: WindowOutcome(hotkey="a", verdict=Verdict.LATE), 1: _ok("b", 0.01)})
+    assert book.records[0].penalty == 0.5
+    for _ in range(4):
+        book.update({0: _ok("a", 0.02), 1: _ok("b", 0.01)})
+    assert book.records[0].penalty == pytest.approx(0.5 * 0.5**4)
+    # a recycled uid (new hotkey) starts from scratch
+    book.update({0: _ok("new", 0.02), 1: _ok("b", 0.01)})
+    assert book.records[0].hotkey == "new" and book.records[0].penalty == 0.0
+
+
+def test_weights_normalise_and_land_on_the_local_chain(tmp_path: Path, keys: list) -> None:
+    assert normalise({0: 2.0, 1: 0.0, 2: 6.0, 9: 1.0}, {0, 1, 2}) == {0: 0.25, 2: 0.75}
+    assert normalise({0: 0.0}, {0}) == {}
+    create_local_chain(tmp_path / "c.db", 1, block_time=0.5)
+    db = LocalChainDB(tmp_path / "c.db")
+    db.register(1, keys[0].ss58_address, validator=True)
+    db.register(1, keys[1].ss58_address)
+    db.register(1, keys[2].ss58_address)
+    chain = open_chain(f"local://{tmp_path / 'c.db'}", netuid=1)
+    assert set_weights(chain, keys[0], RUN, {}).startswith("skipped")
+    assert set_weights(chain, keys[0], RUN, {1: 0.25, 2: 0.75}) == "set 2 weights"
+    got = chain.read_weights(0)
+    assert got == pytest.approx({1: 0.25, 2: 0.75}, abs=1e-4)
+    assert set_weights(chain, keys[1], RUN, {2: 1.0}).startswith("failed: PermissionDenied")
+    assert version_key(RUN) == RUN.codec_version
+
+
+def test_state_roundtrip(tmp_path: Path, update: list) -> None:
+    model = {"w": torch.arange(6.0)}
+    state = ValidatorState(
+        run_id=RUN.run_id, window=7, model=model, fingerprint="f", salt=2**62 + 3,
+        records={3: PeerRecord(hotkey="x", mu=30.0, penalty=0.25)},
+        sketches=[_sk(3, 6, update)],
+    )  # fmt: skip
+    save_state(tmp_path, state)
+    save_state(tmp_path, state)  # previous kept
+    back = load_state(tmp_path, RUN.run_id)
+    assert back is not None and back.window == 7 and back.salt == state.salt
+    assert back.records[3] == state.records[3]
+    assert np.array_equal(back.sketches[0].positions, state.sketches[0].positions)
+    assert back.sketches[0].digest == state.sketches[0].digest
+    assert torch.equal(back.model["w"], model["w"])
+    (tmp_path / "validator.pt").write_bytes(b"torn")
+    assert load_state(tmp_path, RUN.run_id) is not None  # falls back to the previous file

@@ -1,0 +1,85 @@
+"""The fast filters: what is wrong with an upload, as a verdict plus a human-readable detail.
+
+Verdicts, in the order they are decided:
+
+* from the fetch (`node.exchange.fetch`, the rule every peer applies): ``missing`` (no object, no
+  usable commitment), ``unreachable`` (the bucket failed or hung), ``late`` (object LastModified
+  more than the run's ``clock_skew_tolerance_s`` after the deadline), ``invalid`` (bad signature,
+  or a header naming another run id / window / uid / hotkey), ``malformed`` (`DecodeError`, over
+  the size cap, anything else the decoder refused);
+* from the decoded values: ``non_finite`` (the update's norm is not finite) and ``norm_outlier``
+  (its L2 norm exceeds ``norm_ratio`` (default 10) times the median norm of this window's decoded
+  updates: an honest update's norm is set by the shared learning-rate schedule, so the honest
+  population is tight — the measured max/median is below 2 — while a 10x step would dominate the
+  mean aggregate);
+* from `validator.copies`: ``copy`` and ``replay``.
+
+Sync is reported separately (it scales the score, it does not disqualify the update): the peer's
+published fingerprint for w-1 against ours; ``None`` when it published none.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping
+from enum import StrEnum
+
+from node.exchange import Fetched
+
+
+class Verdict(StrEnum):
+    OK = "ok"
+    MISSING = "missing"
+    UNREACHABLE = "unreachable"
+    LATE = "late"
+    INVALID = "invalid"
+    MALFORMED = "malformed"
+    NON_FINITE = "non_finite"
+    NORM_OUTLIER = "norm_outlier"
+    COPY = "copy"
+    REPLAY = "replay"
+
+
+ABSENT = {Verdict.MISSING, Verdict.UNREACHABLE}
+"""Verdicts under which the peer's bytes never reached us (nothing else can be checked)."""
+DROPPED = {Verdict.MISSING, Verdict.UNREACHABLE, Verdict.LATE, Verdict.INVALID, Verdict.MALFORMED}
+"""Verdicts under which every honest peer also drops the update from its aggregate."""
+
+
+def classify_fetch(fetched: Fetched) -> tuple[Verdict, str]:
+    """The verdict of `node.exchange.fetch`'s outcome (its reason strings are its contract)."""
+    reason = fetched.reason
+    if fetched.ok:
+        return Verdict.OK, "ok"
+    if reason == "missing" or reason.startswith("no commitment") or reason.startswith("bad commit"):
+        return Verdict.MISSING, reason
+    if reason.startswith("late"):
+        return Verdict.LATE, reason
+    if reason.startswith("unreachable"):
+        return Verdict.UNREACHABLE, reason
+    if reason.startswith("bad signature") or reason.startswith("malformed: update meta"):
+        return Verdict.INVALID, reason
+    return Verdict.MALFORMED, reason
+
+
+def norm_verdicts(norms: Mapping[int, float], ratio: float) -> dict[int, tuple[Verdict, str]]:
+    """``non_finite`` / ``norm_outlier`` / ``ok`` per uid against the median of the finite norms."""
+    finite = [n for n in norms.values() if math.isfinite(n)]
+    median = statistics.median(finite) if finite else math.nan
+    out: dict[int, tuple[Verdict, str]] = {}
+    for uid, n in norms.items():
+        if not math.isfinite(n):
+            out[uid] = (Verdict.NON_FINITE, f"norm {n}")
+        elif median > 0 and n > ratio * median:
+            out[uid] = (Verdict.NORM_OUTLIER, f"norm {n:.4g} > {ratio:g} x median {median:.4g}")
+        else:
+            out[uid] = (Verdict.OK, "ok")
+    return out
+
+
+def in_sync(peer_fingerprint: str | None, ours: str | None) -> bool | None:
+    """True/False when the peer published a fingerprint for w-1 and we know ours; else None."""
+    if peer_fingerprint is None or ours is None:
+        return None
+    return peer_fingerprint == ours

@@ -1,0 +1,109 @@
+"""Step 2 of the window: every peer's verdict, from the fetch to copies and replays.
+
+Order: the fetch verdict (`checks.classify_fetch`); for the decoded updates the norm filters
+against the population's median (`checks.norm_verdicts`); then, among the updates still OK, copies
+within the window and replays of the last few windows (`copies`). Sync is recorded for everyone
+who published a fingerprint. A crash while checking one peer marks that peer ``malformed`` and
+never stops the others.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from codec.aggregate import update_norm
+from codec.spec import ModelSpec
+from protocol.runconfig import RunConfig
+from validator.checks import Verdict, classify_fetch, in_sync, norm_verdicts
+from validator.config import ValidatorConfig
+from validator.copies import Match, Sketch, SketchHistory, best_matches, find_copies, sketch
+from validator.fetching import Upload
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PeerCheck:
+    """Everything the checks found out about one peer in one window."""
+
+    uid: int
+    hotkey: str
+    upload: Upload | None  # None: no usable commitment
+    verdict: Verdict
+    detail: str
+    norm: float | None = None
+    in_sync: bool | None = None
+    sketch: Sketch | None = None
+    closest: Match | None = None
+    copy_of: Match | None = None
+    replay_of: Match | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict is Verdict.OK
+
+
+def check_window(
+    window: int,
+    hotkeys: Mapping[int, str],
+    uploads: Mapping[int, Upload],
+    no_bucket: Mapping[int, str],
+    our_previous_fingerprint: str | None,
+    history: SketchHistory,
+    run: RunConfig,
+    spec: ModelSpec,
+    cfg: ValidatorConfig,
+    salt: int,
+) -> dict[int, PeerCheck]:
+    """Every registered peer's `PeerCheck` (keyed by uid)."""
+    out: dict[int, PeerCheck] = {}
+    for uid, hotkey in sorted(hotkeys.items()):
+        up = uploads.get(uid)
+        if up is None:
+            out[uid] = PeerCheck(uid, hotkey, None, Verdict.MISSING, no_bucket.get(uid, "missing"))
+            continue
+        verdict, detail = classify_fetch(up.fetched)
+        out[uid] = PeerCheck(uid, hotkey, up, verdict, detail)
+        out[uid].in_sync = in_sync(up.fingerprint, our_previous_fingerprint)
+        if up.fetched.update is None:
+            continue
+        try:
+            out[uid].norm = update_norm(up.fetched.update.tensors)
+            out[uid].sketch = sketch(
+                uid, window, up.fetched.update.digest, up.fetched.update.tensors,
+                spec, run.codec, cfg.sketch_size, salt,
+            )  # fmt: skip
+        except Exception as exc:  # one bad peer never stops the window
+            log.exception("window %d: checking uid %d failed", window, uid)
+            out[uid].verdict, out[uid].detail = Verdict.MALFORMED, f"check failed: {exc}"
+    norms = {u: c.norm for u, c in out.items() if c.ok and c.norm is not None}
+    for uid, (verdict, detail) in norm_verdicts(norms, cfg.norm_ratio).items():
+        out[uid].verdict, out[uid].detail = verdict, detail
+    _copies_and_replays(out, history, cfg)
+    return out
+
+
+def _copies_and_replays(
+    checks: dict[int, PeerCheck], history: SketchHistory, cfg: ValidatorConfig
+) -> None:
+    sketches = {u: c.sketch for u, c in checks.items() if c.ok and c.sketch is not None}
+    for uid, match in best_matches(sketches).items():
+        checks[uid].closest = match
+    times = {u: checks[u].upload.last_modified for u in sketches}  # type: ignore[union-attr]
+    for uid, match in find_copies(sketches, times, cfg.copy_threshold).items():
+        c = checks[uid]
+        c.copy_of, c.verdict = match, Verdict.COPY
+        c.detail = f"index overlap {match.overlap:.3f} with uid {match.other_uid}, uploaded earlier"
+    for uid, s in sketches.items():
+        replay = history.find_replay(s, cfg.copy_threshold)
+        if replay is not None:
+            c = checks[uid]
+            c.replay_of = replay
+            if c.ok:
+                c.verdict = Verdict.REPLAY
+                c.detail = (
+                    f"index overlap {replay.overlap:.3f} with uid {replay.other_uid}'s update "
+                    f"of window {replay.other_window}"
+                )

@@ -1,0 +1,38 @@
+"""The validator's tunables (not part of the run config: validators may differ, peers never read them).
+
+Every figure below is documented where it is used; the defaults are the ones measured in
+`scripts/validator_separation.py` (see the module docstrings of `copies`, `scoring`, `ratings`).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ValidatorConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # fetching
+    fetch_timeout_s: float = Field(60.0, gt=0, description="per-peer time for update + fingerprint")
+    fetch_workers: int = Field(8, ge=1, le=256)
+    # fast filters
+    norm_ratio: float = Field(10.0, gt=1, description="norm > ratio x median norm is an outlier")
+    # copies and replays (see `validator.copies`)
+    copy_threshold: float = Field(0.5, gt=0, le=1, description="pooled index Jaccard of a copy")
+    sketch_size: int = Field(1 << 16, ge=256, description="sampled index positions per update")
+    history_windows: int = Field(4, ge=0, le=64, description="earlier windows checked for replays")
+    # loss scoring (see `validator.scoring`)
+    score_scale: float = Field(0.2, gt=0, le=1, description="probe step = score_scale * alpha")
+    n_random: int = Field(64, ge=1, description="random (held-out) samples per window")
+    n_own: int = Field(64, ge=1, description="samples of the peer's own assignment")
+    max_scored: int = Field(0, ge=0, description="peers scored per window (0: all)")
+    # ratings and weights (see `validator.ratings`)
+    ema_rate: float = Field(0.3, gt=0, le=1, description="weight of the newest window in EMAs")
+    penalty_decay: float = Field(0.5, ge=0, lt=1, description="penalty kept per clean window")
+    penalty_missing: float = Field(0.5, ge=0, le=1)
+    penalty_late: float = Field(0.5, ge=0, le=1)
+    penalty_invalid: float = Field(1.0, ge=0, le=1)
+    penalty_copy: float = Field(1.0, ge=0, le=1)
+    # cadence
+    weights_every: int = Field(1, ge=1, description="set weights every M windows")
+    checkpoint_every: int = Field(10, ge=1, description="publish a checkpoint every N windows")

@@ -1,0 +1,286 @@
+"""The validator: one `run_window` per window, top to bottom (see the package README for the maths).
+
+1. wait for the window's gather point (deadline + skew tolerance, exactly when peers gather) and
+   read the roster: every registered non-validator uid, its bucket, and the selected set;
+2. fetch every peer's update and fingerprint concurrently (`fetching`) and classify them
+   (`classify`: missing / late / invalid / malformed / norm / copy / replay / sync);
+3. score the updates that passed against the model at the start of the window (`scoring`);
+4. update ratings, EMAs and penalties (`ratings`);
+5. apply the window's aggregate — the selected peers whose updates passed `node.exchange.fetch`,
+   exactly the set honest peers apply — to our model, and publish our fingerprint;
+6. every M windows set weights on chain (`weights`);
+7. publish the score report, the aggregate, and every N windows a checkpoint and the run config;
+8. save the whole state atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import secrets
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from substrateinterface import Keypair
+
+from codec.aggregate import aggregate
+from codec.spec import ModelSpec
+from node.buckets import peer_buckets
+from node.data import open_run_dataset
+from node.fingerprint import fingerprint
+from node.history import publish_aggregate, publish_checkpoint
+from node.model import build_model
+from node.selection import select_peers
+from protocol.chain.base import Chain
+from protocol.chain.errors import NotRegistered
+from protocol.naming import fingerprint_key, run_prefix, scores_key
+from protocol.runconfig import RunConfig
+from protocol.stores import ObjectStore, StoreError
+from protocol.windows import WindowSchedule
+from validator.checks import Verdict
+from validator.classify import PeerCheck, check_window
+from validator.config import ValidatorConfig
+from validator.copies import SketchHistory
+from validator.fetching import Upload, fetch_all
+from validator.ratings import Book, WindowOutcome
+from validator.reports import ScoreReport, WindowResult, build_report
+from validator.scoring import LossProbe, LossScore, pick_scored
+from validator.state import ValidatorState, load_state, save_state
+from validator.weights import normalise, set_weights
+
+log = logging.getLogger(__name__)
+
+SCORABLE = {Verdict.OK, Verdict.COPY, Verdict.REPLAY}
+
+
+def run_manifest_key(run_id: str) -> str:
+    """Where the validator publishes the run config whose hash is the run id."""
+    return f"{run_prefix(run_id)}run.json"
+
+
+class Validator:
+    """A validator bound to one run, one hotkey (with a validator permit), one chain and bucket."""
+
+    def __init__(
+        self,
+        run: RunConfig,
+        keypair: Keypair,
+        chain: Chain,
+        store: ObjectStore,
+        state_dir: Path,
+        cfg: ValidatorConfig | None = None,
+        local_root: Path | None = None,
+        device: str = "cpu",
+    ) -> None:
+        self.run, self.keypair, self.chain, self.store = run, keypair, chain, store
+        self.cfg = cfg or ValidatorConfig()
+        self.state_dir, self.local_root = state_dir, local_root
+        self.device = torch.device(device)
+        self.schedule = WindowSchedule.from_run(run)
+        self.model = build_model(run.model, run.seed).to(self.device)
+        self.spec = ModelSpec.from_module(self.model)
+        _, self.dataset = open_run_dataset(run)
+        uid = chain.uid_of(keypair.ss58_address)
+        if uid is None:
+            raise NotRegistered(keypair.ss58_address, chain.netuid, "register it as a validator")
+        self.uid = uid
+        self._restore()
+
+    # -- the window --------------------------------------------------------------------------
+
+    def run_window(self, window: int) -> ScoreReport:
+        self._wait_for_block(self.schedule.deadline_block(window) + self._grace_blocks())
+        hotkeys, buckets, no_bucket, selected = self._roster(window)
+        uploads = fetch_all(
+            list(buckets.values()), self.run, self.spec, window, self._deadline_s(window),
+            self.cfg.fetch_timeout_s, self.cfg.fetch_workers,
+        )  # fmt: skip
+        checks = check_window(
+            window, hotkeys, uploads, no_bucket, self.fingerprint, self.history, self.run,
+            self.spec, self.cfg, self.salt,
+        )  # fmt: skip
+        losses = self._score(window, checks)
+        self.book.update(_outcomes(checks, losses))
+        self.history.add(window, [c.sketch for c in checks.values() if c.sketch is not None])
+        start_fp, applied = self.fingerprint, self._outer_step(selected, uploads)
+        weights = normalise(self.book.final_scores(), set(hotkeys))
+        status = self._maybe_set_weights(window, weights)
+        report = build_report(
+            self._result(window, start_fp, selected, applied, weights, status),
+            checks, losses, self.book,
+        )  # fmt: skip
+        self._publish(window, report, {u: uploads[u].data for u in applied})  # type: ignore[misc]
+        self._save(window + 1)
+        return report
+
+    def run_windows(self, windows: int) -> list[ScoreReport]:
+        """Process `windows` windows in order from the saved position (never skipping one: the
+        model must replay every aggregate; windows already past are fetched without waiting)."""
+        reports = []
+        for _ in range(windows):
+            report = self.run_window(self.next_window)
+            reports.append(report)
+            with (self.state_dir / "reports.jsonl").open("a") as f:
+                f.write(report.model_dump_json() + "\n")
+            log.info(
+                "window %d: aggregated %s, weights %s (%s)", report.window, report.aggregated,
+                {u: round(w, 3) for u, w in report.weights.items()}, report.weights_status,
+            )  # fmt: skip
+        return reports
+
+    def current_window(self) -> int:
+        return self.schedule.window_of(self.chain.block())
+
+    # -- steps -------------------------------------------------------------------------------
+
+    def _grace_blocks(self) -> int:
+        timing = self.run.timing
+        return math.ceil(timing.clock_skew_tolerance_s / timing.block_time_s) + 1
+
+    def _wait_for_block(self, block: int) -> None:
+        while self.chain.block() < block:
+            time.sleep(min(1.0, self.run.timing.block_time_s / 4))
+
+    def _deadline_s(self, window: int) -> float:
+        anchor = self.schedule.first_block(window)
+        return self.schedule.deadline_time(
+            window, anchor, self.chain.block_timestamp(anchor).timestamp()
+        )
+
+    def _roster(self, window: int) -> tuple[dict, dict, dict[int, str], list[int]]:
+        """Registered non-validator peers, their buckets, why some have none, the selected set."""
+        metagraph = self.chain.metagraph()
+        buckets, problems = peer_buckets(self.chain, self.local_root)
+        selected = select_peers(
+            metagraph, {b.hotkey for b in buckets.values()}, self.chain.weights_all(),
+            self.run.run_id, window, self.run.gather_size,
+        )  # fmt: skip
+        peers = {n.uid: n.hotkey for n in metagraph.neurons if not n.validator_permit}
+        own = {u: b for u, b in buckets.items() if u in peers}
+        return peers, own, {u: problems.get(u, "missing") for u in peers if u not in own}, selected
+
+    def _score(self, window: int, checks: Mapping[int, PeerCheck]) -> dict[int, LossScore]:
+        candidates = [u for u, c in checks.items() if c.verdict in SCORABLE]
+        if not candidates or window < self.current_window() - 1:  # catching up: no scoring
+            return {}
+        probe = LossProbe(
+            self.model, self.run, self.dataset, window, self.cfg.n_random, self.cfg.n_own,
+            self.cfg.score_scale, self.device,
+        )  # fmt: skip
+        out: dict[int, LossScore] = {}
+        for uid in pick_scored(self.run.run_id, window, candidates, self.cfg.max_scored):
+            update = checks[uid].upload.fetched.update  # type: ignore[union-attr]
+            try:
+                out[uid] = probe.score(uid, update.tensors)  # type: ignore[union-attr]
+            except Exception:  # one bad peer never stops the window
+                log.exception("window %d: scoring uid %d failed", window, uid)
+        return out
+
+    def _outer_step(self, selected: list[int], uploads: Mapping[int, Upload]) -> list[int]:
+        """Apply the mean of the selected peers' fetched updates (the peers' own rule)."""
+        applied = [u for u in selected if u in uploads and uploads[u].fetched.ok]
+        updates = {u: uploads[u].fetched.update.tensors for u in applied}  # type: ignore[union-attr]
+        mean = aggregate(updates, self.spec, self.run.codec, device=self.device)
+        with torch.no_grad():
+            for name, p in self.model.named_parameters():
+                p.sub_(mean[name], alpha=self.run.outer.alpha)
+        self.fingerprint = fingerprint(self.model)
+        return applied
+
+    def _maybe_set_weights(self, window: int, weights: dict[int, float]) -> str:
+        if window % self.cfg.weights_every != 0:
+            return "not this window"
+        if window < self.current_window() - 1:
+            return "skipped: catching up"
+        return set_weights(self.chain, self.keypair, self.run, weights)
+
+    def _result(
+        self, window: int, start_fp: str, selected: list[int], applied: list[int],
+        weights: dict[int, float], status: str,
+    ) -> WindowResult:  # fmt: skip
+        return WindowResult(
+            run_id=self.run.run_id, window=window, validator_uid=self.uid,
+            validator_hotkey=self.keypair.ss58_address, fingerprint_start=start_fp,
+            fingerprint_end=self.fingerprint, selected=selected, aggregated=applied,
+            weights=weights, weights_status=status, config=self.cfg,
+        )  # fmt: skip
+
+    def _publish(self, window: int, report: ScoreReport, applied: Mapping[int, bytes]) -> None:
+        run_id, hk, uid = self.run.run_id, self.keypair.ss58_address, self.uid
+        body = {"run_id": run_id, "window": window, "uid": uid, "fingerprint": self.fingerprint}
+        steps = [
+            ("fingerprint", lambda: self.store.put(
+                fingerprint_key(run_id, window, uid, hk), json.dumps(body).encode())),
+            ("scores", lambda: self.store.put(
+                scores_key(run_id, window, uid, hk), report.model_dump_json().encode())),
+            ("aggregate", lambda: publish_aggregate(
+                self.store, self.run, window, uid, self.keypair, applied)),
+        ]  # fmt: skip
+        if (window + 1) % self.cfg.checkpoint_every == 0:
+            steps.append(("run config", self._publish_run_config))
+            steps.append(("checkpoint", lambda: publish_checkpoint(
+                self.store, self.run, window + 1, uid, self.keypair, self.model)))  # fmt: skip
+        for what, step in steps:
+            try:
+                step()
+            except StoreError as exc:  # our bucket failing costs the history, not the window
+                log.error("window %d: publishing the %s failed: %s", window, what, exc)
+
+    def _publish_run_config(self) -> None:
+        self.store.put(run_manifest_key(self.run.run_id), self.run.canonical_json())
+
+    # -- state -------------------------------------------------------------------------------
+
+    def _save(self, next_window: int) -> None:
+        self.next_window = next_window
+        save_state(
+            self.state_dir,
+            ValidatorState(
+                run_id=self.run.run_id,
+                window=next_window,
+                model={k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+                fingerprint=self.fingerprint,
+                salt=self.salt,
+                records=self.book.records,
+                sketches=self.history.entries(),
+            ),
+        )
+
+    def _restore(self) -> None:
+        state = load_state(self.state_dir, self.run.run_id)
+        if state is None:
+            self.next_window = self.current_window()
+            self.fingerprint = fingerprint(self.model)
+            self.salt = secrets.randbits(63)
+            self.book = Book(self.cfg)
+            self.history = SketchHistory(self.cfg.history_windows)
+            try:
+                self._publish_run_config()
+            except StoreError as exc:
+                log.error("publishing the run config failed: %s", exc)
+            return
+        self.model.load_state_dict(state.model)
+        if fingerprint(self.model) != state.fingerprint:
+            raise RuntimeError("restored model does not match its saved fingerprint")
+        self.next_window, self.fingerprint, self.salt = state.window, state.fingerprint, state.salt
+        self.book = Book(self.cfg, state.records)
+        self.history = SketchHistory(self.cfg.history_windows, state.sketches)
+        log.info("resumed at window %d (fingerprint %s)", state.window, state.fingerprint[:12])
+
+
+def _outcomes(
+    checks: Mapping[int, PeerCheck], losses: Mapping[int, LossScore]
+) -> dict[int, WindowOutcome]:
+    return {
+        uid: WindowOutcome(
+            hotkey=c.hotkey,
+            verdict=c.verdict,
+            in_sync=c.in_sync,
+            score=losses[uid].score if uid in losses else None,
+            indicator=losses[uid].indicator if uid in losses else None,
+        )
+        for uid, c in checks.items()
+    }

@@ -1,0 +1,109 @@
+"""The validator's state, saved atomically after every window and restored on restart.
+
+One file, ``validator.pt`` (the previous one kept as ``validator.prev.pt``): the model at the start
+of the next window and its fingerprint, the per-peer records (`validator.ratings.PeerRecord`, as
+JSON), the copy-detection history and its secret salt. Written to a temporary file, fsynced and
+renamed (`node.atomic_files`), so a crash leaves the old state or the new one.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from node.atomic_files import write_bytes_atomic
+from node.state import StateError
+from validator.copies import Sketch
+from validator.ratings import PeerRecord
+
+STATE_FILE = "validator.pt"
+PREVIOUS_FILE = "validator.prev.pt"
+FORMAT = 1
+
+
+@dataclass
+class ValidatorState:
+    run_id: str
+    window: int  # the next window to process; the model is at the start of it
+    model: dict[str, torch.Tensor]
+    fingerprint: str
+    salt: int
+    records: dict[int, PeerRecord] = field(default_factory=dict)
+    sketches: list[Sketch] = field(default_factory=list)
+
+
+def _encode(state: ValidatorState) -> bytes:
+    body = {
+        "format": FORMAT,
+        "run_id": state.run_id,
+        "window": state.window,
+        "model": state.model,
+        "fingerprint": state.fingerprint,
+        "salt": str(state.salt),
+        "records": json.dumps({str(u): r.model_dump() for u, r in state.records.items()}),
+        "sketches": [
+            {
+                "uid": s.uid,
+                "window": s.window,
+                "digest": s.digest.hex(),
+                "positions": torch.from_numpy(s.positions.astype(np.int64)),
+            }
+            for s in state.sketches
+        ],
+    }
+    buf = io.BytesIO()
+    torch.save(body, buf)
+    return buf.getvalue()
+
+
+def _decode(raw: dict) -> ValidatorState:
+    return ValidatorState(
+        run_id=raw["run_id"],
+        window=int(raw["window"]),
+        model=raw["model"],
+        fingerprint=raw["fingerprint"],
+        salt=int(raw["salt"]),
+        records={int(u): PeerRecord(**r) for u, r in json.loads(raw["records"]).items()},
+        sketches=[
+            Sketch(
+                uid=int(s["uid"]),
+                window=int(s["window"]),
+                digest=bytes.fromhex(s["digest"]),
+                positions=s["positions"].numpy().astype(np.uint64),
+            )
+            for s in raw["sketches"]
+        ],
+    )
+
+
+def save_state(directory: Path, state: ValidatorState) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    data = _encode(state)
+    current = directory / STATE_FILE
+    if current.exists():
+        os.replace(current, directory / PREVIOUS_FILE)
+    return write_bytes_atomic(current, data)
+
+
+def load_state(directory: Path, run_id: str) -> ValidatorState | None:
+    """The newest readable state of this run, or None (`StateError` for another run's state)."""
+    for name in (STATE_FILE, PREVIOUS_FILE):
+        path = directory / name
+        if not path.exists():
+            continue
+        try:
+            raw = torch.load(path, map_location="cpu", weights_only=True)
+            if raw.get("format") != FORMAT:
+                continue
+        except Exception:  # torn or foreign: fall back to the previous file
+            continue
+        if raw["run_id"] != run_id:
+            raise StateError(f"{path} belongs to run {raw['run_id']}, not {run_id}")
+        return _decode(raw)
+    return None

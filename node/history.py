@@ -40,7 +40,7 @@ from protocol.naming import (
 )
 from protocol.runconfig import RunConfig
 from protocol.signing import SignatureError, payload_digest, sign_object, verify_object
-from protocol.stores import ObjectStore, ReadableStore, StoreError
+from protocol.stores import ObjectNotFound, ObjectStore, ReadableStore, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -173,10 +173,12 @@ def catch_up(
     from_window: int,
     to_window: int,
 ) -> int:
-    """Bring `model` from the start of `from_window` to the start of `to_window`.
+    """Bring `model` from the start of `from_window` towards the start of `to_window`.
 
-    Loads a newer checkpoint when one helps, then replays the published aggregates. Returns the
-    window the model is now at (== `to_window` unless `HistoryError` is raised).
+    Loads a newer checkpoint when one helps, then replays the published aggregates in order,
+    stopping early at the first one not published yet. Returns the window the model is now at.
+    Raises `HistoryError` when the source publishes something invalid (then the model may be
+    anywhere in between: restore it before trying another source).
     """
     ckpt = latest_checkpoint(source, run, source_uid, source_hotkey, to_window)
     window = from_window
@@ -193,6 +195,8 @@ def catch_up(
     while window < to_window:
         try:
             updates = _read_aggregate(source, run, spec, window, source_uid, source_hotkey, peers)
+        except ObjectNotFound:
+            break  # not published (yet): the model is consistently at `window`
         except (StoreError, DecodeError, SignatureError) as exc:
             raise HistoryError(f"cannot replay window {window}: {exc}") from exc
         mean = aggregate(updates, spec, run.codec)

@@ -42,7 +42,7 @@ from node.train import InnerResult, make_optimizer, train_window
 from protocol.chain.base import Chain
 from protocol.naming import fingerprint_key
 from protocol.runconfig import RunConfig
-from protocol.stores import ObjectStore, StoreError
+from protocol.stores import ObjectStore, ReadableStore, StoreError
 from protocol.windows import WindowSchedule
 
 log = logging.getLogger(__name__)
@@ -136,37 +136,63 @@ class Peer:
         return reports
 
     def catch_up(self, window: int) -> None:
-        """Replay what we missed from the best-staked validator's published history."""
+        """Replay what we missed from the best-staked validator's published history.
+
+        The newest aggregate is published shortly after its window's deadline, so a peer that
+        wakes up early in a window waits for it (a window at most) instead of training on stale
+        weights.
+        """
+        give_up = time.monotonic() + self.schedule.blocks_per_window * self.cfg.timing.block_time_s
+        while self.next_window < window:
+            for source in self._history_sources():
+                self.next_window = self._replay_from(source, window)
+                if self.next_window >= window:
+                    log.info("caught up to window %d via validator uid %d", window, source[0])
+                    return
+            if time.monotonic() > give_up:
+                log.error(
+                    "missed windows %d..%d and no validator history replays them yet: training "
+                    "on stale weights until a checkpoint is published",
+                    self.next_window,
+                    window - 1,
+                )
+                return
+            time.sleep(self.cfg.timing.block_time_s)
+            window = max(window, self.current_window())
+
+    def _history_sources(self) -> list[tuple[int, str, ReadableStore, dict[int, str]]]:
         buckets, _ = peer_buckets(self.chain, self.local_root)
         metagraph = self.chain.metagraph()
         hotkeys = {n.uid: n.hotkey for n in metagraph.neurons}
-        sources = sorted(
+        validators = sorted(
             (n for n in metagraph.neurons if n.validator_permit and n.uid in buckets),
             key=lambda n: (-n.stake, n.uid),
         )
-        for v in sources:
-            try:
-                catch_up(
-                    self.model, self.cfg, self.spec, buckets[v.uid].store, v.uid, v.hotkey,
-                    hotkeys, self.next_window, window,
-                )  # fmt: skip
-            except HistoryError as exc:
-                log.warning("catch-up from validator uid %d failed: %s", v.uid, exc)
-                continue
-            log.info(
-                "caught up from window %d to %d via validator uid %d",
+        return [(v.uid, v.hotkey, buckets[v.uid].store, hotkeys) for v in validators]
+
+    def _replay_from(
+        self, source: tuple[int, str, ReadableStore, dict[int, str]], window: int
+    ) -> int:
+        uid, hotkey, store, hotkeys = source
+        saved = self._weights()
+        try:
+            return catch_up(
+                self.model,
+                self.cfg,
+                self.spec,
+                store,
+                uid,
+                hotkey,
+                hotkeys,
                 self.next_window,
                 window,
-                v.uid,
             )
-            self.next_window = window
-            return
-        log.error(
-            "missed windows %d..%d and no validator history could replay them: training on stale "
-            "weights until a checkpoint is published",
-            self.next_window,
-            window - 1,
-        )
+        except HistoryError as exc:
+            log.warning("history of validator uid %d unusable: %s", uid, exc)
+            with torch.no_grad():
+                for name, p in self.model.named_parameters():
+                    p.copy_(saved[name])
+            return self.next_window
 
     def _record(self, r: WindowReport) -> None:
         m = self.metrics

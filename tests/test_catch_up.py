@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from codec.compress import Compressor
@@ -11,6 +12,7 @@ from node.fingerprint import fingerprint
 from node.history import HistoryError, catch_up, publish_aggregate, publish_checkpoint
 from node.model import build_model
 from protocol.keys import create_hotkey
+from protocol.naming import aggregate_key
 from protocol.runconfig import RunConfig
 from protocol.stores import open_store
 
@@ -46,11 +48,13 @@ def test_late_peer_replays_checkpoint_and_aggregates(tmp_path) -> None:
     assert catch_up(late, run, spec, store, 2, validator.ss58_address, hotkeys, 0, 4) == 4
     assert fingerprint(late) == fingerprints[4]
 
-    # a history signed by someone else is refused
+    # a publisher with no history replays nothing
     other = build_model(run.model, run.seed)
-    try:
-        catch_up(other, run, spec, store, 2, keys[0].ss58_address, hotkeys, 0, 4)
-    except HistoryError:
-        pass
-    else:
-        raise AssertionError("a forged history was accepted")
+    assert catch_up(other, run, spec, store, 2, keys[0].ss58_address, hotkeys, 0, 4) == 0
+
+    # a history signed by someone else is refused
+    forged = open_store(f"file://{tmp_path}?bucket=forged")
+    fake = publish_aggregate(forged, run, 0, 2, keys[0], {0: raw[0]})
+    forged.put(aggregate_key(run.run_id, 0, 2, validator.ss58_address), forged.get(fake, 1 << 24))
+    with pytest.raises(HistoryError, match="signature"):
+        catch_up(other, run, spec, forged, 2, validator.ss58_address, hotkeys, 0, 1)

@@ -41,6 +41,10 @@ def _start(tmp: Path, name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
 
 
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
 def _store(tmp: Path, name: str) -> str:
     return f"file://{tmp / 'buckets'}?bucket={name}"
 
@@ -55,7 +59,7 @@ def test_validator_weights_honest_peers_only(tmp_path: Path) -> None:
     ).dump(tmp / "run.json")  # fmt: skip
     create_local_chain(tmp / "chain.db", NETUID, block_time=0.5)
     db = LocalChainDB(tmp / "chain.db")
-    names = ["val", "peer0", "peer1", "noise", "copier", "ghost"]
+    names = ["val", "peer0", "peer1", "noise", "copier", "ghost", "latecomer"]
     keys = {n: create_hotkey("sim", n, root=tmp / "wallets") for n in names}
     uids = {n: db.register(NETUID, keys[n].ss58_address, validator=n == "val") for n in names}
     chain = open_chain(f"local://{tmp / 'chain.db'}", netuid=NETUID)
@@ -82,6 +86,15 @@ def test_validator_weights_honest_peers_only(tmp_path: Path) -> None:
         (tmp / "buckets" / p).mkdir(parents=True, exist_ok=True)
     running = {n: _start(tmp, n, c) for n, c in procs.items()}
     deadline = time.time() + 240
+    # a peer that joins after two windows must catch up from the validator's published history
+    while _lines(tmp / "sval" / "reports.jsonl") < 2 and time.time() < deadline:
+        time.sleep(0.5)
+    (tmp / "buckets" / "latecomer").mkdir(parents=True, exist_ok=True)
+    running["latecomer"] = _start(tmp, "latecomer", _cmd(
+        tmp, *py, "-m", "deploy.cli", "miner", "--hotkey", "latecomer", "--wallet", "sim",
+        "--store", _store(tmp, "latecomer"), "--state-dir", str(tmp / "slatecomer"),
+        "--windows", "2", "--commit",
+    ))  # fmt: skip
     try:
         running["val"].wait(timeout=max(1, deadline - time.time()))
     finally:
@@ -106,6 +119,15 @@ def test_validator_weights_honest_peers_only(tmp_path: Path) -> None:
     assert common, (peer_fps, [r["window"] for r in reports])
     for r in common:
         assert r["fingerprint_end"] == peer_fps[r["window"]], r["window"]
+
+    late_fps = {
+        json.loads(x)["window"]: json.loads(x)["fingerprint"]
+        for x in (tmp / "slatecomer" / "reports.jsonl").read_text().splitlines()
+    }
+    assert late_fps and min(late_fps) >= 2, late_fps
+    for w, fp in late_fps.items():
+        if w in peer_fps:
+            assert fp == peer_fps[w], (w, (tmp / "latecomer.log").read_text()[-3000:])
 
     weights = chain.read_weights(uids["val"])
     assert weights.get(uids["peer0"], 0) > 0 and weights.get(uids["peer1"], 0) > 0, reports[-1]

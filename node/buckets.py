@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from protocol.chain.base import Chain
 from protocol.commitment import BucketCommitment, CommitmentError, Provider, parse_commitment
 from protocol.stores import ReadableStore, StoreError, open_store
+
+ALLOW_PRIVATE_ENV = "TESSERA_ALLOW_PRIVATE_ENDPOINTS"  # see docker/.env.example
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,12 @@ def store_for(commitment: BucketCommitment, local_root: Path | None) -> Readable
 def peer_buckets(
     chain: Chain, local_root: Path | None = None, allow_private: bool = False
 ) -> tuple[dict[int, PeerBucket], dict[int, str]]:
-    """Every registered uid with a usable commitment; and why the others have none."""
+    """Every registered uid with a usable commitment; and why the others have none.
+
+    Private and plain-http endpoints (MinIO on a LAN, a local simulation) are accepted only with
+    `allow_private`, a local storage root, or `TESSERA_ALLOW_PRIVATE_ENDPOINTS=1`.
+    """
+    allow_private = allow_private or os.environ.get(ALLOW_PRIVATE_ENV) == "1"
     metagraph = chain.metagraph()
     commitments = chain.read_all_commitments()
     found: dict[int, PeerBucket] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from deploy.sim.buckets import ensure_s3_bucket
 from protocol.chain.local_db import LocalChainDB, create_local_chain
 from protocol.keys import create_hotkey
 from protocol.runconfig import RunConfig
@@ -84,6 +85,9 @@ def build_world(
     roles.append(("validator", "validator"))
     for name, kind in roles:
         key = create_hotkey("sim", name, root=out / "wallets", overwrite=True)
+        url = bucket_url(storage, out, name)
+        if url.startswith("s3://"):
+            ensure_s3_bucket(url)
         validator = kind == "validator"
         uid = db.register(
             NETUID,
@@ -97,7 +101,7 @@ def build_world(
                 kind=kind,
                 uid=uid,
                 hotkey=key.ss58_address,
-                store_url=bucket_url(storage, out, name),
+                store_url=url,
                 state_dir=out / "state" / name,
             )
         )

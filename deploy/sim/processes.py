@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from deploy.sim.buckets import read_key_env
 from deploy.sim.layout import NETUID, Member, World
 
 
@@ -40,6 +41,8 @@ def start(world: World, m: Member, windows: int) -> Running:
     log = world.out / "logs" / f"{m.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TESSERA_PROGRESS": "0", "PYTHONUNBUFFERED": "1"}
+    if m.store_url.startswith("s3://"):
+        env.update(read_key_env(), TESSERA_ALLOW_PRIVATE_ENDPOINTS="1")
     proc = subprocess.Popen(
         [sys.executable, "-m", "deploy.cli", *command(world, m, windows)],
         stdout=log.open("ab"),

@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from node.multigpu import init_ranks
     from node.peer import Peer
     from node.preflight import check_bucket, check_disk
+    from node.resilient_chain import resilient
     from protocol.chain import open_chain
     from protocol.keys import load_hotkey
     from protocol.stores import open_store
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     if not ranks.is_main:
         logging.getLogger().setLevel(logging.WARNING)
     keypair = load_hotkey(args.wallet, args.hotkey, args.wallet_path)
-    chain = open_chain(args.chain, netuid=args.netuid)
+    chain = resilient(open_chain(args.chain, netuid=args.netuid))
     store = open_store(args.store)
     if ranks.is_main:
         check_bucket(store)

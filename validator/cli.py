@@ -58,6 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from node.commit import commitment_for, ensure_commitment
     from node.preflight import check_bucket
+    from node.resilient_chain import resilient
     from protocol.chain import open_chain
     from protocol.keys import load_hotkey
     from protocol.stores import open_store
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("tessera validator: --chain and --store are required")
     run_cfg = load_run(args.run)
     keypair = load_hotkey(args.wallet, args.hotkey, args.wallet_path)
-    chain = open_chain(args.chain, netuid=args.netuid)
+    chain = resilient(open_chain(args.chain, netuid=args.netuid))
     store = open_store(args.store)
     check_bucket(store)
     ensure_commitment(chain, keypair, commitment_for(args.store), post=args.commit)

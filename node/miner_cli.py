@@ -7,53 +7,17 @@ import logging
 import os
 from pathlib import Path
 
-import torch
-
-from protocol.runconfig import RunConfig
+from node.node_args import add_node_arguments, load_run
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    env = os.environ.get
+    add_node_arguments(parser)
     parser.add_argument(
-        "--run",
-        "--run-config",  # under torchrun: its --run-path makes --run ambiguous
-        default=env("TESSERA_RUN", "tiny"),
-        help="preset name or run config file",
+        "--metrics-port",
+        type=int,
+        default=int(os.environ.get("TESSERA_METRICS_PORT", "0")),
+        help="serve Prometheus metrics on this port (0: off)",
     )
-    parser.add_argument(
-        "--chain", default=env("TESSERA_CHAIN"), help="local:///path.db or ws(s)://subtensor"
-    )
-    parser.add_argument("--netuid", type=int, default=int(env("TESSERA_NETUID", "1")))
-    parser.add_argument(
-        "--store", default=env("TESSERA_STORE"), help="our bucket: file://… or s3://…"
-    )
-    parser.add_argument(
-        "--local-root", default=env("TESSERA_LOCAL_ROOT"), help="root of local (file://) buckets"
-    )
-    parser.add_argument("--wallet", default=env("TESSERA_WALLET", "default"))
-    parser.add_argument("--hotkey", default=env("TESSERA_HOTKEY", "default"))
-    parser.add_argument(
-        "--wallet-path", default=env("TESSERA_WALLET_PATH"), help="default ~/.bittensor/wallets"
-    )
-    parser.add_argument(
-        "--state-dir", default=env("TESSERA_STATE_DIR"), help="local state (resumable)"
-    )
-    parser.add_argument("--windows", type=int, default=int(env("TESSERA_WINDOWS", "1000000000")))
-    parser.add_argument(
-        "--device", default=env("TESSERA_DEVICE", "cuda" if torch.cuda.is_available() else "cpu")
-    )
-    parser.add_argument(
-        "--commit", action="store_true", help="post our bucket commitment if missing or stale"
-    )
-    parser.add_argument("--log-level", default=env("TESSERA_LOG_LEVEL", "INFO"))
-    parser.add_argument(
-        "--metrics-port", type=int, default=int(env("TESSERA_METRICS_PORT", "0")), help="0: off"
-    )
-
-
-def load_run(ref: str) -> RunConfig:
-    path = Path(ref)
-    return RunConfig.load(path) if path.exists() else RunConfig.preset(ref)
 
 
 def run(args: argparse.Namespace) -> int:

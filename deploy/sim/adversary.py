@@ -28,7 +28,7 @@ NOISE_SCALE = 1e-3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from node.miner_cli import add_arguments as add_node_arguments
+    from node.node_args import add_node_arguments
 
     parser.add_argument("--kind", required=True, choices=ADVERSARY_KINDS)
     parser.add_argument("--victim", type=int, default=0, help="uid a copier or replayer copies")
@@ -38,8 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from node.commit import commitment_for, ensure_commitment
     from node.exchange import encode_signed, publish
-    from node.miner_cli import load_run
     from node.model import build_model
+    from node.node_args import load_run
     from protocol.chain import open_chain
     from protocol.keys import load_hotkey
     from protocol.stores import open_store

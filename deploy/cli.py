@@ -25,6 +25,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "manage the embedded local chain (create a subnet, register hotkeys, stake)",
     ),
     "data": ("node.data_prep", "prepare pre-tokenized training shards"),
+    "doctor": (
+        "deploy.doctor",
+        "preflight checks before joining a run, with a fix for each failure",
+    ),
+    "bucket": ("deploy.bucket_cli", "create our bucket with the write key (idempotent)"),
+    "commit": ("deploy.commit_cli", "post our bucket commitment (read key) on chain"),
 }
 
 

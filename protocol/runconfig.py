@@ -162,6 +162,7 @@ class TimingConfig(_Frozen):
     clock_skew_tolerance_s: float = Field(
         6.0, ge=0, le=600, description="slack when comparing object times with the deadline"
     )
+    start_block: int = Field(0, ge=0, description="chain block at which window 0 of the run begins")
 
     @model_validator(mode="after")
     def _deadline_inside_next_window(self) -> TimingConfig:

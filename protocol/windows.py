@@ -158,12 +158,17 @@ def chain_timestamp_to_s(timestamp_ms: int) -> float:
 
 @dataclass(frozen=True, slots=True)
 class WindowSchedule:
-    """The timing part of a run config, with the functions above bound to it."""
+    """The timing part of a run config, with the functions above bound to it.
+
+    Window 0 begins at `start_block` (the block the run was launched at); blocks before it belong
+    to no window (`window_of` returns -1 for them).
+    """
 
     blocks_per_window: int
     upload_deadline_blocks: int
     block_time_s: float
     clock_skew_tolerance_s: float
+    start_block: int = 0
 
     @classmethod
     def from_timing(cls, timing: TimingConfig) -> WindowSchedule:
@@ -172,6 +177,7 @@ class WindowSchedule:
             upload_deadline_blocks=timing.upload_deadline_blocks,
             block_time_s=timing.block_time_s,
             clock_skew_tolerance_s=timing.clock_skew_tolerance_s,
+            start_block=timing.start_block,
         )
 
     @classmethod
@@ -179,20 +185,28 @@ class WindowSchedule:
         return cls.from_timing(run.timing)
 
     def window_of(self, block: int) -> int:
-        return window_of_block(block, self.blocks_per_window)
+        if block < self.start_block:
+            return -1
+        return window_of_block(block - self.start_block, self.blocks_per_window)
 
     def first_block(self, window: int) -> int:
-        return first_block(window, self.blocks_per_window)
+        return self.start_block + first_block(window, self.blocks_per_window)
 
     def last_block(self, window: int) -> int:
-        return last_block(window, self.blocks_per_window)
+        return self.start_block + last_block(window, self.blocks_per_window)
 
     def deadline_block(self, window: int) -> int:
-        return deadline_block(window, self.blocks_per_window, self.upload_deadline_blocks)
+        return self.start_block + deadline_block(
+            window, self.blocks_per_window, self.upload_deadline_blocks
+        )
 
     def open_time(self, window: int, anchor_block: int, anchor_timestamp_s: float) -> float:
         return open_time(
-            window, self.blocks_per_window, anchor_block, anchor_timestamp_s, self.block_time_s
+            window,
+            self.blocks_per_window,
+            anchor_block - self.start_block,
+            anchor_timestamp_s,
+            self.block_time_s,
         )
 
     def deadline_time(self, window: int, anchor_block: int, anchor_timestamp_s: float) -> float:
@@ -200,7 +214,7 @@ class WindowSchedule:
             window,
             self.blocks_per_window,
             self.upload_deadline_blocks,
-            anchor_block,
+            anchor_block - self.start_block,
             anchor_timestamp_s,
             self.block_time_s,
         )

@@ -252,7 +252,7 @@ class Validator:
     def _restore(self) -> None:
         state = load_state(self.state_dir, self.run.run_id)
         if state is None:
-            self.next_window = self.current_window()
+            self.next_window = max(0, self.current_window())
             self.fingerprint = fingerprint(self.model)
             self.salt = secrets.randbits(63)
             self.book = Book(self.cfg)

@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     sched = WindowSchedule.from_run(run_cfg)
     gen = torch.Generator().manual_seed(7919 + uid)
     local_root = Path(args.local_root) if args.local_root else None
-    first = sched.window_of(chain.block())
+    first = max(0, sched.window_of(chain.block()))
     for window in range(first, first + args.windows):
         while chain.block() < sched.first_block(window) + sched.blocks_per_window // 2:
             time.sleep(0.2)

@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from deploy.sim.layout import build_world, sim_run_config
+    from deploy.sim.layout import build_world
 
     console = Console()
     kinds = [k for k in args.adversaries.split(",") if k] if args.adversaries else []
@@ -49,8 +49,16 @@ def run(args: argparse.Namespace) -> int:
         if not args.force:
             raise SystemExit(f"{args.out} is not empty: pass --force to replace it")
         shutil.rmtree(args.out)
-    run_cfg = sim_run_config(args.windows, args.block_time, args.blocks_per_window)
-    world = build_world(args.out, run_cfg, args.peers, kinds, args.storage)
+    world = build_world(
+        args.out,
+        args.windows,
+        args.block_time,
+        args.blocks_per_window,
+        args.peers,
+        kinds,
+        args.storage,
+    )
+    run_cfg = world.run
     console.print(
         f"run {run_cfg.run_id}: {args.peers} peers, adversaries {kinds or 'none'}, "
         f"{args.windows} windows of {args.blocks_per_window * args.block_time:.0f}s → {args.out}"

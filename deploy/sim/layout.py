@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from deploy.sim.buckets import ensure_s3_bucket
+from deploy.provision import ensure_s3_bucket
 from protocol.chain.local_db import LocalChainDB, create_local_chain
 from protocol.keys import create_hotkey
 from protocol.runconfig import RunConfig
@@ -40,7 +41,9 @@ class World:
         return [m for m in self.members if m.kind == kind]
 
 
-def sim_run_config(windows: int, block_time: float, blocks_per_window: int) -> RunConfig:
+def sim_run_config(
+    windows: int, block_time: float, blocks_per_window: int, start_block: int = 0
+) -> RunConfig:
     """The tiny preset with a clock fast enough for a simulation on a laptop."""
     return RunConfig.preset(
         "tiny",
@@ -51,6 +54,7 @@ def sim_run_config(windows: int, block_time: float, blocks_per_window: int) -> R
             "blocks_per_window": blocks_per_window,
             "upload_deadline_blocks": max(1, blocks_per_window // 5),
             "clock_skew_tolerance_s": block_time,
+            "start_block": start_block,
         },
     )
 
@@ -64,15 +68,32 @@ def bucket_url(storage: str, out: Path, name: str) -> str:
     return f"s3://{bucket}?{query}" if query else f"s3://{bucket}"
 
 
+def startup_seconds(members: int) -> float:
+    """Time every process gets to start (import torch, load data) before window 0 opens."""
+    return 20.0 + 5.0 * members
+
+
 def build_world(
-    out: Path, run: RunConfig, peers: int, adversaries: list[str], storage: str
+    out: Path,
+    windows: int,
+    block_time: float,
+    blocks_per_window: int,
+    peers: int,
+    adversaries: list[str],
+    storage: str,
 ) -> World:
-    """Create the run folder, the chain and every member's wallet, uid and bucket name."""
+    """Create the run folder, the chain and every member's wallet, uid and bucket name.
+
+    Window 0 starts once every process has had time to start, so nobody misses the beginning.
+    """
     out.mkdir(parents=True, exist_ok=True)
-    run_path = run.dump(out / "run.json")
     db_path = out / "chain.db"
-    create_local_chain(db_path, NETUID, block_time=run.timing.block_time_s, exist_ok=True)
+    create_local_chain(db_path, NETUID, block_time=block_time, exist_ok=True)
     db = LocalChainDB(db_path)
+    members = peers + len(adversaries) + 1
+    start = math.ceil(startup_seconds(members) / block_time)
+    run = sim_run_config(windows, block_time, blocks_per_window, start_block=start)
+    run_path = run.dump(out / "run.json")
     world = World(
         out=out,
         run_path=run_path,

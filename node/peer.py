@@ -27,6 +27,7 @@ from codec.aggregate import aggregate
 from codec.compress import Compressor, SparseTensor
 from codec.spec import ModelSpec
 from node.buckets import peer_buckets
+from node.clock import ChainClock
 from node.data import assigned_batches, open_run_dataset
 from node.exchange import Fetched, encode_signed, gather, publish
 from node.fingerprint import fingerprint
@@ -43,7 +44,6 @@ from protocol.chain.base import Chain
 from protocol.naming import fingerprint_key
 from protocol.runconfig import RunConfig
 from protocol.stores import ObjectStore, ReadableStore, StoreError
-from protocol.windows import WindowSchedule
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class Peer:
         self.ranks = ranks or Ranks()  # the devices of a multi-GPU peer (`node.multigpu`)
         self.state_dir, self.local_root = state_dir, local_root
         self.device = torch.device(device)
-        self.schedule = WindowSchedule.from_run(run)
+        self.clock = ChainClock(chain, run)
         self.model = build_model(run.model, run.seed).to(self.device)
         self.spec = ModelSpec.from_module(self.model)
         self.optimizer = make_optimizer(self.model, run)
@@ -142,7 +142,9 @@ class Peer:
         wakes up early in a window waits for it (a window at most) instead of training on stale
         weights.
         """
-        give_up = time.monotonic() + self.schedule.blocks_per_window * self.cfg.timing.block_time_s
+        give_up = (
+            time.monotonic() + self.clock.schedule.blocks_per_window * self.cfg.timing.block_time_s
+        )
         while self.next_window < window:
             for source in self._history_sources():
                 self.next_window = self._replay_from(source, window)
@@ -206,7 +208,7 @@ class Peer:
         m.window_lag.set(self.current_window() - r.window)
 
     def current_window(self) -> int:
-        return self.schedule.window_of(self.chain.block())
+        return self.clock.current_window()
 
     # -- steps -------------------------------------------------------------------------------
 
@@ -251,23 +253,10 @@ class Peer:
             return len(data), float("nan")
         return done.n_bytes, done.seconds
 
-    def _wait_for_block(self, block: int) -> None:
-        while self.chain.block() < block:
-            time.sleep(min(1.0, self.cfg.timing.block_time_s / 4))
-
-    def deadline_s(self, window: int) -> float:
-        """The window's upload deadline in epoch seconds, from the chain's own clock."""
-        anchor = self.schedule.first_block(window)
-        return self.schedule.deadline_time(
-            window, anchor, self.chain.block_timestamp(anchor).timestamp()
-        )
-
     def _gather(self, window: int) -> list[Fetched]:
         if not self.ranks.is_main:  # rank 0 fetches, the others receive its aggregate
             return []
-        timing = self.cfg.timing
-        grace = math.ceil(timing.clock_skew_tolerance_s / timing.block_time_s) + 1
-        self._wait_for_block(self.schedule.deadline_block(window) + grace)
+        self.clock.wait_for_block(self.clock.gather_block(window))
         buckets, _ = peer_buckets(self.chain, self.local_root)
         weights = self.chain.weights_all()
         selected = select_peers(
@@ -279,7 +268,7 @@ class Peer:
             self.cfg.gather_size,
         )
         peers = [buckets[uid] for uid in selected]
-        return gather(peers, self.cfg, self.spec, window, self.deadline_s(window))
+        return gather(peers, self.cfg, self.spec, window, self.clock.deadline_s(window))
 
     def _outer_step(self, start: dict[str, torch.Tensor], fetched: list[Fetched]) -> None:
         updates = {f.uid: f.update.tensors for f in fetched if f.update is not None}

@@ -37,35 +37,46 @@ class PeerState:
     fingerprint: str
 
 
-def save_state(directory: Path, state: PeerState) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
+def save_rotating(current: Path, previous: Path, body: dict[str, Any]) -> Path:
+    """Write `body` (torch-serialised) to `current` atomically, keeping the old file as
+    `previous`: a crash at any moment leaves at least one complete file."""
+    current.parent.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()
-    torch.save({"format": FORMAT, **state.__dict__}, buf)
-    current = directory / STATE_FILE
+    torch.save(body, buf)
     if current.exists():
-        os.replace(current, directory / PREVIOUS_FILE)
+        os.replace(current, previous)
     return write_bytes_atomic(current, buf.getbuffer())
 
 
-def load_state(directory: Path, run_id: str) -> PeerState | None:
-    """The newest readable state of this run, or None when there is none."""
-    for name in (STATE_FILE, PREVIOUS_FILE):
-        path = directory / name
+def load_rotating(current: Path, previous: Path, run_id: str) -> dict[str, Any] | None:
+    """The newest complete file of this format, or None; `StateError` if it is another run's."""
+    for path in (current, previous):
         if not path.exists():
             continue
         try:
             raw = torch.load(path, map_location="cpu", weights_only=True)
         except Exception:  # a torn or foreign file: fall back to the previous one
             continue
-        if raw.get("format") != FORMAT:
+        if not isinstance(raw, dict) or raw.get("format") != FORMAT:
             continue
-        if raw["run_id"] != run_id:
+        if raw.get("run_id") != run_id:
             raise StateError(
-                f"{path} belongs to run {raw['run_id']}, not {run_id}: use another --state-dir"
+                f"{path} belongs to run {raw.get('run_id')}, not {run_id}: use another --state-dir"
             )
         raw.pop("format")
-        return PeerState(**raw)
+        return raw
     return None
+
+
+def save_state(directory: Path, state: PeerState) -> Path:
+    body = {"format": FORMAT, **state.__dict__}
+    return save_rotating(directory / STATE_FILE, directory / PREVIOUS_FILE, body)
+
+
+def load_state(directory: Path, run_id: str) -> PeerState | None:
+    """The newest readable state of this run, or None when there is none."""
+    raw = load_rotating(directory / STATE_FILE, directory / PREVIOUS_FILE, run_id)
+    return PeerState(**raw) if raw is not None else None
 
 
 # -- error-feedback shards of a multi-device peer (see `node.multigpu`) ---------------------------
@@ -84,14 +95,8 @@ def save_ef_shard(
     directory: Path, run_id: str, window: int, rank: int, error_feedback: dict[str, torch.Tensor]
 ) -> Path:
     """Atomically save rank `rank`'s EF buffers for the state at the start of `window`."""
-    directory.mkdir(parents=True, exist_ok=True)
-    buf = io.BytesIO()
     body = {"format": FORMAT, "run_id": run_id, "window": window, "error_feedback": error_feedback}
-    torch.save(body, buf)
-    current, previous = _shard_paths(directory, rank)
-    if current.exists():
-        os.replace(current, previous)
-    return write_bytes_atomic(current, buf.getbuffer())
+    return save_rotating(*_shard_paths(directory, rank), body)
 
 
 def load_error_feedback(directory: Path, state: PeerState) -> dict[str, torch.Tensor]:

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import secrets
-import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -29,6 +27,7 @@ from substrateinterface import Keypair
 from codec.aggregate import aggregate
 from codec.spec import ModelSpec
 from node.buckets import peer_buckets
+from node.clock import ChainClock
 from node.data import open_run_dataset
 from node.fingerprint import fingerprint
 from node.history import publish_aggregate, publish_checkpoint
@@ -39,7 +38,6 @@ from protocol.chain.errors import NotRegistered
 from protocol.naming import fingerprint_key, run_prefix, scores_key
 from protocol.runconfig import RunConfig
 from protocol.stores import ObjectStore, StoreError
-from protocol.windows import WindowSchedule
 from validator.checks import Verdict
 from validator.classify import PeerCheck, check_window
 from validator.config import ValidatorConfig
@@ -79,7 +77,7 @@ class Validator:
         self.cfg = cfg or ValidatorConfig()
         self.state_dir, self.local_root = state_dir, local_root
         self.device = torch.device(device)
-        self.schedule = WindowSchedule.from_run(run)
+        self.clock = ChainClock(chain, run)
         self.model = build_model(run.model, run.seed).to(self.device)
         self.spec = ModelSpec.from_module(self.model)
         _, self.dataset = open_run_dataset(run)
@@ -92,10 +90,10 @@ class Validator:
     # -- the window --------------------------------------------------------------------------
 
     def run_window(self, window: int) -> ScoreReport:
-        self._wait_for_block(self.schedule.deadline_block(window) + self._grace_blocks())
+        self.clock.wait_for_block(self.clock.gather_block(window))
         hotkeys, buckets, no_bucket, selected = self._roster(window)
         uploads = fetch_all(
-            list(buckets.values()), self.run, self.spec, window, self._deadline_s(window),
+            list(buckets.values()), self.run, self.spec, window, self.clock.deadline_s(window),
             self.cfg.fetch_timeout_s, self.cfg.fetch_workers,
         )  # fmt: skip
         checks = check_window(
@@ -132,23 +130,9 @@ class Validator:
         return reports
 
     def current_window(self) -> int:
-        return self.schedule.window_of(self.chain.block())
+        return self.clock.current_window()
 
     # -- steps -------------------------------------------------------------------------------
-
-    def _grace_blocks(self) -> int:
-        timing = self.run.timing
-        return math.ceil(timing.clock_skew_tolerance_s / timing.block_time_s) + 1
-
-    def _wait_for_block(self, block: int) -> None:
-        while self.chain.block() < block:
-            time.sleep(min(1.0, self.run.timing.block_time_s / 4))
-
-    def _deadline_s(self, window: int) -> float:
-        anchor = self.schedule.first_block(window)
-        return self.schedule.deadline_time(
-            window, anchor, self.chain.block_timestamp(anchor).timestamp()
-        )
 
     def _roster(self, window: int) -> tuple[dict, dict, dict[int, str], list[int]]:
         """Registered non-validator peers, their buckets, why some have none, the selected set."""

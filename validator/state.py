@@ -8,23 +8,20 @@ renamed (`node.atomic_files`), so a crash leaves the old state or the new one.
 
 from __future__ import annotations
 
-import io
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from node.atomic_files import write_bytes_atomic
-from node.state import StateError
+from node.state import FORMAT, load_rotating, save_rotating
 from validator.copies import Sketch
 from validator.ratings import PeerRecord
 
 STATE_FILE = "validator.pt"
 PREVIOUS_FILE = "validator.prev.pt"
-FORMAT = 1
 
 
 @dataclass
@@ -38,8 +35,8 @@ class ValidatorState:
     sketches: list[Sketch] = field(default_factory=list)
 
 
-def _encode(state: ValidatorState) -> bytes:
-    body = {
+def _encode(state: ValidatorState) -> dict[str, Any]:
+    return {
         "format": FORMAT,
         "run_id": state.run_id,
         "window": state.window,
@@ -57,9 +54,6 @@ def _encode(state: ValidatorState) -> bytes:
             for s in state.sketches
         ],
     }
-    buf = io.BytesIO()
-    torch.save(body, buf)
-    return buf.getvalue()
 
 
 def _decode(raw: dict) -> ValidatorState:
@@ -83,27 +77,10 @@ def _decode(raw: dict) -> ValidatorState:
 
 
 def save_state(directory: Path, state: ValidatorState) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    data = _encode(state)
-    current = directory / STATE_FILE
-    if current.exists():
-        os.replace(current, directory / PREVIOUS_FILE)
-    return write_bytes_atomic(current, data)
+    return save_rotating(directory / STATE_FILE, directory / PREVIOUS_FILE, _encode(state))
 
 
 def load_state(directory: Path, run_id: str) -> ValidatorState | None:
     """The newest readable state of this run, or None (`StateError` for another run's state)."""
-    for name in (STATE_FILE, PREVIOUS_FILE):
-        path = directory / name
-        if not path.exists():
-            continue
-        try:
-            raw = torch.load(path, map_location="cpu", weights_only=True)
-            if raw.get("format") != FORMAT:
-                continue
-        except Exception:  # torn or foreign: fall back to the previous file
-            continue
-        if raw["run_id"] != run_id:
-            raise StateError(f"{path} belongs to run {raw['run_id']}, not {run_id}")
-        return _decode(raw)
-    return None
+    raw = load_rotating(directory / STATE_FILE, directory / PREVIOUS_FILE, run_id)
+    return _decode(raw) if raw is not None else None

@@ -1,0 +1,39 @@
+"""Window timing against the chain's own clock, shared by peers and validators."""
+
+from __future__ import annotations
+
+import math
+import time
+
+from protocol.chain.base import Chain
+from protocol.runconfig import RunConfig
+from protocol.windows import WindowSchedule
+
+
+class ChainClock:
+    """When a window opens, when its uploads are due, and when everyone gathers them."""
+
+    def __init__(self, chain: Chain, run: RunConfig) -> None:
+        self.chain = chain
+        self.timing = run.timing
+        self.schedule = WindowSchedule.from_run(run)
+
+    def current_window(self) -> int:
+        return self.schedule.window_of(self.chain.block())
+
+    def wait_for_block(self, block: int) -> None:
+        while self.chain.block() < block:
+            time.sleep(min(1.0, self.timing.block_time_s / 4))
+
+    def deadline_s(self, window: int) -> float:
+        """The window's upload deadline in epoch seconds, from the chain's timestamps."""
+        anchor = self.schedule.first_block(window)
+        return self.schedule.deadline_time(
+            window, anchor, self.chain.block_timestamp(anchor).timestamp()
+        )
+
+    def gather_block(self, window: int) -> int:
+        """The block at which peers and validators read a window's uploads: the deadline plus
+        enough blocks to cover the clock-skew tolerance, so every on-time object is visible."""
+        grace = math.ceil(self.timing.clock_skew_tolerance_s / self.timing.block_time_s) + 1
+        return self.schedule.deadline_block(window) + grace

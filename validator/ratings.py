@@ -22,9 +22,11 @@ Final score of peer i::
 
     final_i = (ordinal_i - floor) * max(0, indicator_ema_i) * sync_ema_i * (1 - p_i) * [gain_ema_i > 0]
 
-``floor`` is the lowest ordinal among rated peers (one rated peer: its ordinal minus 1), so the
-shifted ordinal is >= 0 and the last-ranked peer earns nothing; unrated peers (never scored)
-score 0. The gain gate ``[gain_ema > 0]`` zeroes a peer whose updates do not, on average, lower
+``floor`` is the lowest ordinal among rated peers minus `FLOOR_MARGIN` (OpenSkill's default
+σ), so the shifted ordinal is >= `FLOOR_MARGIN` > 0 for every rated peer: rank decides *how
+much* an honest peer earns, while the gates (indicator, gain, penalty) decide *whether* it earns —
+in a population of only honest peers the last-ranked one still earns. Unrated peers (never
+scored) score 0. The gain gate ``[gain_ema > 0]`` zeroes a peer whose updates do not, on average, lower
 the loss on random data (a noise uploader) whatever its rank among few peers.
 """
 
@@ -41,6 +43,10 @@ from validator.config import ValidatorConfig
 
 MODEL = PlackettLuce()
 MU0, SIGMA0 = MODEL.mu, MODEL.sigma
+
+
+FLOOR_MARGIN = 25.0 / 3.0
+"""Base of the shifted ordinal: OpenSkill's default sigma."""
 
 
 class PeerRecord(BaseModel):
@@ -133,9 +139,7 @@ class Book:
 
     def floor(self) -> float:
         ords = [rec.ordinal for rec in self.records.values() if rec.rated]
-        if not ords:
-            return 0.0
-        return min(ords) if len(ords) > 1 else ords[0] - 1.0
+        return min(ords) - FLOOR_MARGIN if ords else 0.0
 
     def breakdown(self, uid: int) -> dict[str, float]:
         """Every factor of the final score of `uid` (all zero for an unknown uid)."""

@@ -1,10 +1,10 @@
 """The index decoder's walk: rebuild every chunk's positions from the bit stream.
 
-It mirrors `codec.index_walk`: near the root, levels are (chunk x cell) grids where nearly every
-cell is busy, so children's counts and ranks are grid arithmetic; deeper down, only the busy nodes
-are carried as lists. Lone positions are collected with their output slot and filled in at the
-end, once the lanes' final states have given back the raw bits they carried.
-"""
+It mirrors `codec.index_walk`: near the root, levels are cell-major (cell x chunk) grids where
+nearly every cell is busy, so children's counts and output slots are grid arithmetic and each cell
+is one rANS step of every lane; deeper down, only the busy nodes are carried as lists. Lone
+positions are collected with their output slot and filled in at the end, once the lanes' final
+states have given back the raw bits they carried."""
 
 from __future__ import annotations
 
@@ -13,7 +13,15 @@ import numpy as np
 from codec.bitio import BitReader, pack_fields
 from codec.errors import DecodeError
 from codec.index_model import SplitTables, leaf_columns, split_tables
-from codec.index_nodes import Nodes, Split, dense_depth, grid_busy, grid_cells, grid_eff
+from codec.index_nodes import (
+    Nodes,
+    Split,
+    dense_depth,
+    grid_busy,
+    grid_busy_t,
+    grid_eff,
+    grid_tids,
+)
 from codec.rans import STATE_BITS, STATE_LOW, Round, decode_round
 
 _EMPTY = np.zeros(0, np.int64)
@@ -61,39 +69,66 @@ def _dense_phase(
     out: np.ndarray,
     lone: list[_Lone],
 ) -> Nodes:
+    """Grid levels. Grids are cell-major, (cells, n), the order the round decodes them in, so a
+    cell's row is one rANS step and the one cell per level that straddles C is one row to fix."""
     k = tables.k
     levels = tables.levels
-    m = np.full((n, 1), k, dtype=np.int64)
-    rank = np.zeros((n, 1), dtype=np.int64)
+    m = np.full((1, n), k, dtype=np.int64)
+    dst = (np.arange(n, dtype=np.int64) * k)[None, :]  # output slot of each cell's first position
     for level in range(dense):
         size, half = 1 << (levels - level), 1 << (levels - level - 1)
-        busy = grid_busy(m, grid_eff(tables, level), size)
-        nodes = grid_cells(busy, m, grid_eff(tables, level), level, size)
-        j = _decode_splits(x, nodes, Split.of(nodes, level, tables), tables, reader, n)
-        left = np.zeros(busy.size, np.int64)
-        left[np.flatnonzero(busy)] = j
-        left = left.reshape(busy.shape)
-        child = np.empty((n, busy.shape[1], 2), np.int64)
-        child[:, :, 0] = left
-        np.subtract(m, left, out=child[:, :, 1])
-        child[:, :, 1] *= busy
-        child_m = child.reshape(n, -1)
-        child_rank = np.empty_like(child)
-        child_rank[:, :, 0] = rank
-        np.add(rank, left, out=child_rank[:, :, 1])
-        rank = child_rank.reshape(n, -1)
+        cells = 1 << level
+        eff = grid_eff(tables, level)
+        busy = grid_busy_t(m, eff, size)
+        tid = m * busy
+        tid += grid_tids(tables, level, np.zeros(1, np.int64), eff)[:, None]
+        left = decode_round(x, Round.grid(n, cells), tid.reshape(-1), tables, reader)
+        left = left.reshape(cells, n)
+        leaf = tables.is_leaf.take(tid)
+        if leaf.any():  # a leaf's value is its rank: it writes its positions, has no children
+            at = np.flatnonzero(leaf)
+            cell = at // n
+            _write_leaves(
+                out,
+                dst.reshape(-1).take(at),
+                cell * size,
+                m.reshape(-1).take(at),
+                left.reshape(-1).take(at),
+                size,
+            )
+            busy &= ~leaf
+            left *= busy
+        child = np.empty((cells, 2, n), np.int64)
+        child[:, 0] = left  # 0 where the cell coded nothing
+        np.subtract(m, left, out=child[:, 1])
+        child[:, 1] *= busy
+        m = child.reshape(2 * cells, n)
+        child_dst = np.empty((cells, 2, n), np.int64)
+        child_dst[:, 0] = dst
+        np.add(dst, left, out=child_dst[:, 1])
+        dst = child_dst.reshape(2 * cells, n)
         child_eff = grid_eff(tables, level + 1)
-        cells = np.flatnonzero((child_m == 1) & (child_eff == half))
-        q = cells & ((2 << level) - 1)
-        at = (cells >> (level + 1)) * k + rank.reshape(-1).take(cells)
-        lone.append((at, q * half, levels - level - 1))
-        full = (child_m == child_eff) & (child_m > 0)
+        odd = np.flatnonzero(child_eff != half)  # the child straddling C, and those past it
+        single = m == 1
+        single[odd] = False  # a lone position must fill a whole power-of-two block
+        at = np.flatnonzero(single)
+        lone.append((dst.reshape(-1).take(at), (at // n) * half, levels - level - 1))
+        full = m == half
+        full[odd] = (m[odd] == child_eff[odd, None]) & (m[odd] > 0)
         if full.any():
-            _write_full(out, grid_cells(full, child_m, child_eff, level + 1, half, rank), k)
-        m = child_m
+            at = np.flatnonzero(full)
+            cell = at // n
+            _write_full(out, dst.reshape(-1).take(at), cell * half, child_eff.take(cell))
     size = 1 << (levels - dense)
     eff = grid_eff(tables, dense)
-    return grid_cells(grid_busy(m, eff, size), m, eff, dense, size, rank)
+    m = np.ascontiguousarray(m.T)  # nodes go in (chunk, position) order
+    at = np.flatnonzero(grid_busy(m, eff, size))
+    row, cell = at >> dense, at & ((1 << dense) - 1)
+    m = m.reshape(-1).take(at)
+    at = cell * n + row
+    rank = dst.reshape(-1).take(at)
+    rank -= row * k
+    return Nodes(row, cell * size, eff.take(cell), m, rank)
 
 
 def _sparse_phase(
@@ -114,24 +149,28 @@ def _sparse_phase(
         split = Split.of(nodes, level, tables)
         value = _decode_splits(x, nodes, split, tables, reader, n)
         if split.leaf.any():
-            _write_leaves(out, nodes, split, value, k, 2 * split.half)
+            sel = np.flatnonzero(split.leaf)
+            dst = nodes.row.take(sel) * k + nodes.rank.take(sel)
+            start, m = nodes.start.take(sel), nodes.m.take(sel)
+            _write_leaves(out, dst, start, m, value.take(sel), 2 * split.half)
         counts = split.child_counts(nodes, value)
         full, single, active = split.kinds(counts)
         if full.any():
-            _write_full(out, split.pick(nodes, counts, value, full), k)
+            fulls = split.pick(nodes, counts, value, full)
+            _write_full(out, fulls.row * k + fulls.rank, fulls.start, fulls.eff)
         lone.append((*split.pick_lone(nodes, value, single, k), levels - level - 1))
         nodes = split.pick(nodes, counts, value, active)
 
 
 def _write_leaves(
-    out: np.ndarray, nodes: Nodes, split: Split, value: np.ndarray, k: int, size: int
+    out: np.ndarray,
+    dst: np.ndarray,
+    start: np.ndarray,
+    m: np.ndarray,
+    rank: np.ndarray,
+    size: int,
 ) -> None:
-    """Expand each leaf's colex rank into its positions (one lookup table per block size)."""
-    sel = np.flatnonzero(split.leaf)
-    m = nodes.m.take(sel)
-    rank = value.take(sel)
-    start = nodes.start.take(sel)
-    dst = nodes.row.take(sel) * k + nodes.rank.take(sel)
+    """Expand each leaf's colex rank into its `m` positions, from `start` on, into out[dst:]."""
     for mm in range(int(m.min()), int(m.max()) + 1):
         group = np.flatnonzero(m == mm)
         if group.size:
@@ -140,13 +179,10 @@ def _write_leaves(
             out[dst.take(group) + np.arange(mm)[:, None]] = rows
 
 
-def _write_full(out: np.ndarray, fulls: Nodes, k: int) -> None:
-    within = np.arange(int(fulls.eff.sum())) - np.repeat(
-        np.cumsum(fulls.eff) - fulls.eff, fulls.eff
-    )
-    out[np.repeat(fulls.row * k + fulls.rank, fulls.eff) + within] = (
-        np.repeat(fulls.start, fulls.eff) + within
-    )
+def _write_full(out: np.ndarray, dst: np.ndarray, start: np.ndarray, eff: np.ndarray) -> None:
+    """Full blocks: `eff` consecutive positions from `start` on, into out[dst:]."""
+    within = np.arange(int(eff.sum())) - np.repeat(np.cumsum(eff) - eff, eff)
+    out[np.repeat(dst, eff) + within] = np.repeat(start, eff) + within
 
 
 def _read_raw(reader: BitReader, x: np.ndarray, widths: np.ndarray, n: int) -> np.ndarray:

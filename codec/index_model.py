@@ -11,12 +11,15 @@ and the product of these probabilities along the tree is exactly 1 / C(C, k): co
 with its true probability reaches the information-theoretic limit log2 C(C, k) for *every*
 subset, clustered or not. A node whose split is forced costs nothing; a node holding a single
 position in a full power-of-two block sends that position's low bits raw (exact again); and a
-small full node (C(e, m) <= 2**LEAF_BITS) sends its whole subset as one uniform symbol, its
-colex rank, which is exact too and saves the many tiny split symbols deep in the tree.
+small full node (e <= MAX_LEAF_BLOCK, C(e, m) <= 2**LEAF_BITS) sends its whole subset as one
+uniform symbol, its colex rank, which is exact too and saves the many tiny split symbols deep in
+the tree.
 
 Probabilities are quantised to `PRECISION_BITS` for rANS with every possible value kept at a
-frequency >= 1. Tables are indexed by (class, m), the class being (level, full | partial): at each
-level every node but the one straddling C is full. Decoding a slot uses a coarse lookup table
+frequency >= 1. Entry 0 of the flat arrays is the certain symbol (frequency 2**PRECISION_BITS):
+every table that sends nothing points at it, with the value it stands for (its only split).
+Tables are indexed by (class, m), the class being (level, full | partial): at each level every
+node but the one straddling C is full. Decoding a slot uses a coarse lookup table
 (256 buckets per split table, a direct table per leaf table) and a short forward scan.
 """
 
@@ -33,6 +36,7 @@ PRECISION_BITS = 15
 TOTAL_FREQ = 1 << PRECISION_BITS
 COARSE_BITS = 8
 LEAF_BITS = 13
+MAX_LEAF_BLOCK = 128  # leaves are blocks of at most this many positions (see `binomials`)
 MAX_CHUNK_BITS = 20
 MAX_K = 1024
 
@@ -45,7 +49,7 @@ class SplitTables:
     k: int
     levels: int  # L: the padded chunk has 2**L positions
     # per table (id = (2 * level + partial) * (k + 1) + m)
-    table_start: np.ndarray  # int64: first entry in the flat arrays
+    table_start: np.ndarray  # int64: first entry in the flat arrays (0, certain: sends nothing)
     table_lo: np.ndarray  # int64: the value the first entry stands for
     is_leaf: np.ndarray  # bool: a uniform rank over the node's whole subset
     sends: np.ndarray  # bool: the node sends a symbol (a leaf, or a split that is not forced)
@@ -69,7 +73,9 @@ def padded_levels(chunk_size: int) -> int:
 
 
 def is_leaf_size(e: int, m: int) -> bool:
-    return 2 <= m < e and (e & (e - 1)) == 0 and math.comb(e, m) <= (1 << LEAF_BITS)
+    return (
+        2 <= m < e <= MAX_LEAF_BLOCK and (e & (e - 1)) == 0 and math.comb(e, m) <= (1 << LEAF_BITS)
+    )
 
 
 class _Builder:
@@ -80,11 +86,13 @@ class _Builder:
         self.sends = np.zeros(n_tables, dtype=bool)
         self.split_lo = np.zeros(n_tables, dtype=np.int64)
         self.cbase = np.zeros(n_tables, dtype=np.int64)
-        self.cshift = np.full(n_tables, PRECISION_BITS - COARSE_BITS, dtype=np.int64)
-        self.freqs: list[np.ndarray] = []
-        self.coarse: list[np.ndarray] = []
-        self.n_entries = 0
-        self.n_coarse = 0
+        # Entry 0 (and coarse slot 0) is the certain symbol: frequency TOTAL_FREQ, so coding it
+        # leaves the state as it is. Every table that sends nothing points there (slot >> M = 0).
+        self.cshift = np.full(n_tables, PRECISION_BITS, dtype=np.int64)
+        self.freqs: list[np.ndarray] = [np.array([TOTAL_FREQ], dtype=np.int64)]
+        self.coarse: list[np.ndarray] = [np.zeros(1, dtype=np.int64)]
+        self.n_entries = 1
+        self.n_coarse = 1
 
     def add(self, tid: int, lo: int, f: np.ndarray, leaf: bool) -> None:
         cum = np.cumsum(f) - f
@@ -131,9 +139,10 @@ def split_tables(chunk_size: int, k: int) -> SplitTables:
                 logp = (lf[a] - lf[j] - lf[a - j]) + (lf[b] - lf[m - j] - lf[b - m + j])
                 logp -= lf[e] - lf[m] - lf[e - m]
                 bld.add(tid, lo, _quantise(np.exp2(logp)), False)
-    freq = np.concatenate(bld.freqs) if bld.freqs else np.zeros(1, np.int64)
-    cum = np.concatenate([np.cumsum(f) - f for f in bld.freqs]) if bld.freqs else freq * 0
-    coarse = np.concatenate(bld.coarse) if bld.coarse else np.zeros(1, np.int64)
+    freq = np.concatenate(bld.freqs)
+    cum = np.concatenate([np.cumsum(f) - f for f in bld.freqs])
+    coarse = np.concatenate(bld.coarse)
+    bld.los[~bld.sends] = bld.split_lo[~bld.sends]  # the certain entry stands for split_lo
     return SplitTables(
         chunk_size=chunk_size,
         k=k,

@@ -107,12 +107,13 @@ class Split:
         )
 
 
-SMALLEST_DENSE_BLOCK = 256  # below this, leaves appear and the sparse phase takes over
+GRID_ITEMS_PER_CELL = 2  # grid levels go down to cells holding about this many positions
 
 
 def dense_depth(k: int, levels: int) -> int:
-    """Levels walked as full grids of cells: near the root nearly every cell is busy."""
-    return max(0, min(k.bit_length() - 1, levels - SMALLEST_DENSE_BLOCK.bit_length() + 2))
+    """Levels walked as full grids of cells, every cell coding a symbol: near the root nearly
+    every cell is busy, and such a level needs no schedule, permutation or node list."""
+    return max(0, min(k.bit_length() - GRID_ITEMS_PER_CELL.bit_length() + 1, levels - 1))
 
 
 def grid_eff(tables: SplitTables, level: int) -> np.ndarray:
@@ -124,6 +125,32 @@ def grid_eff(tables: SplitTables, level: int) -> np.ndarray:
 def grid_busy(m: np.ndarray, eff: np.ndarray, size: int) -> np.ndarray:
     """Cells that still need work: not empty, not full, not a lone position in a full block."""
     return (m >= 1) & (m < eff) & ~((m == 1) & (eff == size))
+
+
+def grid_tids(tables: SplitTables, level: int, m: np.ndarray, eff: np.ndarray) -> np.ndarray:
+    """Table of each cell of an (n, 2**level) grid; `m` is 0 in cells that code nothing, whose
+    table then sends the certain symbol (state unchanged, no bits), like a forced split's."""
+    partial = eff != (1 << (tables.levels - level))
+    return m + ((2 * level + partial) * (tables.k + 1))
+
+
+def grid_busy_t(m: np.ndarray, eff: np.ndarray, size: int) -> np.ndarray:
+    """`grid_busy` of a cell-major (2**level, n) grid: 2 <= m < size, but 1 <= m < e in the cell
+    straddling C (where a lone position is no full block) and none in the cells past it."""
+    busy = (m - 2).view(np.uint64) < size - 2
+    odd = np.flatnonzero(eff != size)
+    busy[odd] = grid_busy(m[odd], eff[odd, None], size)
+    return busy
+
+
+def items_before(m: np.ndarray) -> np.ndarray:
+    """Exclusive running sum down the cells of a cell-major grid: how many positions of its chunk
+    lie before each cell. (A row loop: numpy's cumsum along axis 0 is many times slower.)"""
+    out = np.empty_like(m)
+    out[0] = 0
+    for c in range(1, m.shape[0]):
+        np.add(out[c - 1], m[c - 1], out=out[c])
+    return out
 
 
 def grid_cells(

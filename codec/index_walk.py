@@ -3,10 +3,11 @@
 It produces, level by level and in (chunk, position) order, what the decoder will ask for: the
 table entries of the split and leaf symbols, and the raw low bits of lone positions.
 
-Two phases keep it cheap. Near the root almost every node is busy, so the counts of all nodes of
+Two phases keep it cheap. Near the root almost every node is busy, so the counts of all cells of
 a level come from one histogram per chunk (summed pairwise upwards), without touching the items
-again. Deeper down, only the items still inside busy nodes are followed, so the work shrinks as
-positions settle.
+again; these grid levels are cell-major (cells, n), the order they are coded in, and every cell
+codes a symbol (the certain one if it sends nothing). Deeper down, only the items still inside
+busy nodes are followed, so the work shrinks as positions settle.
 """
 
 from __future__ import annotations
@@ -16,14 +17,26 @@ from dataclasses import dataclass
 import numpy as np
 
 from codec.index_model import SplitTables, binomials
-from codec.index_nodes import Nodes, Split, dense_depth, grid_busy, grid_cells, grid_eff
+from codec.index_nodes import (
+    Nodes,
+    Split,
+    dense_depth,
+    grid_busy,
+    grid_busy_t,
+    grid_cells,
+    grid_eff,
+    grid_tids,
+    items_before,
+)
 
 
 @dataclass
 class Walk:
     """Everything the encoder sends, before entropy coding."""
 
-    rounds: list[tuple[np.ndarray, np.ndarray]]  # per level: (lane of each symbol, table entry)
+    # per level: (lane of each symbol, table entry); lanes None for a grid level, whose entries
+    # are step-major: every lane codes one symbol per cell, cell by cell
+    rounds: list[tuple[np.ndarray | None, np.ndarray]]
     raw_vals: list[np.ndarray]
     raw_widths: list[np.ndarray]
 
@@ -54,30 +67,45 @@ def _dense_phase(
     flat = arr.reshape(-1)
     cell = arr >> (levels - dense)
     cell += np.arange(n, dtype=np.int64)[:, None] << dense
-    hist = [np.bincount(cell.reshape(-1), minlength=n << dense).reshape(n, 1 << dense)]
+    fine = np.bincount(cell.reshape(-1), minlength=n << dense).reshape(n, 1 << dense)
+    hist = [np.ascontiguousarray(fine.T)]  # cell-major grids (cells, n), as they are coded
     for _ in range(dense):
-        hist.insert(0, hist[0][:, 0::2] + hist[0][:, 1::2])
+        hist.insert(0, hist[0][0::2] + hist[0][1::2])
+    alive: np.ndarray | None = None  # cells not inside a leaf (None: all of them)
     for level in range(dense):
         size, half = 1 << (levels - level), 1 << (levels - level - 1)
-        m, eff = hist[level], grid_eff(tables, level)
-        busy = grid_busy(m, eff, size)
-        nodes = grid_cells(busy, m, eff, level, size)
-        split = Split.of(nodes, level, tables)
-        sym = np.flatnonzero(split.sym)
-        j = hist[level + 1].reshape(-1)[0::2].take(np.flatnonzero(busy).take(sym))
-        out.rounds.append((nodes.row.take(sym), tables.value_base.take(split.tid.take(sym)) + j))
+        m, eff = hist[level] if alive is None else hist[level] * alive, grid_eff(tables, level)
+        busy = grid_busy_t(m, eff, size)
+        tid = m * busy
+        tid += grid_tids(tables, level, np.zeros(1, np.int64), eff)[:, None]
+        value = hist[level + 1][0::2] * busy  # j, or 0 where the cell codes nothing
+        leaf = tables.is_leaf.take(tid)
+        if leaf.any():
+            at = np.flatnonzero(leaf)
+            first = items_before(hist[level])  # true counts: leaves' items too
+            items = first.reshape(-1).take(at) + (at % n) * k
+            value.reshape(-1)[at] = leaf_ranks(flat, items, m.reshape(-1).take(at), size)
+            busy &= ~leaf
+            alive = ~leaf if alive is None else alive & ~leaf
+        entry = tables.value_base.take(tid)
+        entry += value
+        out.rounds.append((None, entry.reshape(-1)))
         child_m, child_eff = hist[level + 1], grid_eff(tables, level + 1)
-        lone = (child_m == 1) & (child_eff == half)
-        lone.reshape(n, -1, 2)[...] &= busy[:, :, None]
-        cells = np.flatnonzero(lone)
-        rank = (np.cumsum(child_m, axis=1) - child_m).reshape(-1).take(cells)
-        at = (cells >> (level + 1)) * k + rank
-        out.add_raw(flat.take(at) & (half - 1), levels - level - 1)
+        lone = child_m == 1
+        lone[np.flatnonzero(child_eff != half)] = False
+        lone.reshape(-1, 2, n)[...] &= busy[:, None, :]
+        at = np.flatnonzero(lone)
+        rank = items_before(child_m).reshape(-1).take(at)
+        rank += (at % n) * k
+        out.add_raw(flat.take(rank) & (half - 1), levels - level - 1)
+        if alive is not None:
+            alive = np.repeat(alive, 2, axis=0)
     size = 1 << (levels - dense)
-    m, eff = hist[dense], grid_eff(tables, dense)
+    eff = grid_eff(tables, dense)
+    m = fine if alive is None else fine * alive.T
     busy = grid_busy(m, eff, size)
-    nodes = grid_cells(busy, m, eff, dense, size)
-    return nodes, flat.take(np.flatnonzero(np.repeat(busy.reshape(-1), m.reshape(-1))))
+    nodes = grid_cells(busy, fine, eff, dense, size)
+    return nodes, flat.take(np.flatnonzero(np.repeat(busy.reshape(-1), fine.reshape(-1))))
 
 
 def _item_phase(
@@ -102,7 +130,8 @@ def _item_phase(
         value = j
         if split.leaf.any():
             value = j.copy()
-            _leaf_ranks(value, nodes, split, first, item_val)
+            leaf = np.flatnonzero(split.leaf)
+            value[leaf] = leaf_ranks(item_val, first.take(leaf), nodes.m.take(leaf), 2 * split.half)
         sym = np.flatnonzero(split.sym)
         entry = tables.value_base.take(split.tid.take(sym)) + value.take(sym)
         out.rounds.append((nodes.row.take(sym), entry))
@@ -119,20 +148,18 @@ def _item_phase(
         nodes = split.pick(nodes, counts, j, active)
 
 
-def _leaf_ranks(
-    value: np.ndarray, nodes: Nodes, split: Split, first: np.ndarray, item_val: np.ndarray
-) -> None:
-    """Each leaf's colex rank (sum over its i-th position p of C(p, i + 1)), into `value`."""
+def leaf_ranks(items: np.ndarray, at: np.ndarray, m: np.ndarray, size: int) -> np.ndarray:
+    """Colex rank (sum over its i-th position p of C(p, i + 1)) of each leaf, a block of `size`
+    positions whose `m` items are items[at : at + m]."""
     binom = np.ascontiguousarray(binomials().T)  # binom[r, n] = C(n, r)
-    leaf = np.flatnonzero(split.leaf)
-    leaf_m = nodes.m.take(leaf)
-    at = first.take(leaf)
-    for mm in range(int(leaf_m.min()), int(leaf_m.max()) + 1):
-        group = np.flatnonzero(leaf_m == mm)
+    ranks = np.empty(at.size, dtype=np.int64)
+    for mm in range(int(m.min()), int(m.max()) + 1):
+        group = np.flatnonzero(m == mm)
         if group.size:
-            local = item_val.take(at.take(group) + np.arange(mm)[:, None])  # (mm, leaves)
-            local &= 2 * split.half - 1
+            local = items.take(at.take(group) + np.arange(mm)[:, None])  # (mm, leaves)
+            local &= size - 1
             rank = binom[1].take(local[0])
             for i in range(1, mm):
                 rank += binom[i + 1].take(local[i])
-            value[leaf.take(group)] = rank
+            ranks[group] = rank
+    return ranks

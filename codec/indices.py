@@ -11,9 +11,12 @@ frequencies) which measures at well under 1%.
 
 Vectorisation: one rANS state ("lane") per chunk. The tree is walked level by level for all chunks
 at once; within a level, step s decodes the s-th pending node of every lane that has one, so the
-Python loop runs over (level, step) pairs, never over chunks. Renormalisation is bit-granular
-(states live in [2**R, 2**(R+1))), and each step's bits are laid out lane after lane, so all
-lanes share one bit stream.
+Python loop runs over (level, step) pairs, never over chunks. Near the root ("grid" levels, see
+`codec.index_nodes.dense_depth`) every lane codes one symbol per cell, cell by cell: cells that send
+nothing (empty, full, lone, forced, or inside a leaf) code the certain symbol (frequency
+2**PRECISION: state unchanged, no bits), so those levels need no schedule at all. Renormalisation is
+bit-granular (states live in [2**R, 2**(R+1))), and each step's bits are laid out lane after lane,
+so all lanes share one bit stream.
 
 No per-chunk overhead: each lane's final state costs R bits, but the encoder starts each lane
 from a state that already carries R bits of the raw section ("bits back"), which the decoder
@@ -21,7 +24,8 @@ recovers when it ends. The per-chunk waste is a fraction of a bit.
 
 Layout: MAGIC, version, varints (chunk_size, k, n_chunks), then one bit stream (LSB first):
 [lane states: n_chunks x R bits][renormalisation fields, step by step][raw fields, level by
-level] with the last n_chunks x R' bits of the raw part removed (they live in the lane states).
+level: cell by cell on grid levels, chunk by chunk below] with the last n_chunks x R' bits of the
+raw part removed (they live in the lane states).
 The encoder packs the raw part once: it reads the bits-back tail from it, then appends the rest
 of it to the packed lane states and renormalisation fields.
 """
@@ -40,7 +44,7 @@ from codec.rans import STATE_BITS, STATE_LOW, Round, encode_round
 from codec.varint import read_varint, write_varint
 
 MAGIC = b"TI"
-VERSION = 1
+VERSION = 2
 DEFAULT_MAX_INDICES = 1 << 31
 
 _EMPTY = np.zeros(0, np.int64)
@@ -89,7 +93,8 @@ def encode(idx: torch.Tensor | np.ndarray, chunk_size: int) -> bytes:
         x |= BitReader(raw_bytes).gather(pos, np.full(n, back, np.int64))
     fields: list[tuple[np.ndarray, np.ndarray]] = []
     for rows, entries in reversed(tree.rounds):
-        fields[:0] = encode_round(x, Round.build(rows, n), entries, tables)
+        rnd = Round.grid(n, entries.size // n) if rows is None else Round.build(rows, n)
+        fields[:0] = encode_round(x, rnd, entries, tables)
     vals = np.concatenate([x - STATE_LOW, *[v for v, _ in fields]])
     widths = np.concatenate([np.full(n, STATE_BITS, np.int64), *[w for _, w in fields]])
     head, head_bits = pack_fields(vals, widths)

@@ -3,7 +3,8 @@
 All lanes share one bit stream. Symbols are grouped into *rounds* (one tree level of the index
 coder); within a round, lane i has c_i symbols and step s codes the s-th symbol of every lane with
 more than s. Lanes are visited busiest first, so the lanes busy at a step are a prefix of that
-order and every step works on array slices.
+order and every step works on array slices. A grid round (`Round.grid`) has every lane code the
+same number of symbols, given step-major: no order, no permutation.
 
 States live in [2**R, 2**(R+1)) between groups of GROUP symbols. Decoding a symbol of frequency
 f (out of 2**M) is x <- f * (x >> M) + slot - cum; after each group (and after a lane's last
@@ -41,10 +42,20 @@ def bitlen(x: np.ndarray) -> np.ndarray:
 class Round:
     """The step schedule of one round: which symbol each busy lane codes at each step."""
 
-    order: np.ndarray  # lanes, busiest first
+    order: np.ndarray | None  # lanes, busiest first (None: in lane order)
     busy: list[int]  # number of busy lanes at each step, then a final 0
     offsets: list[int]  # where each step starts in step-major symbol order
-    perm: np.ndarray  # step-major position -> symbol index
+    perm: np.ndarray | None  # step-major position -> symbol index (None: symbols are step-major)
+
+    @classmethod
+    def grid(cls, n_lanes: int, n_steps: int) -> Round:
+        """Every lane codes `n_steps` symbols, given step-major (symbol s * n_lanes + lane)."""
+        return cls(
+            order=None,
+            busy=[n_lanes] * n_steps + [0],
+            offsets=list(range(0, (n_steps + 1) * n_lanes, n_lanes)),
+            perm=None,
+        )
 
     @classmethod
     def build(cls, lanes_of_symbols: np.ndarray, n_lanes: int) -> Round:
@@ -53,7 +64,7 @@ class Round:
         n_steps = int(counts.max(initial=0))
         if counts.size and int(counts.min()) == n_steps:  # every lane as busy: a transpose
             return cls(
-                order=np.arange(n_lanes),
+                order=None,
                 busy=[n_lanes] * n_steps + [0],
                 offsets=list(range(0, (n_steps + 1) * n_lanes, n_lanes)),
                 perm=np.arange(lanes_of_symbols.size).reshape(n_lanes, n_steps).T.reshape(-1),
@@ -86,9 +97,9 @@ def encode_round(
     x: np.ndarray, rnd: Round, entries: np.ndarray, tables: SplitTables
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Encode one round (in reverse); updates lane states `x`; returns fields in decoding order."""
-    e = entries[rnd.perm]
-    freq, cum = tables.freq[e], tables.cum[e]
-    xo = x[rnd.order]
+    e = entries if rnd.perm is None else entries.take(rnd.perm)
+    freq, cum = tables.freq.take(e), tables.cum.take(e)
+    xo = x if rnd.order is None else x.take(rnd.order)
     fields: list[tuple[np.ndarray, np.ndarray]] = []
     for s in range(rnd.n_steps - 1, -1, -1):
         busy, r0 = rnd.busy[s], rnd.readers(s)
@@ -106,7 +117,8 @@ def encode_round(
         sl = rnd.step(s)
         q, r = np.divmod(xo[:busy], freq[sl])
         xo[:busy] = (q << _M) + r + cum[sl]
-    x[rnd.order] = xo
+    if rnd.order is not None:
+        x[rnd.order] = xo
     fields.reverse()
     return fields
 
@@ -115,12 +127,12 @@ def decode_round(
     x: np.ndarray, rnd: Round, tids: np.ndarray, tables: SplitTables, reader: BitReader
 ) -> np.ndarray:
     """Decode one round; updates lane states `x`; returns each symbol's value (j or leaf rank)."""
-    t = tids.take(rnd.perm)
+    t = tids if rnd.perm is None else tids.take(rnd.perm)
     cpos = tables.coarse_base.take(t)
     cshift = tables.coarse_shift.take(t)
     entries = np.empty(t.size, dtype=np.int64)
     coarse, packed, end = tables.coarse, tables.packed, tables.end
-    xo = x.take(rnd.order)
+    xo = x if rnd.order is None else x.take(rnd.order)
     for s in range(rnd.n_steps):
         busy, sl = rnd.busy[s], rnd.step(s)
         xs = xo[:busy]
@@ -146,8 +158,11 @@ def decode_round(
                 raise DecodeError("index stream is corrupt: a lane state collapsed")
             tail <<= nbits
             tail |= reader.read(nbits)
-    x[rnd.order] = xo
-    out = np.empty_like(entries)
+    if rnd.order is not None:
+        x[rnd.order] = xo
     entries -= tables.value_base.take(t)
+    if rnd.perm is None:
+        return entries
+    out = np.empty_like(entries)
     out[rnd.perm] = entries
     return out

@@ -51,6 +51,16 @@ def test_round_trip_is_exact(case: tuple[np.ndarray, int]) -> None:
     assert np.array_equal(out.numpy(), idx)
 
 
+@pytest.mark.parametrize("c", [256, 300, 4096])
+def test_dense_blocks_with_gaps_round_trip(c: int) -> None:
+    """Near-full blocks: leaves with m = e - 1 inside grid levels, and blocks past a leaf."""
+    rng = np.random.default_rng(c)
+    rows = [np.delete(np.arange(256), rng.integers(0, 256)) for _ in range(5)]
+    rows += [np.sort(rng.choice(c, 255, replace=False))]
+    idx = np.stack(rows).astype(np.int64)
+    assert np.array_equal(indices.decode(indices.encode(idx, c)).numpy(), idx)
+
+
 @pytest.mark.parametrize("k", [32, 64, 128, 256])
 def test_random_subsets_within_one_percent_of_the_limit(k: int) -> None:
     rng = np.random.default_rng(k)

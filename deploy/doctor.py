@@ -1,7 +1,8 @@
 """`tessera doctor`: preflight checks before joining a run, with a fix for each failure.
 
 Takes the arguments (and `TESSERA_*` variables) of `tessera miner`, plus `--role`,
-`--bandwidth-mb` and `--json`. Exit code 0 when no check failed (warnings allowed), 1 otherwise.
+`--bandwidth-mb` and `--json`; it never posts anything (`--commit`, `--windows` and
+`--metrics-port` are accepted and ignored). Exit code 0 when no check failed (warnings allowed), 1 otherwise.
 Secrets never reach the output: write keys are shown as masked key ids, read secrets not at all.
 """
 
@@ -37,6 +38,16 @@ ROLES = ("miner", "validator")
 T = TypeVar("T")
 
 
+MAX_TRANSFER_MIB = 1024
+
+
+def _transfer_size(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= MAX_TRANSFER_MIB:
+        raise argparse.ArgumentTypeError(f"must be within 0..{MAX_TRANSFER_MIB} MiB")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_node_arguments(parser)
     env = os.environ.get
@@ -45,8 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--bandwidth-mb",
-        type=int,
-        default=int(env("TESSERA_DOCTOR_BANDWIDTH_MB", "16")),
+        type=_transfer_size,
+        default=_transfer_size(env("TESSERA_DOCTOR_BANDWIDTH_MB", "16")),
         help="size of the transfer test object in MiB (0: skip the test)",
     )
     parser.add_argument("--json", action="store_true", help="machine-readable output")

@@ -32,12 +32,12 @@ def run(args: argparse.Namespace) -> int:
     with console.status("index sizes…"):
         sizes = bench.index_sizes(n_chunks=1024 if quick else 4096)
     with console.status("index speed…"):
-        speed = bench.index_speed(n_chunks=2048 if quick else 16384, repeats=1 if quick else 3)
+        speed = bench.index_speed(n_chunks=2048 if quick else 16384, repeats=1 if quick else 5)
     with console.status("bits per kept entry…"):
         entry = bench.entry_cost()
     numel = args.numel or (2_000_000 if quick else 100_000_000)
     with console.status(f"compressing a {numel:.0e}-element tensor…"):
-        comp = bench.compress_time(numel, repeats=1 if quick else 3)
+        comp = bench.compress_time(numel, repeats=1 if quick else 5)
     result = {"index_sizes": sizes, "index_speed": speed, "entry_cost": entry, "compress": comp}
     result["checks"] = _checks(result)
     if args.json:

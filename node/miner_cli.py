@@ -22,6 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from node.commit import commitment_for, ensure_commitment
+    from node.logs import setup_logging
     from node.multigpu import init_ranks
     from node.peer import Peer
     from node.preflight import check_bucket, check_disk
@@ -30,9 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from protocol.keys import load_hotkey
     from protocol.stores import open_store
 
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    setup_logging(args.log_level, args.log_format)
     if not args.chain or not args.store:
         raise SystemExit(
             "tessera miner: --chain and --store are required (or TESSERA_CHAIN / TESSERA_STORE)"

@@ -46,6 +46,12 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
         "--commit", action="store_true", help="post our bucket commitment if missing or stale"
     )
     parser.add_argument("--log-level", default=env("TESSERA_LOG_LEVEL", "INFO"))
+    parser.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default=env("TESSERA_LOG_FORMAT", "text"),
+        help="text lines or JSON lines",
+    )
 
 
 def load_run(ref: str) -> RunConfig:

@@ -29,6 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from node.commit import commitment_for, ensure_commitment
+    from node.logs import setup_logging
     from node.preflight import check_bucket
     from node.resilient_chain import resilient
     from protocol.chain import open_chain
@@ -37,9 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from validator.config import ValidatorConfig
     from validator.loop import Validator
 
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    setup_logging(args.log_level, args.log_format)
     if not args.chain or not args.store:
         raise SystemExit("tessera validator: --chain and --store are required")
     run_cfg = load_run(args.run)

@@ -38,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from node.commit import commitment_for, ensure_commitment
     from node.exchange import encode_signed, publish
+    from node.logs import setup_logging
     from node.model import build_model
     from node.node_args import load_run
     from protocol.chain import open_chain
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from protocol.stores import open_store
     from protocol.windows import WindowSchedule
 
-    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(args.log_level, args.log_format)
     run_cfg = load_run(args.run)
     keypair = load_hotkey(args.wallet, args.hotkey, args.wallet_path)
     chain = open_chain(args.chain, netuid=args.netuid)

@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from deploy.sim.layout import build_world
 
     console = Console()
+    args.out = args.out.resolve()  # bucket and chain URLs need absolute paths
     kinds = [k for k in args.adversaries.split(",") if k] if args.adversaries else []
     unknown = set(kinds) - set(ADVERSARY_KINDS)
     if unknown:

@@ -13,11 +13,12 @@ FAST = ["--block-time", "0.5", "--blocks-per-window", "40", "--timeout", "600"]
 
 
 @pytest.mark.slow
-def test_simulation_with_every_adversary(tmp_path: Path) -> None:
+def test_simulation_with_every_adversary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # a relative --out, as in the README's main job
     out = tmp_path / "demo"
     kinds = "noise,copier,stale,freeloader,nan,late"
     code = main(
-        ["sim", "--peers", "2", "--windows", "3", "--out", str(out), "--adversaries", kinds, *FAST]
+        ["sim", "--peers", "2", "--windows", "3", "--out", "demo", "--adversaries", kinds, *FAST]
     )
     assert code == 0, sorted(p.name for p in (out / "logs").iterdir())
     report = json.loads((out / "report.json").read_text())

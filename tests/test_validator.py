@@ -192,6 +192,16 @@ def test_rating_maths_noise_zero_honest_positive() -> None:
     assert book.records[3].penalty == 1.0  # 0.5 per missed window, capped at 1
 
 
+def test_lucky_noise_and_every_honest_peer() -> None:
+    """Noise whose gain drifts slightly above zero earns nothing; the last honest peer earns."""
+    book = Book(ValidatorConfig())
+    for _ in range(4):
+        book.update({0: _ok("a", 0.02), 1: _ok("b", 0.01), 2: _ok("n", 0.0001)})
+    final = book.final_scores()
+    assert final[0] > final[1] > 0.0
+    assert book.records[2].gain_ema > 0.0 and final[2] == 0.0
+
+
 def test_penalty_decays_so_a_peer_recovers() -> None:
     cfg = ValidatorConfig()
     book = Book(cfg)

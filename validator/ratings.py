@@ -20,14 +20,16 @@ Every EMA is ``x <- (1 - r) x + r x_new`` with ``r = ema_rate`` (0.3).
 
 Final score of peer i::
 
-    final_i = (ordinal_i - floor) * max(0, indicator_ema_i) * sync_ema_i * (1 - p_i) * [gain_ema_i > 0]
+    final_i = (ordinal_i - floor) * max(0, indicator_ema_i) * sync_ema_i * (1 - p_i) * [gain_ema_i > g]
 
 ``floor`` is the lowest ordinal among rated peers minus `FLOOR_MARGIN` (OpenSkill's default
 σ), so the shifted ordinal is >= `FLOOR_MARGIN` > 0 for every rated peer: rank decides *how
 much* an honest peer earns, while the gates (indicator, gain, penalty) decide *whether* it earns —
 in a population of only honest peers the last-ranked one still earns. Unrated peers (never
-scored) score 0. The gain gate ``[gain_ema > 0]`` zeroes a peer whose updates do not, on average, lower
-the loss on random data (a noise uploader) whatever its rank among few peers.
+scored) score 0. The gain gate ``[gain_ema > g]``, with
+``g = max(0, GAIN_FRACTION * median gain_ema)``, zeroes a peer whose updates do not, on average,
+lower the loss on random data by at least `GAIN_FRACTION` of the median rated peer's gain (a noise
+uploader, whose gain is ~1 % of an honest one's) whatever its rank among few peers.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ MU0, SIGMA0 = MODEL.mu, MODEL.sigma
 
 FLOOR_MARGIN = 25.0 / 3.0
 """Base of the shifted ordinal: OpenSkill's default sigma."""
+
+GAIN_FRACTION = 0.1
+"""A peer earns only if its gain EMA exceeds this fraction of the median rated peer's."""
 
 
 class PeerRecord(BaseModel):
@@ -141,13 +146,22 @@ class Book:
         ords = [rec.ordinal for rec in self.records.values() if rec.rated]
         return min(ords) - FLOOR_MARGIN if ords else 0.0
 
+    def gain_floor(self) -> float:
+        """The gain a peer must beat to earn: `GAIN_FRACTION` of the median rated peer's gain EMA
+        (and never below 0). Noise moves the loss by ~1 % of what an honest update does, so
+        it stays under the bar even when its EMA drifts above zero by chance."""
+        gains = sorted(rec.gain_ema for rec in self.records.values() if rec.rated)
+        if not gains:
+            return 0.0
+        return max(0.0, GAIN_FRACTION * gains[len(gains) // 2])
+
     def breakdown(self, uid: int) -> dict[str, float]:
         """Every factor of the final score of `uid` (all zero for an unknown uid)."""
         rec = self.records.get(uid)
         if rec is None:
             return {"ordinal": 0.0, "shifted_ordinal": 0.0, "final": 0.0}
         shifted = max(0.0, rec.ordinal - self.floor()) if rec.rated else 0.0
-        gate = 1.0 if rec.gain_ema > 0 else 0.0
+        gate = 1.0 if rec.gain_ema > self.gain_floor() else 0.0
         final = shifted * max(0.0, rec.indicator_ema) * rec.sync_ema * (1.0 - rec.penalty) * gate
         return {
             "ordinal": rec.ordinal,

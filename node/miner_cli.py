@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from pathlib import Path
 
-from node.node_args import add_node_arguments, load_run
+from node.node_args import add_node_arguments, connect, load_run, local_root, state_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,46 +20,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from node.commit import commitment_for, ensure_commitment
     from node.logs import setup_logging
     from node.multigpu import init_ranks
     from node.peer import Peer
-    from node.preflight import check_bucket, check_disk
-    from node.resilient_chain import resilient
-    from protocol.chain import open_chain
-    from protocol.keys import load_hotkey
-    from protocol.stores import open_store
+    from node.preflight import check_disk
 
     setup_logging(args.log_level, args.log_format)
-    if not args.chain or not args.store:
-        raise SystemExit(
-            "tessera miner: --chain and --store are required (or TESSERA_CHAIN / TESSERA_STORE)"
-        )
     run_cfg = load_run(args.run)
     ranks, device = init_ranks(args.device, run_cfg)  # one peer on all torchrun processes
     if not ranks.is_main:
         logging.getLogger().setLevel(logging.WARNING)
-    keypair = load_hotkey(args.wallet, args.hotkey, args.wallet_path)
-    chain = resilient(open_chain(args.chain, netuid=args.netuid))
-    store = open_store(args.store)
-    if ranks.is_main:
-        check_bucket(store)
-        ensure_commitment(chain, keypair, commitment_for(args.store), post=args.commit)
+    keypair, chain, store = connect(args, "miner", preflight=ranks.is_main)
     ranks.barrier()
-    state_dir = Path(
-        args.state_dir or Path.home() / ".tessera" / "state" / run_cfg.run_id / keypair.ss58_address
-    )
-    check_disk(state_dir, needed=1 << 26)
+    state = state_dir(args, "state", run_cfg, keypair.ss58_address)
+    check_disk(state, needed=1 << 26)
     peer = Peer(
-        run_cfg,
-        keypair,
-        chain,
-        store,
-        state_dir,
-        local_root=Path(args.local_root) if args.local_root else None,
-        device=str(device),
+        run_cfg, keypair, chain, store, state, local_root=local_root(args), device=str(device),
         ranks=ranks,
-    )
+    )  # fmt: skip
     if args.metrics_port and ranks.is_main:
         peer.metrics.serve(args.metrics_port)
     logging.getLogger("tessera.miner").info(

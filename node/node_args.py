@@ -7,8 +7,11 @@ import os
 from pathlib import Path
 
 import torch
+from substrateinterface import Keypair
 
+from protocol.chain.base import Chain
 from protocol.runconfig import RunConfig
+from protocol.stores import ObjectStore
 
 
 def add_node_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,3 +61,40 @@ def load_run(ref: str) -> RunConfig:
     """A run config from a file, else a preset name."""
     path = Path(ref)
     return RunConfig.load(path) if path.exists() else RunConfig.preset(ref)
+
+
+def connect(
+    args: argparse.Namespace, role: str, preflight: bool = True
+) -> tuple[Keypair, Chain, ObjectStore]:
+    """Our hotkey, a chain handle that rides out outages, and our bucket.
+
+    With `preflight`, the bucket is checked writable and readable and our commitment on chain
+    is checked (posted with `--commit`); every failure comes with the fix.
+    """
+    from node.commit import commitment_for, ensure_commitment
+    from node.preflight import check_bucket
+    from node.resilient_chain import resilient
+    from protocol.chain import open_chain
+    from protocol.keys import load_hotkey
+    from protocol.stores import open_store
+
+    if not args.chain or not args.store:
+        raise SystemExit(
+            f"tessera {role}: --chain and --store are required (or TESSERA_CHAIN / TESSERA_STORE)"
+        )
+    keypair = load_hotkey(args.wallet, args.hotkey, args.wallet_path)
+    chain = resilient(open_chain(args.chain, netuid=args.netuid))
+    store = open_store(args.store)
+    if preflight:
+        check_bucket(store)
+        ensure_commitment(chain, keypair, commitment_for(args.store), post=args.commit)
+    return keypair, chain, store
+
+
+def state_dir(args: argparse.Namespace, role: str, run: RunConfig, hotkey: str) -> Path:
+    """`--state-dir`, else ~/.tessera/<role>/<run id>/<hotkey>."""
+    return Path(args.state_dir or Path.home() / ".tessera" / role / run.run_id / hotkey)
+
+
+def local_root(args: argparse.Namespace) -> Path | None:
+    return Path(args.local_root) if args.local_root else None

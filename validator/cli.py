@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from pathlib import Path
 
-from node.node_args import add_node_arguments, load_run
+from node.node_args import add_node_arguments, connect, load_run, local_root, state_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,38 +27,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from node.commit import commitment_for, ensure_commitment
     from node.logs import setup_logging
-    from node.preflight import check_bucket
-    from node.resilient_chain import resilient
-    from protocol.chain import open_chain
-    from protocol.keys import load_hotkey
-    from protocol.stores import open_store
     from validator.config import ValidatorConfig
     from validator.loop import Validator
 
     setup_logging(args.log_level, args.log_format)
-    if not args.chain or not args.store:
-        raise SystemExit("tessera validator: --chain and --store are required")
     run_cfg = load_run(args.run)
-    keypair = load_hotkey(args.wallet, args.hotkey, args.wallet_path)
-    chain = resilient(open_chain(args.chain, netuid=args.netuid))
-    store = open_store(args.store)
-    check_bucket(store)
-    ensure_commitment(chain, keypair, commitment_for(args.store), post=args.commit)
+    keypair, chain, store = connect(args, "validator")
     cfg = ValidatorConfig(
         weights_every=args.weights_every,
         checkpoint_every=args.checkpoint_every,
         n_random=args.samples,
         n_own=args.samples,
     )
-    state_dir = Path(
-        args.state_dir
-        or Path.home() / ".tessera" / "validator" / run_cfg.run_id / keypair.ss58_address
-    )
     validator = Validator(
-        run_cfg, keypair, chain, store, state_dir, cfg,
-        local_root=Path(args.local_root) if args.local_root else None, device=args.device,
+        run_cfg, keypair, chain, store, state_dir(args, "validator", run_cfg, keypair.ss58_address),
+        cfg, local_root=local_root(args), device=args.device,
     )  # fmt: skip
     logging.getLogger("tessera.validator").info(
         "run %s, uid %d, starting at window %d", run_cfg.run_id, validator.uid,

@@ -36,34 +36,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from node.commit import commitment_for, ensure_commitment
     from node.exchange import encode_signed, publish
     from node.logs import setup_logging
     from node.model import build_model
-    from node.node_args import load_run
-    from protocol.chain import open_chain
-    from protocol.keys import load_hotkey
-    from protocol.stores import open_store
+    from node.node_args import connect, load_run, local_root
     from protocol.windows import WindowSchedule
 
     setup_logging(args.log_level, args.log_format)
     run_cfg = load_run(args.run)
-    keypair = load_hotkey(args.wallet, args.hotkey, args.wallet_path)
-    chain = open_chain(args.chain, netuid=args.netuid)
-    store = open_store(args.store)
-    ensure_commitment(chain, keypair, commitment_for(args.store), post=True)
+    args.commit = True  # an adversary always (re)posts its commitment
+    keypair, chain, store = connect(args, "sim-adversary")
     uid = chain.uid_of(keypair.ss58_address)
     if uid is None:
         raise SystemExit("adversary hotkey is not registered")
     spec = ModelSpec.from_module(build_model(run_cfg.model, run_cfg.seed))
     sched = WindowSchedule.from_run(run_cfg)
     gen = torch.Generator().manual_seed(7919 + uid)
-    local_root = Path(args.local_root) if args.local_root else None
+    root = local_root(args)
     first = max(0, sched.window_of(chain.block()))
     for window in range(first, first + args.windows):
         while chain.block() < sched.first_block(window) + sched.blocks_per_window // 2:
             time.sleep(0.2)
-        update = _forge(args.kind, window, run_cfg, spec, chain, local_root, gen, args.victim)
+        update = _forge(args.kind, window, run_cfg, spec, chain, root, gen, args.victim)
         if update is None:
             log.info("window %d: nothing to upload", window)
         else:

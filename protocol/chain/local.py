@@ -49,14 +49,13 @@ from protocol.chain.models import (
     canonical_hotkey,
     hotkey_from_public_key,
 )
-from protocol.chain.weights import validate_weights
+from protocol.chain.weights import validate_version_key, validate_weights
 
 log = logging.getLogger(__name__)
 
 SIGNING_DOMAIN = b"tessera-local-chain/v1"
 MIN_COMMIT_COST = 100
 """Subtensor charges every commitment at least 100 bytes of rate-limit space."""
-MAX_VERSION_KEY = 2**64 - 1
 
 
 class LocalChain(Chain):
@@ -209,12 +208,7 @@ class LocalChain(Chain):
         version_key: int,
     ) -> None:
         normalised = validate_weights(uids, weights)
-        if (
-            isinstance(version_key, bool)
-            or not isinstance(version_key, int)
-            or not 0 <= version_key <= MAX_VERSION_KEY
-        ):
-            raise InvalidWeights("version_key must be an integer in [0, 2**64)")
+        validate_version_key(version_key)
         body = json.dumps(
             {"uids": list(uids), "weights": [float(w) for w in weights], "version": version_key},
             separators=(",", ":"),

@@ -63,7 +63,7 @@ from protocol.chain.subtensor_decode import (
     decode_weight_pairs,
     unwrap,
 )
-from protocol.chain.weights import normalise_pairs, to_u16, validate_weights
+from protocol.chain.weights import normalise_pairs, to_u16, validate_version_key, validate_weights
 
 log = logging.getLogger(__name__)
 
@@ -349,10 +349,7 @@ class SubtensorChain(Chain):
         version_key: int,
     ) -> None:
         normalised = validate_weights(uids, weights)
-        if isinstance(version_key, bool) or not isinstance(version_key, int):
-            raise InvalidWeights("version_key must be an integer")
-        if not 0 <= version_key < 2**64:
-            raise InvalidWeights("version_key must fit in a u64")
+        validate_version_key(version_key)
         dests, values = to_u16(normalised)
         self._require_registered(keypair)
         with _rpc(self.url):

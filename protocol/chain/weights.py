@@ -12,6 +12,20 @@ U16_MAX = 65_535
 MAX_WEIGHTS = MAX_UID + 1
 
 
+MAX_VERSION_KEY = 2**64 - 1
+
+
+def validate_version_key(version_key: object) -> int:
+    """The version key of a `set_weights` call: an integer that fits a u64."""
+    if (
+        isinstance(version_key, bool)
+        or not isinstance(version_key, int)
+        or not 0 <= version_key <= MAX_VERSION_KEY
+    ):
+        raise InvalidWeights("version_key must be an integer in [0, 2**64)")
+    return version_key
+
+
 def validate_weights(uids: Sequence[int], weights: Sequence[float]) -> dict[int, float]:
     """Check a weight vector and return it normalised to sum 1, zero entries dropped.
 

@@ -26,7 +26,7 @@ from substrateinterface import Keypair
 from codec.aggregate import aggregate
 from codec.compress import Compressor, SparseTensor
 from codec.spec import ModelSpec
-from node.buckets import peer_buckets
+from node.buckets import peer_buckets, window_roster
 from node.clock import ChainClock
 from node.data import assigned_batches, open_run_dataset
 from node.exchange import Fetched, encode_signed, gather, publish
@@ -37,7 +37,6 @@ from node.model import build_model
 from node.multigpu import Ranks
 from node.preflight import explain_os_error
 from node.progress import tracked
-from node.selection import select_peers
 from node.state import PeerState, load_error_feedback, load_state, save_ef_shard, save_state
 from node.train import InnerResult, make_optimizer, train_window
 from protocol.chain.base import Chain
@@ -257,17 +256,8 @@ class Peer:
         if not self.ranks.is_main:  # rank 0 fetches, the others receive its aggregate
             return []
         self.clock.wait_for_block(self.clock.gather_block(window))
-        buckets, _ = peer_buckets(self.chain, self.local_root)
-        weights = self.chain.weights_all()
-        selected = select_peers(
-            self.chain.metagraph(),
-            {b.hotkey for b in buckets.values()},
-            weights,
-            self.cfg.run_id,
-            window,
-            self.cfg.gather_size,
-        )
-        peers = [buckets[uid] for uid in selected]
+        roster = window_roster(self.chain, self.cfg, window, self.local_root)
+        peers = [roster.buckets[uid] for uid in roster.selected]
         return gather(peers, self.cfg, self.spec, window, self.clock.deadline_s(window))
 
     def _outer_step(self, start: dict[str, torch.Tensor], fetched: list[Fetched]) -> None:

@@ -26,13 +26,12 @@ from substrateinterface import Keypair
 
 from codec.aggregate import aggregate
 from codec.spec import ModelSpec
-from node.buckets import peer_buckets
+from node.buckets import window_roster
 from node.clock import ChainClock
 from node.data import open_run_dataset
 from node.fingerprint import fingerprint
 from node.history import publish_aggregate, publish_checkpoint
 from node.model import build_model
-from node.selection import select_peers
 from protocol.chain.base import Chain
 from protocol.chain.errors import NotRegistered
 from protocol.naming import fingerprint_key, run_prefix, scores_key
@@ -136,15 +135,11 @@ class Validator:
 
     def _roster(self, window: int) -> tuple[dict, dict, dict[int, str], list[int]]:
         """Registered non-validator peers, their buckets, why some have none, the selected set."""
-        metagraph = self.chain.metagraph()
-        buckets, problems = peer_buckets(self.chain, self.local_root)
-        selected = select_peers(
-            metagraph, {b.hotkey for b in buckets.values()}, self.chain.weights_all(),
-            self.run.run_id, window, self.run.gather_size,
-        )  # fmt: skip
-        peers = {n.uid: n.hotkey for n in metagraph.neurons if not n.validator_permit}
-        own = {u: b for u, b in buckets.items() if u in peers}
-        return peers, own, {u: problems.get(u, "missing") for u in peers if u not in own}, selected
+        roster = window_roster(self.chain, self.run, window, self.local_root)
+        peers = {n.uid: n.hotkey for n in roster.metagraph.neurons if not n.validator_permit}
+        own = {u: b for u, b in roster.buckets.items() if u in peers}
+        missing = {u: roster.problems.get(u, "missing") for u in peers if u not in own}
+        return peers, own, missing, roster.selected
 
     def _score(self, window: int, checks: Mapping[int, PeerCheck]) -> dict[int, LossScore]:
         candidates = [u for u, c in checks.items() if c.verdict in SCORABLE]

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 # `run(args) -> int`.
 COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("deploy.bench_cli", "run a benchmark (codec, ...) and print a table or --json"),
-    "miner": ("node.miner_cli", "run a peer: train, compress, publish, gather, aggregate"),
+    "miner": ("node.runtime.miner_cli", "run a peer: train, compress, publish, gather, aggregate"),
     "validator": ("validator.cli", "run a validator: check, score, rate, set weights, publish"),
     "sim": ("deploy.sim.cli", "simulate a run on this machine: peers, adversaries, validator"),
     "sim-adversary": ("deploy.sim.adversary", "a misbehaving peer, for simulations only"),
@@ -24,7 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "protocol.chain.cli",
         "manage the embedded local chain (create a subnet, register hotkeys, stake)",
     ),
-    "data": ("node.data_prep", "prepare pre-tokenized training shards"),
+    "data": ("node.data.prep", "prepare pre-tokenized training shards"),
     "doctor": (
         "deploy.doctor",
         "preflight checks before joining a run, with a fix for each failure",

@@ -10,7 +10,7 @@ import argparse
 
 from rich.console import Console
 
-from node.miner_cli import add_arguments as add_node_arguments
+from node.runtime.miner_cli import add_arguments as add_node_arguments
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

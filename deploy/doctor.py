@@ -29,7 +29,7 @@ from deploy.doctor_chain import (
 )
 from deploy.doctor_checks import disk_check, gpu_check, run_check, version_check, visible_gpus
 from deploy.doctor_report import Check, describe_error, fail, passed, print_checklist, skip, to_json
-from node.miner_cli import add_arguments as add_node_arguments
+from node.runtime.miner_cli import add_arguments as add_node_arguments
 from protocol.chain import Chain
 from protocol.runconfig import RunConfig
 from protocol.stores import ObjectStore

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from deploy.doctor_report import Check, fail, ok, skip, warn
-from node.preflight import PreflightError, check_bucket
+from node.runtime.preflight import PreflightError, check_bucket
 from protocol.credentials import ReadCredentials, WriteCredentials
 from protocol.runconfig import RunConfig
 from protocol.stores import (

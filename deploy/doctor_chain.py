@@ -9,7 +9,7 @@ from substrateinterface import Keypair
 
 from deploy.doctor_report import Check, fail, ok
 from deploy.provision import ProvisionError, wanted_commitment
-from node.commit import CommitmentMismatch, ensure_commitment
+from node.runtime.commit import CommitmentMismatch, ensure_commitment
 from protocol.chain import Chain, ChainError, open_chain
 from protocol.chain.url import LOCAL_SCHEME, local_path
 from protocol.commitment import BucketCommitment, Provider, parse_commitment

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from deploy.doctor_report import Check, fail, ok, warn
-from node.preflight import MIN_FREE_BYTES, PreflightError, check_disk
+from node.runtime.preflight import MIN_FREE_BYTES, PreflightError, check_disk
 from protocol.runconfig import PRESETS, RunConfig, preset_param_count
 
 GIB = 1 << 30
@@ -61,7 +61,7 @@ def version_check() -> Check:
 
 def run_check(ref: str) -> tuple[Check, RunConfig | None]:
     """Load the run (preset name or config file); the row shows its run id."""
-    from node.miner_cli import load_run
+    from node.runtime.miner_cli import load_run
 
     try:
         run = load_run(ref)

@@ -13,7 +13,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import ValidationError
 from substrateinterface import Keypair
 
-from node.commit import CommitmentMismatch, commitment_for, ensure_commitment
+from node.runtime.commit import CommitmentMismatch, commitment_for, ensure_commitment
 from protocol.chain.base import Chain
 from protocol.commitment import BucketCommitment
 from protocol.credentials import WriteCredentials

@@ -26,19 +26,19 @@ from substrateinterface import Keypair
 from codec.aggregate import aggregate
 from codec.compress import Compressor, SparseTensor
 from codec.spec import ModelSpec
-from node.buckets import peer_buckets, window_roster
-from node.clock import ChainClock
-from node.data import assigned_batches, open_run_dataset
-from node.exchange import Fetched, encode_signed, gather, publish
-from node.fingerprint import fingerprint
-from node.history import HistoryError, catch_up
-from node.metrics import PeerMetrics
-from node.model import build_model
-from node.multigpu import Ranks
-from node.preflight import explain_os_error
-from node.progress import tracked
-from node.state import PeerState, load_error_feedback, load_state, save_ef_shard, save_state
-from node.train import InnerResult, make_optimizer, train_window
+from node.data.batches import assigned_batches, open_run_dataset
+from node.model.fingerprint import fingerprint
+from node.model.llama import build_model
+from node.model.train import InnerResult, make_optimizer, train_window
+from node.runtime.clock import ChainClock
+from node.runtime.metrics import PeerMetrics
+from node.runtime.multigpu import Ranks
+from node.runtime.preflight import explain_os_error
+from node.runtime.progress import tracked
+from node.runtime.state import PeerState, load_error_feedback, load_state, save_ef_shard, save_state
+from node.window.buckets import peer_buckets, window_roster
+from node.window.exchange import Fetched, encode_signed, gather, publish
+from node.window.history import HistoryError, catch_up
 from protocol.chain.base import Chain
 from protocol.naming import fingerprint_key
 from protocol.runconfig import RunConfig
@@ -77,7 +77,7 @@ class Peer:
         ranks: Ranks | None = None,
     ) -> None:
         self.cfg, self.keypair, self.chain, self.store = run, keypair, chain, store
-        self.ranks = ranks or Ranks()  # the devices of a multi-GPU peer (`node.multigpu`)
+        self.ranks = ranks or Ranks()  # the devices of a multi-GPU peer (`node.runtime.multigpu`)
         self.state_dir, self.local_root = state_dir, local_root
         self.device = torch.device(device)
         self.clock = ChainClock(chain, run)

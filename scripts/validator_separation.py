@@ -1,6 +1,6 @@
 """Measure how well the validator's checks separate honest peers from noise, stale and copies.
 
-Simulates P honest SparseLoCo peers in-process (the real `node.train`, `codec` compressor and
+Simulates P honest SparseLoCo peers in-process (the real `node.model.train`, `codec` compressor and
 aggregate, the tiny preset with the end-to-end test's timing) for W windows and, every window,
 scores with `validator.scoring.LossProbe`:
 
@@ -32,9 +32,9 @@ from adversaries import noise_update, perturbed_copy
 from codec.aggregate import aggregate, update_norm
 from codec.compress import Compressor
 from codec.spec import ModelSpec
-from node.data import assigned_batches, open_run_dataset
-from node.model import build_model
-from node.train import make_optimizer, train_window
+from node.data.batches import assigned_batches, open_run_dataset
+from node.model.llama import build_model
+from node.model.train import make_optimizer, train_window
 from protocol.runconfig import RunConfig
 from validator.copies import overlap, sketch
 from validator.scoring import LossProbe

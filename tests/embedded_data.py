@@ -12,8 +12,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from node.dataset import Dataset
-from node.tokenizer import load_tokenizer
+from node.data.dataset import Dataset
+from node.data.tokenizer import load_tokenizer
 from protocol.runconfig import RunConfig
 
 TINY = RunConfig.preset("tiny")

@@ -7,10 +7,10 @@ import torch
 
 from codec.compress import Compressor
 from codec.spec import ModelSpec
-from node.exchange import encode_signed
-from node.fingerprint import fingerprint
-from node.history import HistoryError, catch_up, publish_aggregate, publish_checkpoint
-from node.model import build_model
+from node.model.fingerprint import fingerprint
+from node.model.llama import build_model
+from node.window.exchange import encode_signed
+from node.window.history import HistoryError, catch_up, publish_aggregate, publish_checkpoint
 from protocol.keys import create_hotkey
 from protocol.naming import aggregate_key
 from protocol.runconfig import RunConfig

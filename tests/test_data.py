@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 from embedded_data import TINY, shared_cache, tiny_dataset
 
-import node.tokenizer as tokenizer_module
+import node.data.tokenizer as tokenizer_module
 from deploy.cli import main as tessera
-from node.cache import CACHE_ENV, cache_root
-from node.corpus import load_corpus
-from node.data import open_run_dataset
-from node.dataset import Dataset
-from node.shards import INDEX_NAME, DataError, ShardIndex, StoreShardSource
-from node.tokenizer import EOS_TOKEN, eos_token_id, load_tokenizer, tokenizer_sha256
+from node.data.batches import open_run_dataset
+from node.data.corpus import load_corpus
+from node.data.dataset import Dataset
+from node.data.shards import INDEX_NAME, DataError, ShardIndex, StoreShardSource
+from node.data.tokenizer import EOS_TOKEN, eos_token_id, load_tokenizer, tokenizer_sha256
+from node.runtime.cache import CACHE_ENV, cache_root
 from protocol.stores import FileStore
 
 # -- embedded corpus and tokenizer -----------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from node.hf_export import (
+from node.model.hf_export import (
     CONFIG_NAME,
     WEIGHTS_NAME,
     HFExportError,
@@ -18,7 +18,7 @@ from node.hf_export import (
     load_hf,
     model_config_from_hf,
 )
-from node.model import build_model
+from node.model.llama import build_model
 from protocol.runconfig import ModelConfig
 
 CONFIGS = {

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from node.logs import setup_logging
+from node.runtime.logs import setup_logging
 
 
 def test_json_lines(capsys: pytest.CaptureFixture[str]) -> None:

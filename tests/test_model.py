@@ -6,8 +6,8 @@ import pytest
 import torch
 from embedded_data import TINY, tiny_dataset
 
-from node.model import CausalLM, build_model
-from node.sampling import assigned_batches
+from node.data.sampling import assigned_batches
+from node.model.llama import CausalLM, build_model
 from protocol.runconfig import ModelConfig
 
 

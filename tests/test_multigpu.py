@@ -1,4 +1,4 @@
-"""One peer on several ranks (`node.multigpu`): sharding, batch split, EF shards, and a real
+"""One peer on several ranks (`node.runtime.multigpu`): sharding, batch split, EF shards, and a real
 2-rank gloo run under torchrun that must end where the 1-rank run of the same windows ends."""
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from test_peers_e2e import reports, wait
 from codec.aggregate import aggregate
 from codec.compress import Compressor, SparseTensor
 from codec.spec import ModelSpec
-from node.model import build_model
-from node.multigpu import DistributedRanks, Ranks, shard_tensors
-from node.state import PeerState, load_error_feedback, load_state, save_ef_shard
-from node.train import make_optimizer, micro_steps, train_window
+from node.model.llama import build_model
+from node.model.train import make_optimizer, micro_steps, train_window
+from node.runtime.multigpu import DistributedRanks, Ranks, shard_tensors
+from node.runtime.state import PeerState, load_error_feedback, load_state, save_ef_shard
 from protocol.chain.local_db import LocalChainDB, create_local_chain
 from protocol.keys import create_hotkey
 from protocol.runconfig import RunConfig

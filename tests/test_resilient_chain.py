@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from node.resilient_chain import ResilientChain
+from node.runtime.resilient_chain import ResilientChain
 from protocol.chain.errors import ChainUnavailable, NotRegistered
 
 

@@ -9,7 +9,7 @@ from embedded_data import TINY, tiny_dataset
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node.sampling import (
+from node.data.sampling import (
     SlotPermutation,
     assigned_batch,
     assigned_batches,

@@ -13,9 +13,9 @@ import torch
 
 from codec.spec import ModelSpec
 from deploy.sim.forgeries import noise_update, perturbed_copy
-from node.buckets import PeerBucket
-from node.exchange import encode_signed
-from node.model import build_model
+from node.model.llama import build_model
+from node.window.buckets import PeerBucket
+from node.window.exchange import encode_signed
 from protocol.chain import open_chain
 from protocol.chain.local_db import LocalChainDB, create_local_chain
 from protocol.keys import create_hotkey

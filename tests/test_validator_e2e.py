@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from node.commit import commitment_for, ensure_commitment
+from node.runtime.commit import commitment_for, ensure_commitment
 from protocol.chain import open_chain
 from protocol.chain.local_db import LocalChainDB, create_local_chain
 from protocol.keys import create_hotkey

@@ -2,7 +2,7 @@
 
 Verdicts, in the order they are decided:
 
-* from the fetch (`node.exchange.fetch`, the rule every peer applies): ``missing`` (no object, no
+* from the fetch (`node.window.exchange.fetch`, the rule every peer applies): ``missing`` (no object, no
   usable commitment), ``unreachable`` (the bucket failed or hung), ``late`` (object LastModified
   more than the run's ``clock_skew_tolerance_s`` after the deadline), ``invalid`` (bad signature,
   or a header naming another run id / window / uid / hotkey), ``malformed`` (`DecodeError`, over
@@ -25,7 +25,7 @@ import statistics
 from collections.abc import Mapping
 from enum import StrEnum
 
-from node.exchange import Fetched
+from node.window.exchange import Fetched
 
 
 class Verdict(StrEnum):
@@ -48,7 +48,7 @@ DROPPED = {Verdict.MISSING, Verdict.UNREACHABLE, Verdict.LATE, Verdict.INVALID, 
 
 
 def classify_fetch(fetched: Fetched) -> tuple[Verdict, str]:
-    """The verdict of `node.exchange.fetch`'s outcome (its reason strings are its contract)."""
+    """The verdict of `node.window.exchange.fetch`'s outcome (its reason strings are its contract)."""
     reason = fetched.reason
     if fetched.ok:
         return Verdict.OK, "ok"

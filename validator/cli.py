@@ -6,7 +6,7 @@ import argparse
 import logging
 import os
 
-from node.node_args import add_node_arguments, connect, load_run, local_root, state_dir
+from node.runtime.node_args import add_node_arguments, connect, load_run, local_root, state_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from node.logs import setup_logging
+    from node.runtime.logs import setup_logging
     from validator.config import ValidatorConfig
     from validator.loop import Validator
 

@@ -1,6 +1,6 @@
 """Fetch every peer's update (and its fingerprint) for a window, concurrently, never raising.
 
-The drop rule is `node.exchange.fetch` itself — the same late rule (LastModified against the
+The drop rule is `node.window.exchange.fetch` itself — the same late rule (LastModified against the
 deadline plus the run's clock-skew tolerance), byte cap, strict decoding and signature check that
 every honest peer applies — so the validator keeps exactly the set the peers keep. A thin
 recording wrapper around the peer's read-only store keeps what `fetch` saw (the object time and
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from codec.spec import ModelSpec
-from node.buckets import PeerBucket
-from node.exchange import Fetched, fetch
+from node.window.buckets import PeerBucket
+from node.window.exchange import Fetched, fetch
 from protocol.naming import fingerprint_key
 from protocol.runconfig import RunConfig
 from protocol.stores import ObjectInfo, ReadableStore, StoreError
@@ -65,7 +65,7 @@ class _Recording(ReadableStore):
 
 @dataclass(frozen=True)
 class Upload:
-    """One peer's update for the window as fetched: `node.exchange.Fetched` plus what it saw."""
+    """One peer's update for the window as fetched: `node.window.exchange.Fetched` plus what it saw."""
 
     uid: int
     hotkey: str

@@ -6,7 +6,7 @@
    (`classify`: missing / late / invalid / malformed / norm / copy / replay / sync);
 3. score the updates that passed against the model at the start of the window (`scoring`);
 4. update ratings, EMAs and penalties (`ratings`);
-5. apply the window's aggregate — the selected peers whose updates passed `node.exchange.fetch`,
+5. apply the window's aggregate — the selected peers whose updates passed `node.window.exchange.fetch`,
    exactly the set honest peers apply — to our model, and publish our fingerprint;
 6. every M windows set weights on chain (`weights`);
 7. publish the score report, the aggregate, and every N windows a checkpoint and the run config;
@@ -26,12 +26,12 @@ from substrateinterface import Keypair
 
 from codec.aggregate import aggregate
 from codec.spec import ModelSpec
-from node.buckets import window_roster
-from node.clock import ChainClock
-from node.data import open_run_dataset
-from node.fingerprint import fingerprint
-from node.history import publish_aggregate, publish_checkpoint
-from node.model import build_model
+from node.data.batches import open_run_dataset
+from node.model.fingerprint import fingerprint
+from node.model.llama import build_model
+from node.runtime.clock import ChainClock
+from node.window.buckets import window_roster
+from node.window.history import publish_aggregate, publish_checkpoint
 from protocol.chain.base import Chain
 from protocol.chain.errors import NotRegistered
 from protocol.naming import fingerprint_key, run_prefix, scores_key

@@ -62,7 +62,7 @@ class PeerReport(_Model):
     hotkey: str
     verdict: Verdict
     detail: str
-    fetch: str  # `node.exchange.fetch`'s reason
+    fetch: str  # `node.window.exchange.fetch`'s reason
     n_bytes: int = 0
     last_modified: str | None = None
     digest: str | None = None

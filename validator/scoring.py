@@ -16,7 +16,7 @@ checks the update was trained on the peer's own assignment: an honest update fit
 better than random data, while a copied, stale (replayed from another window) or random update
 has no reason to. R comes from the training split, the distribution the peers' own samples come
 from: against held-out text (a different slice of the corpus) even a copied update looked better
-on "its own" data. ``L`` is `node.train.lm_loss`, evaluated without gradients in micro-batches.
+on "its own" data. ``L`` is `node.model.train.lm_loss`, evaluated without gradients in micro-batches.
 The probe runs on a copy of the weights that is restored (bit for bit) after every peer.
 
 How many samples: `scripts/validator_separation.py` measures it. Tiny preset, 3 peers x 4
@@ -37,9 +37,9 @@ import numpy as np
 import torch
 
 from codec.compress import SparseTensor, scatter_add
-from node.dataset import Dataset
-from node.sampling import assigned_slots, eval_batch
-from node.train import lm_loss
+from node.data.dataset import Dataset
+from node.data.sampling import assigned_slots, eval_batch
+from node.model.train import lm_loss
 from protocol.runconfig import RunConfig
 
 RANDOM_PURPOSE = "validator-random"

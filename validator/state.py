@@ -3,7 +3,7 @@
 One file, ``validator.pt`` (the previous one kept as ``validator.prev.pt``): the model at the start
 of the next window and its fingerprint, the per-peer records (`validator.ratings.PeerRecord`, as
 JSON), the copy-detection history and its secret salt. Written to a temporary file, fsynced and
-renamed (`node.atomic_files`), so a crash leaves the old state or the new one.
+renamed (`node.runtime.atomic_files`), so a crash leaves the old state or the new one.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from node.state import FORMAT, load_rotating, save_rotating
+from node.runtime.state import FORMAT, load_rotating, save_rotating
 from validator.copies import Sketch
 from validator.ratings import PeerRecord
 

@@ -28,7 +28,7 @@ NOISE_SCALE = 1e-3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from node.node_args import add_node_arguments
+    from node.runtime.node_args import add_node_arguments
 
     parser.add_argument("--kind", required=True, choices=ADVERSARY_KINDS)
     parser.add_argument("--victim", type=int, default=0, help="uid a copier or replayer copies")
@@ -36,10 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from node.exchange import encode_signed, publish
-    from node.logs import setup_logging
-    from node.model import build_model
-    from node.node_args import connect, load_run, local_root
+    from node.model.llama import build_model
+    from node.runtime.logs import setup_logging
+    from node.runtime.node_args import connect, load_run, local_root
+    from node.window.exchange import encode_signed, publish
     from protocol.windows import WindowSchedule
 
     setup_logging(args.log_level, args.log_format)
@@ -108,8 +108,8 @@ def _victim_update(
     wait_s: float = 30.0,
 ) -> list[SparseTensor] | None:
     """The victim's verified update for `window`, polling its bucket for up to `wait_s`."""
-    from node.buckets import peer_buckets
-    from node.exchange import check_update, max_update_bytes
+    from node.window.buckets import peer_buckets
+    from node.window.exchange import check_update, max_update_bytes
     from protocol.naming import update_key
     from protocol.stores import StoreError
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from node.data import assigned_batch, open_run_dataset
-from node.model import build_model
-from node.progress import tracked
-from node.train import make_optimizer, train_window
+from node.data.batches import assigned_batch, open_run_dataset
+from node.model.llama import build_model
+from node.model.train import make_optimizer, train_window
+from node.runtime.progress import tracked
 from protocol.runconfig import RunConfig
 
 

@@ -94,7 +94,7 @@ def _report(
     from deploy.sim.baseline import adamw_baseline
     from deploy.sim.collect import collect
     from deploy.sim.html import render
-    from node.model import build_model
+    from node.model.llama import build_model
 
     run_cfg = world.run
     model = build_model(run_cfg.model, run_cfg.seed)

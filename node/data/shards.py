@@ -12,7 +12,7 @@ Documents are tokenized, each followed by the end-of-text token, and concatenate
 `index.json` is incomplete and never read.
 
 A `ShardSource` supplies the index bytes and a local path per shard. `LocalShardSource` reads a
-folder in place (memory-mapped by `node.dataset`); `StoreShardSource` downloads shards from any
+folder in place (memory-mapped by `node.data.dataset`); `StoreShardSource` downloads shards from any
 `protocol.stores.ReadableStore` into a content-addressed local cache
 (`<cache>/shards/<sha256>.npy`), verifying each one's SHA-256 before it is used.
 """
@@ -29,9 +29,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tokenizers import Tokenizer
 
-from node.atomic_files import atomic_path, write_json_atomic
-from node.cache import cache_root
-from node.tokenizer import tokenizer_sha256
+from node.data.tokenizer import tokenizer_sha256
+from node.runtime.atomic_files import atomic_path, write_json_atomic
+from node.runtime.cache import cache_root
 from protocol.stores import ReadableStore
 
 __all__ = [

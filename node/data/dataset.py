@@ -5,13 +5,13 @@ consecutive slots overlap by one token and every token but a shard's first is a 
 exactly once. Slots never cross shard boundaries; slots are numbered globally in index order.
 
 Split: the last `ceil(heldout_fraction * n_slots)` slots (at least one) form the held-out split,
-which `node.sampling` never assigns for training; slots `[0, n_train_slots)` are the training
+which `node.data.sampling` never assigns for training; slots `[0, n_train_slots)` are the training
 split. Because shards (and the embedded corpus) are in a shuffled document order, the tail is a
 fair sample. All this is a pure function of the index, `seq_len` and `heldout_fraction`, which is
 what `fingerprint` digests: two nodes with the same fingerprint number every slot alike.
 
 `Dataset.open(ref, tokenizer, seq_len)` accepts ``embedded://tiny-corpus`` (built from
-`node.corpus` with the given tokenizer on first use and cached as a shard folder), a local folder
+`node.data.corpus` with the given tokenizer on first use and cached as a shard folder), a local folder
 (``file:///abs/dir`` or a path) prepared by ``tessera data prep``, or any other reference
 together with an explicit `source` (e.g. a `StoreShardSource` over a dataset bucket).
 """
@@ -30,10 +30,8 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from node.atomic_files import atomic_dir
-from node.cache import build_once, cache_root
-from node.corpus import CORPUS_NAME, load_corpus
-from node.shards import (
+from node.data.corpus import CORPUS_NAME, load_corpus
+from node.data.shards import (
     DataError,
     LocalShardSource,
     ShardIndex,
@@ -41,7 +39,9 @@ from node.shards import (
     ShardWriter,
     tokenize_documents,
 )
-from node.tokenizer import eos_token_id, load_tokenizer, tokenizer_sha256
+from node.data.tokenizer import eos_token_id, load_tokenizer, tokenizer_sha256
+from node.runtime.atomic_files import atomic_dir
+from node.runtime.cache import build_once, cache_root
 
 __all__ = ["DEFAULT_HELDOUT_FRACTION", "EMBEDDED_DATASET", "Dataset", "embedded_dataset_dir"]
 

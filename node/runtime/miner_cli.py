@@ -1,4 +1,4 @@
-"""`tessera miner`: run a peer (on one device; under `torchrun` see `node.multigpu`)."""
+"""`tessera miner`: run a peer (on one device; under `torchrun` see `node.runtime.multigpu`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import logging
 import os
 
-from node.node_args import add_node_arguments, connect, load_run, local_root, state_dir
+from node.runtime.node_args import add_node_arguments, connect, load_run, local_root, state_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,10 +20,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from node.logs import setup_logging
-    from node.multigpu import init_ranks
     from node.peer import Peer
-    from node.preflight import check_disk
+    from node.runtime.logs import setup_logging
+    from node.runtime.multigpu import init_ranks
+    from node.runtime.preflight import check_disk
 
     setup_logging(args.log_level, args.log_format)
     run_cfg = load_run(args.run)

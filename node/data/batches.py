@@ -1,6 +1,6 @@
 """Training data for a run: the one import the rest of the node needs.
 
-    from node.data import open_run_dataset, assigned_batches, eval_batch
+    from node.data.batches import open_run_dataset, assigned_batches, eval_batch
 
     tokenizer, dataset = open_run_dataset(cfg)                      # cfg: RunConfig
     batches = assigned_batches(dataset, cfg.run_id, uid, window, cfg.inner_steps, cfg.batch_size)
@@ -8,9 +8,9 @@
         loss = model.window_loss(batch)
     probe = eval_batch(dataset, cfg.run_id, window, "loss-before-after", 32)
 
-The pieces live in small modules: `node.corpus` (embedded text), `node.tokenizer` (references,
-embedded BPE), `node.shards` (format, writer, sources), `node.dataset` (slots and split),
-`node.sampling` (who trains on what), `node.data_prep` (the ``tessera data prep`` command).
+The pieces live in small modules: `node.data.corpus` (embedded text), `node.data.tokenizer` (references,
+embedded BPE), `node.data.shards` (format, writer, sources), `node.data.dataset` (slots and split),
+`node.data.sampling` (who trains on what), `node.data.prep` (the ``tessera data prep`` command).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import os
 
 from tokenizers import Tokenizer
 
-from node.dataset import DEFAULT_HELDOUT_FRACTION, EMBEDDED_DATASET, Dataset
-from node.sampling import (
+from node.data.dataset import DEFAULT_HELDOUT_FRACTION, EMBEDDED_DATASET, Dataset
+from node.data.sampling import (
     SlotPermutation,
     assigned_batch,
     assigned_batches,
@@ -28,8 +28,8 @@ from node.sampling import (
     eval_batch,
     eval_slots,
 )
-from node.shards import DataError, LocalShardSource, ShardSource, StoreShardSource
-from node.tokenizer import load_tokenizer
+from node.data.shards import DataError, LocalShardSource, ShardSource, StoreShardSource
+from node.data.tokenizer import load_tokenizer
 from protocol.runconfig import RunConfig
 
 __all__ = [

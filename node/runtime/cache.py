@@ -50,7 +50,7 @@ def entry_lock(entry: Path) -> Iterator[None]:
 def build_once(entry: Path, build: Callable[[Path], None]) -> Path:
     """Return `entry`, calling `build(entry)` first if it does not exist yet.
 
-    `build` must create `entry` atomically (e.g. with `node.atomic_files`). Concurrent callers
+    `build` must create `entry` atomically (e.g. with `node.runtime.atomic_files`). Concurrent callers
     in other processes wait for the first builder instead of repeating its work.
     """
     if entry.exists():

@@ -14,7 +14,7 @@ from codec.compress import SparseTensor
 from codec.errors import DecodeError
 from codec.spec import ModelSpec
 from codec.wire import DecodedUpdate, decode_update, encode_update
-from node.buckets import PeerBucket
+from node.window.buckets import PeerBucket
 from protocol.naming import update_key
 from protocol.runconfig import RunConfig
 from protocol.signing import SignatureError, sign_update, verify_update

@@ -6,7 +6,7 @@
 
 `prep` reads text documents, tokenizes them (all cores), appends the end-of-text token to each
 and writes `shard-NNNNNN.npy` files of `--shard-tokens` tokens plus `index.json` (format in
-`node.shards`). Inputs are files or glob patterns (``**`` recurses), taken in sorted order:
+`node.data.shards`). Inputs are files or glob patterns (``**`` recurses), taken in sorted order:
 
 - ``*.txt`` (or any other suffix): the whole file is one document;
 - ``*.jsonl``: one JSON object per line, its ``--text-field`` (default ``text``) is a document;
@@ -33,8 +33,7 @@ from typing import IO
 from rich.console import Console
 from rich.table import Table
 
-from node.progress import make_progress
-from node.shards import (
+from node.data.shards import (
     INDEX_NAME,
     DataError,
     LocalShardSource,
@@ -42,7 +41,8 @@ from node.shards import (
     ShardWriter,
     tokenize_documents,
 )
-from node.tokenizer import TokenizerError, eos_token_id, load_tokenizer
+from node.data.tokenizer import TokenizerError, eos_token_id, load_tokenizer
+from node.runtime.progress import make_progress
 
 __all__ = ["add_arguments", "expand_inputs", "iter_documents", "prepare_shards", "run"]
 

@@ -4,7 +4,7 @@ References (the `tokenizer` field of a run config):
 
 ``embedded://tiny-bpe-N``
     A byte-level BPE with vocabulary size N (256 ≤ N ≤ 65536), trained with Hugging Face
-    `tokenizers` on the embedded corpus (`node.corpus`) on first use: ByteLevel pre-tokenizer
+    `tokenizers` on the embedded corpus (`node.data.corpus`) on first use: ByteLevel pre-tokenizer
     (GPT-2 regex, no prefix space), the 256 byte symbols as initial alphabet so every input is
     encodable, one special token `<|endoftext|>` (id 0) that separates documents, merges with
     frequency ≥ 2 until the vocabulary holds N entries. Training is deterministic (same corpus →
@@ -30,9 +30,9 @@ from urllib.parse import unquote, urlsplit
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from node.atomic_files import write_text_atomic
-from node.cache import build_once, cache_root
-from node.corpus import load_corpus
+from node.data.corpus import load_corpus
+from node.runtime.atomic_files import write_text_atomic
+from node.runtime.cache import build_once, cache_root
 
 __all__ = [
     "EMBEDDED_BPE_RE",

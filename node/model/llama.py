@@ -4,7 +4,7 @@ Architecture and numerics follow Hugging Face `LlamaForCausalLM` (no biases, RMS
 fp32 and cast back before the weight multiply, RoPE with `rope_theta` applied to the two halves
 of each head — `rotate_half` — SwiGLU MLP, grouped-query attention where query head h reads
 key/value head h // (n_heads / n_kv_heads)), and parameter names are HF's, so export is a plain
-name map (`node.hf_export`):
+name map (`node.model.hf_export`):
 
     model.embed_tokens.weight
     model.layers.{i}.input_layernorm.weight

@@ -71,9 +71,9 @@ def connect(
     With `preflight`, the bucket is checked writable and readable and our commitment on chain
     is checked (posted with `--commit`); every failure comes with the fix.
     """
-    from node.commit import commitment_for, ensure_commitment
-    from node.preflight import check_bucket
-    from node.resilient_chain import resilient
+    from node.runtime.commit import commitment_for, ensure_commitment
+    from node.runtime.preflight import check_bucket
+    from node.runtime.resilient_chain import resilient
     from protocol.chain import open_chain
     from protocol.keys import load_hotkey
     from protocol.stores import open_store

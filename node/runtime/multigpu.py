@@ -14,7 +14,7 @@ identically; `Ranks` is what `node.peer.Peer` asks at the few points where ranks
   fetches and decodes the other peers' updates and aggregates them; `broadcast_aggregate` sends
   the dense mean to every rank so they all take the identical outer step;
 - rank 0 alone publishes the fingerprint and writes ``state.pt``; every other rank saves its EF
-  shard next to it (`node.state.save_ef_shard`).
+  shard next to it (`node.runtime.state.save_ef_shard`).
 
 Without ``torchrun`` (or with ``WORLD_SIZE=1``) `Ranks` itself is the single-process no-op.
 
@@ -28,7 +28,7 @@ needs ~160 GB per GPU, which does NOT fit an 80 GB card with DDP (it needs a sha
 — ZeroRedundancyOptimizer — plus CPU-held start weights, or FSDP2). FSDP2 (`fully_shard`,
 per-parameter DTensor sharding) is the path for 8B on 80 GB cards and for 70B: the pseudo-gradient
 and EF would then be computed on each rank's DTensor shards, with the sparse shares gathered
-exactly as here. Bf16 autocast on CUDA is done by `node.train.train_window`.
+exactly as here. Bf16 autocast on CUDA is done by `node.model.train.train_window`.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from codec.compress import SparseGroup, SparseTensor
 from codec.spec import ModelSpec
-from node.train import InnerResult
+from node.model.train import InnerResult
 from protocol.runconfig import RunConfig
 
 __all__ = ["DistributedRanks", "Ranks", "init_ranks", "shard_tensors"]

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from node.selection import select_peers
+from node.window.selection import select_peers
 from protocol.chain.base import Chain
 from protocol.chain.models import Metagraph
 from protocol.commitment import BucketCommitment, CommitmentError, Provider, parse_commitment
@@ -69,7 +69,7 @@ def peer_buckets(
 @dataclass(frozen=True)
 class Roster:
     """One chain snapshot of a window: who is registered, whose bucket we can read (and why
-    not), and which uids the window aggregates (`node.selection.select_peers`)."""
+    not), and which uids the window aggregates (`node.window.selection.select_peers`)."""
 
     metagraph: Metagraph
     buckets: dict[int, PeerBucket]

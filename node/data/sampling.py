@@ -32,7 +32,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from node.dataset import Dataset
+from node.data.dataset import Dataset
 
 __all__ = [
     "SlotPermutation",

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from node.atomic_files import write_bytes_atomic
+from node.runtime.atomic_files import write_bytes_atomic
 
 STATE_FILE = "state.pt"
 PREVIOUS_FILE = "state.prev.pt"
@@ -79,7 +79,7 @@ def load_state(directory: Path, run_id: str) -> PeerState | None:
     return PeerState(**raw) if raw is not None else None
 
 
-# -- error-feedback shards of a multi-device peer (see `node.multigpu`) ---------------------------
+# -- error-feedback shards of a multi-device peer (see `node.runtime.multigpu`) ---------------------------
 #
 # Rank 0 keeps its share of the EF buffers in `state.pt`; rank r > 0 keeps its share in
 # `ef-rank{r}.pt` (previous one: `ef-rank{r}.prev.pt`), tagged with the window it belongs to.

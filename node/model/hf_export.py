@@ -2,7 +2,7 @@
 
 `export_hf(model, cfg, directory)` writes
 
-- `model.safetensors`: the state dict under HF names (identical to ours, see `node.model`); with
+- `model.safetensors`: the state dict under HF names (identical to ours, see `node.model.llama`); with
   tied embeddings `lm_head.weight` is left out, as Hugging Face does;
 - `config.json`: a `LlamaConfig` dict (`hf_config`);
 - optionally `tokenizer.json` (its end-of-text id then goes into the config);
@@ -25,9 +25,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
-from node.atomic_files import atomic_path, write_json_atomic, write_text_atomic
-from node.model import INIT_STD, CausalLM
-from node.tokenizer import eos_token_id
+from node.data.tokenizer import eos_token_id
+from node.model.llama import INIT_STD, CausalLM
+from node.runtime.atomic_files import atomic_path, write_json_atomic, write_text_atomic
 from protocol.runconfig import ModelConfig
 
 __all__ = [

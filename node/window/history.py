@@ -30,7 +30,7 @@ from substrateinterface import Keypair
 from codec.aggregate import aggregate
 from codec.errors import DecodeError
 from codec.spec import ModelSpec
-from node.exchange import check_update, max_update_bytes
+from node.window.exchange import check_update, max_update_bytes
 from protocol.naming import (
     ObjectKind,
     aggregate_key,

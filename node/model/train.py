@@ -68,7 +68,7 @@ def micro_steps(rows: int, micro_batch_size: int) -> int:
     """Micro-batches for `rows` rows: the fewest equal ones of at most `micro_batch_size` rows.
 
     Equal micro-batches make the mean of their mean losses the batch's mean loss. For a full
-    batch this is `RunConfig.grad_accum_steps`; a rank's slice of it (see `node.multigpu`) may
+    batch this is `RunConfig.grad_accum_steps`; a rank's slice of it (see `node.runtime.multigpu`) may
     need another count.
     """
     n = math.ceil(rows / micro_batch_size)

@@ -18,7 +18,7 @@ version from the same distribution gives the same corpus and `corpus_sha256`. Di
 or distributions (e.g. Debian splits `idlelib` out) give a different digest, which then shows up
 in the tokenizer and dataset fingerprints rather than silently mixing data.
 
-The extracted documents are cached as JSON under the cache root (`node.cache`).
+The extracted documents are cached as JSON under the cache root (`node.runtime.cache`).
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-from node.atomic_files import write_json_atomic
-from node.cache import build_once, cache_root
-from node.progress import tracked
+from node.runtime.atomic_files import write_json_atomic
+from node.runtime.cache import build_once, cache_root
+from node.runtime.progress import tracked
 
 __all__ = ["CORPUS_NAME", "CORPUS_VERSION", "EmbeddedCorpus", "extract_documents", "load_corpus"]
 

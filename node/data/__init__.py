@@ -1,0 +1,1 @@
+"""The run's data: corpus, tokenizer, shards and the samples assigned to each (uid, window)."""

@@ -1,0 +1,1 @@
+"""The model: architecture, inner training loop, fingerprint and Hugging Face export."""

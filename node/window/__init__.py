@@ -1,0 +1,1 @@
+"""One window's exchange: roster and selection, publish and gather, consensus, history."""

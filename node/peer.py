@@ -23,7 +23,6 @@ from pathlib import Path
 import torch
 from substrateinterface import Keypair
 
-from codec.aggregate import aggregate
 from codec.compress import Compressor, SparseTensor
 from codec.spec import ModelSpec
 from node.data.batches import assigned_batches, open_run_dataset
@@ -39,6 +38,7 @@ from node.runtime.state import PeerState, load_error_feedback, load_state, save_
 from node.window.buckets import peer_buckets, window_roster
 from node.window.exchange import Fetched, encode_signed, gather, publish
 from node.window.history import HistoryError, catch_up
+from node.window.outer_step import apply_mean, window_mean
 from protocol.chain.base import Chain
 from protocol.naming import fingerprint_key
 from protocol.runconfig import RunConfig
@@ -263,15 +263,10 @@ class Peer:
     def _outer_step(self, start: dict[str, torch.Tensor], fetched: list[Fetched]) -> None:
         updates = {f.uid: f.update.tensors for f in fetched if f.update is not None}
         mean = (
-            aggregate(updates, self.spec, self.cfg.codec, device=self.device)
-            if self.ranks.is_main
-            else None
+            window_mean(updates, self.cfg, self.spec, self.device) if self.ranks.is_main else None
         )
         mean = self.ranks.broadcast_aggregate(mean, self.spec, self.device)
-        alpha = self.cfg.outer.alpha
-        with torch.no_grad():
-            for name, p in self.model.named_parameters():
-                p.copy_(start[name].sub_(mean[name], alpha=alpha))
+        apply_mean(self.model, mean, self.cfg, start)
 
     def _publish_fingerprint(self, window: int) -> str:
         if not self.ranks.is_main:

@@ -171,6 +171,24 @@ class TimingConfig(_Frozen):
         return self
 
 
+class ConsensusConfig(_Frozen):
+    """How a window's exchange is bounded in time and who may join it (see docs/consensus.md)."""
+
+    fetch_budget_s: float = Field(
+        60.0, gt=0, le=3600, description="hard wall-clock budget of one gather, from its start"
+    )
+    min_rate_bytes_s: float = Field(
+        256 * 1024, gt=0, description="slowest transfer kept once rate_grace_s has passed"
+    )
+    rate_grace_s: float = Field(2.0, ge=0, le=600, description="time before the rate is enforced")
+    manifest_wait_s: float = Field(
+        30.0, ge=0, le=3600, description="how long after its gather a peer waits for the manifest"
+    )
+    probation_fraction: float = Field(
+        0.25, ge=0, le=1, description="share of the gather slots open to never-scored uids"
+    )
+
+
 class RunConfig(_Frozen):
     """Everything all peers of a run must share. Its content hash is the run id."""
 
@@ -191,6 +209,7 @@ class RunConfig(_Frozen):
     codec_version: int = Field(CODEC_VERSION, ge=1)
     timing: TimingConfig
     gather_size: int = Field(ge=1, le=4096, description="peers aggregated per window")
+    consensus: ConsensusConfig = ConsensusConfig()
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:

@@ -24,7 +24,6 @@ from pathlib import Path
 import torch
 from substrateinterface import Keypair
 
-from codec.aggregate import aggregate
 from codec.spec import ModelSpec
 from node.data.batches import open_run_dataset
 from node.model.fingerprint import fingerprint
@@ -32,6 +31,7 @@ from node.model.llama import build_model
 from node.runtime.clock import ChainClock
 from node.window.buckets import window_roster
 from node.window.history import publish_aggregate, publish_checkpoint
+from node.window.outer_step import apply_updates
 from protocol.chain.base import Chain
 from protocol.chain.errors import NotRegistered
 from protocol.naming import fingerprint_key, run_prefix, scores_key
@@ -162,10 +162,7 @@ class Validator:
         """Apply the mean of the selected peers' fetched updates (the peers' own rule)."""
         applied = [u for u in selected if u in uploads and uploads[u].fetched.ok]
         updates = {u: uploads[u].fetched.update.tensors for u in applied}  # type: ignore[union-attr]
-        mean = aggregate(updates, self.spec, self.run.codec, device=self.device)
-        with torch.no_grad():
-            for name, p in self.model.named_parameters():
-                p.sub_(mean[name], alpha=self.run.outer.alpha)
+        apply_updates(self.model, updates, self.run, self.spec, self.device)
         self.fingerprint = fingerprint(self.model)
         return applied
 

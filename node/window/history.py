@@ -27,10 +27,10 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 from substrateinterface import Keypair
 
-from codec.aggregate import aggregate
 from codec.errors import DecodeError
 from codec.spec import ModelSpec
 from node.window.exchange import check_update, max_update_bytes
+from node.window.outer_step import apply_updates
 from protocol.naming import (
     ObjectKind,
     aggregate_key,
@@ -191,7 +191,6 @@ def catch_up(
             for n, p in names.items():
                 p.copy_(weights[n])
         log.info("loaded checkpoint of window %d", window)
-    alpha = run.outer.alpha
     while window < to_window:
         try:
             updates = _read_aggregate(source, run, spec, window, source_uid, source_hotkey, peers)
@@ -199,9 +198,6 @@ def catch_up(
             break  # not published (yet): the model is consistently at `window`
         except (StoreError, DecodeError, SignatureError) as exc:
             raise HistoryError(f"cannot replay window {window}: {exc}") from exc
-        mean = aggregate(updates, spec, run.codec)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                p.sub_(mean[name], alpha=alpha)
+        apply_updates(model, updates, run, spec)
         window += 1
     return window

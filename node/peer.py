@@ -35,9 +35,11 @@ from node.runtime.multigpu import Ranks
 from node.runtime.preflight import explain_os_error
 from node.runtime.progress import tracked
 from node.runtime.state import PeerState, load_error_feedback, load_state, save_ef_shard, save_state
-from node.window.buckets import peer_buckets, window_roster
-from node.window.exchange import Fetched, encode_signed, gather, publish
-from node.window.history import HistoryError, catch_up
+from node.window.buckets import peer_buckets
+from node.window.consensus import Agreement, agree, wait_for_manifest, window_roster
+from node.window.exchange import encode_signed, publish
+from node.window.gather import Fetched, gather
+from node.window.history import HistoryError, catch_up, resync
 from node.window.outer_step import apply_mean, window_mean
 from protocol.chain.base import Chain
 from protocol.naming import fingerprint_key
@@ -59,6 +61,8 @@ class WindowReport:
     download_bytes: int
     gathered: list[int]
     dropped: dict[int, str]
+    applied: list[int]
+    agreed_by: str
     fingerprint: str
 
 
@@ -94,12 +98,13 @@ class Peer:
     # -- the window --------------------------------------------------------------------------
 
     def run_window(self, window: int) -> WindowReport:
-        start = self._weights()
+        start, start_fp = self._weights(), fingerprint(self.model)
         inner = self._train(window)
         sparse = self._compress(start, window)
         upload_bytes, upload_s = self._publish(sparse, window)
-        fetched = self._gather(window)
-        self._outer_step(start, fetched)
+        fetched, agreed = self._exchange(window, start_fp)
+        start = self._resync_if_forked(window, agreed, start)
+        self._outer_step(start, agreed)
         fp = self._publish_fingerprint(window)
         self._save(window + 1, fp)
         return WindowReport(
@@ -108,9 +113,11 @@ class Peer:
             tokens_per_s=inner.tokens_per_s,
             upload_bytes=upload_bytes,
             upload_s=upload_s,
-            download_bytes=sum(f.n_bytes for f in fetched),
-            gathered=[f.uid for f in fetched if f.ok],
-            dropped={f.uid: f.reason for f in fetched if not f.ok},
+            download_bytes=sum(f.n_bytes for f in fetched.values()),
+            gathered=[u for u, f in fetched.items() if f.ok],
+            dropped={u: f.reason for u, f in fetched.items() if not f.ok},
+            applied=sorted(agreed.updates) if agreed else [],
+            agreed_by=agreed.note if agreed else "",
             fingerprint=fp,
         )
 
@@ -252,16 +259,43 @@ class Peer:
             return len(data), float("nan")
         return done.n_bytes, done.seconds
 
-    def _gather(self, window: int) -> list[Fetched]:
-        if not self.ranks.is_main:  # rank 0 fetches, the others receive its aggregate
-            return []
+    def _exchange(self, window: int, start_fp: str) -> tuple[dict[int, Fetched], Agreement | None]:
+        """At the gather point: fetch the selected updates, then apply what the lead validator's
+        manifest says (`node.window.consensus`). Rank 0 only; the other ranks get (empty, None)."""
+        if not self.ranks.is_main:
+            return {}, None
         self.clock.wait_for_block(self.clock.gather_block(window))
+        begun = time.monotonic()
         roster = window_roster(self.chain, self.cfg, window, self.local_root)
-        peers = [roster.buckets[uid] for uid in roster.selected]
-        return gather(peers, self.cfg, self.spec, window, self.clock.deadline_s(window))
+        peers = [roster.buckets[u] for u in roster.selected if u in roster.buckets]
+        fetched = gather(peers, self.cfg, self.spec, window, self.clock.deadline_s(window))
+        c = self.cfg.consensus
+        manifest = wait_for_manifest(
+            roster, self.cfg, window, begun + c.fetch_budget_s + c.manifest_wait_s
+        )
+        return fetched, agree(roster, fetched, manifest, start_fp, self.cfg, self.spec)
 
-    def _outer_step(self, start: dict[str, torch.Tensor], fetched: list[Fetched]) -> None:
-        updates = {f.uid: f.update.tensors for f in fetched if f.update is not None}
+    def _resync_if_forked(
+        self, window: int, agreed: Agreement | None, start: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """A peer whose weights differ from the lead validator's at the start of the window
+        rebuilds them from the validator's published history before taking the step."""
+        forked = self.ranks.broadcast_object(agreed is not None and agreed.forked)
+        if not forked:
+            return start
+        if self.ranks.is_main:
+            assert agreed is not None and agreed.manifest is not None
+            log.warning("window %d: forked from the validator: resyncing", window)
+            resync(
+                self.model, self.cfg, self.spec, self._history_sources(), window,
+                agreed.manifest.fingerprint_start,
+            )  # fmt: skip
+        return self.ranks.broadcast_aggregate(
+            self._weights() if self.ranks.is_main else None, self.spec, self.device
+        )
+
+    def _outer_step(self, start: dict[str, torch.Tensor], agreed: Agreement | None) -> None:
+        updates = {u: up.tensors for u, up in agreed.updates.items()} if agreed else {}
         mean = (
             window_mean(updates, self.cfg, self.spec, self.device) if self.ranks.is_main else None
         )

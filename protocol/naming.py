@@ -6,18 +6,19 @@ Every object of a run sits under the run id, then the window, then its kind::
 
     run_id   32 lowercase hex chars (`RunConfig.run_id`)
     window   the outer step, 10 zero-padded digits (lexicographic order = numeric order)
-    kind     update | aggregate | checkpoint | scores | fingerprint | manifest
+    kind     update | aggregate | checkpoint | scores | fingerprint | manifest | applied
     uid      the writer's subnet uid, 5 zero-padded digits (0..65535)
     hotkey   the writer's SS58 (format 42) hotkey address, checksum-verified
     part     only for checkpoint: ``.p{part:05d}`` (shard index 0..99999)
     ext      fixed per kind: update/aggregate -> ``tsr``, checkpoint -> ``ckpt``,
-             scores/fingerprint/manifest -> ``json``
+             scores/fingerprint/manifest/applied -> ``json``
 
     kind         written by   content
     update       peer         the compressed pseudo-gradient Δ̂ for the window
     aggregate    validator    the aggregate it applied at the end of the window
     checkpoint   validator    model shard(s) after the window's outer step
     manifest     validator    index of a checkpoint: parts, sizes, digests
+    applied      validator    the window's signed list of (uid, digest) every node applies
     scores       validator    per-peer score breakdown for the window
     fingerprint  any node     parameter fingerprint after the window's outer step
 
@@ -59,6 +60,7 @@ class ObjectKind(StrEnum):
     SCORES = "scores"
     FINGERPRINT = "fingerprint"
     MANIFEST = "manifest"
+    APPLIED = "applied"
 
 
 EXTENSIONS: dict[ObjectKind, str] = {
@@ -68,6 +70,7 @@ EXTENSIONS: dict[ObjectKind, str] = {
     ObjectKind.SCORES: "json",
     ObjectKind.FINGERPRINT: "json",
     ObjectKind.MANIFEST: "json",
+    ObjectKind.APPLIED: "json",
 }
 
 _KEY_RE = re.compile(
@@ -163,6 +166,10 @@ def checkpoint_key(run_id: str, window: int, uid: int, hotkey: str, part: int = 
 
 def manifest_key(run_id: str, window: int, uid: int, hotkey: str) -> str:
     return object_key(run_id, window, ObjectKind.MANIFEST, uid, hotkey)
+
+
+def applied_key(run_id: str, window: int, uid: int, hotkey: str) -> str:
+    return object_key(run_id, window, ObjectKind.APPLIED, uid, hotkey)
 
 
 def scores_key(run_id: str, window: int, uid: int, hotkey: str) -> str:

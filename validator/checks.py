@@ -15,7 +15,7 @@ Verdicts, in the order they are decided:
 * from `validator.copies`: ``copy`` and ``replay``.
 
 Sync is reported separately (it scales the score, it does not disqualify the update): the peer's
-published fingerprint for w-1 against ours; ``None`` when it published none.
+published fingerprint for w-1 against ours; a peer that published none is out of sync.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import statistics
 from collections.abc import Mapping
 from enum import StrEnum
 
-from node.window.exchange import Fetched
+from node.window.gather import Fetched
 
 
 class Verdict(StrEnum):
@@ -79,7 +79,8 @@ def norm_verdicts(norms: Mapping[int, float], ratio: float) -> dict[int, tuple[V
 
 
 def in_sync(peer_fingerprint: str | None, ours: str | None) -> bool | None:
-    """True/False when the peer published a fingerprint for w-1 and we know ours; else None."""
-    if peer_fingerprint is None or ours is None:
+    """Whether the peer's published fingerprint for w-1 equals ours; a peer that published none
+    counts as out of sync (False). None only when we have nothing to compare with (window 0)."""
+    if ours is None:
         return None
     return peer_fingerprint == ours

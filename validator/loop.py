@@ -1,16 +1,18 @@
 """The validator: one `run_window` per window, top to bottom (see the package README for the maths).
 
 1. wait for the window's gather point (deadline + skew tolerance, exactly when peers gather) and
-   read the roster: every registered non-validator uid, its bucket, and the selected set;
-2. fetch every peer's update and fingerprint concurrently (`fetching`) and classify them
-   (`classify`: missing / late / invalid / malformed / norm / copy / replay / sync);
-3. score the updates that passed against the model at the start of the window (`scoring`);
-4. update ratings, EMAs and penalties (`ratings`);
-5. apply the window's aggregate — the selected peers whose updates passed `node.window.exchange.fetch`,
-   exactly the set honest peers apply — to our model, and publish our fingerprint;
-6. every M windows set weights on chain (`weights`);
-7. publish the score report, the aggregate, and every N windows a checkpoint and the run config;
-8. save the whole state atomically.
+   read the window's roster from its pinned chain snapshot (`node.window.consensus`);
+2. fetch every peer's update and fingerprint under the run's hard budget (`fetching`) and
+   classify them (`classify`: missing / late / invalid / malformed / norm / copy / replay / sync);
+3. agree on the window's set (`agreement`): the lead validator publishes the aggregate bytes and
+   the signed manifest of exactly the selected updates that passed; any other validator follows
+   the lead's manifest (resyncing first if it forked), as peers do;
+4. score the updates that passed against the model at the start of the window (`scoring`);
+5. update ratings, EMAs and penalties (`ratings`);
+6. take the window's one outer step (`node.window.outer_step`) and publish our fingerprint;
+7. every M windows set weights on chain (`weights`);
+8. publish the score report, and every N windows a checkpoint and the run config;
+9. save the whole state atomically.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -29,19 +32,20 @@ from node.data.batches import open_run_dataset
 from node.model.fingerprint import fingerprint
 from node.model.llama import build_model
 from node.runtime.clock import ChainClock
-from node.window.buckets import window_roster
-from node.window.history import publish_aggregate, publish_checkpoint
+from node.window.consensus import Agreement, Roster, wait_for_manifest, window_roster
+from node.window.history import history_sources, publish_aggregate, publish_checkpoint, resync
 from node.window.outer_step import apply_updates
 from protocol.chain.base import Chain
 from protocol.chain.errors import NotRegistered
 from protocol.naming import fingerprint_key, run_prefix, scores_key
 from protocol.runconfig import RunConfig
 from protocol.stores import ObjectStore, StoreError
+from validator.agreement import follow, lead_agreement, lead_manifest, publish_decision
 from validator.checks import Verdict
 from validator.classify import PeerCheck, check_window
 from validator.config import ValidatorConfig
 from validator.copies import SketchHistory
-from validator.fetching import Upload, fetch_all
+from validator.fetching import Upload, fetch_uploads
 from validator.ratings import Book, WindowOutcome
 from validator.reports import ScoreReport, WindowResult, build_report
 from validator.scoring import LossProbe, LossScore, pick_scored
@@ -90,26 +94,29 @@ class Validator:
 
     def run_window(self, window: int) -> ScoreReport:
         self.clock.wait_for_block(self.clock.gather_block(window))
-        hotkeys, buckets, no_bucket, selected = self._roster(window)
-        uploads = fetch_all(
-            list(buckets.values()), self.run, self.spec, window, self.clock.deadline_s(window),
-            self.cfg.fetch_timeout_s, self.cfg.fetch_workers,
-        )  # fmt: skip
+        begun = time.monotonic()
+        roster = window_roster(self.chain, self.run, window, self.local_root)
+        hotkeys, buckets, no_bucket = _members(roster)
+        uploads = fetch_uploads(
+            list(buckets.values()), self.run, self.spec, window, self.clock.deadline_s(window)
+        )
         checks = check_window(
-            window, hotkeys, uploads, no_bucket, self.fingerprint, self.history, self.run,
-            self.spec, self.cfg, self.salt,
+            window, hotkeys, uploads, no_bucket, self.fingerprint if window > 0 else None,
+            self.history, self.run, self.spec, self.cfg, self.salt,
         )  # fmt: skip
+        agreed = self._agree(window, roster, uploads, checks, begun)
         losses = self._score(window, checks)
         self.book.update(_outcomes(checks, losses))
         self.history.add(window, [c.sketch for c in checks.values() if c.sketch is not None])
-        start_fp, applied = self.fingerprint, self._outer_step(selected, uploads)
+        start_fp = self.fingerprint
+        self._outer_step(agreed)
         weights = normalise(self.book.final_scores(), set(hotkeys))
         status = self._maybe_set_weights(window, weights)
         report = build_report(
-            self._result(window, start_fp, selected, applied, weights, status),
+            self._result(window, start_fp, roster.selected, sorted(agreed.updates), weights, status),
             checks, losses, self.book,
         )  # fmt: skip
-        self._publish(window, report, {u: uploads[u].data for u in applied})  # type: ignore[misc]
+        self._publish(window, report)
         self._save(window + 1)
         return report
 
@@ -133,13 +140,41 @@ class Validator:
 
     # -- steps -------------------------------------------------------------------------------
 
-    def _roster(self, window: int) -> tuple[dict, dict, dict[int, str], list[int]]:
-        """Registered non-validator peers, their buckets, why some have none, the selected set."""
-        roster = window_roster(self.chain, self.run, window, self.local_root)
-        peers = {n.uid: n.hotkey for n in roster.metagraph.neurons if not n.validator_permit}
-        own = {u: b for u, b in roster.buckets.items() if u in peers}
-        missing = {u: roster.problems.get(u, "missing") for u in peers if u not in own}
-        return peers, own, missing, roster.selected
+    def _agree(
+        self,
+        window: int,
+        roster: Roster,
+        uploads: Mapping[int, Upload],
+        checks: Mapping[int, PeerCheck],
+        begun: float,
+    ) -> Agreement:
+        """As the lead: decide and publish the window's set. Otherwise: follow the lead."""
+        if roster.lead is not None and roster.lead.uid == self.uid:
+            manifest = lead_manifest(
+                self.run, window, roster, checks, self.uid, self.keypair.ss58_address,
+                self.fingerprint,
+            )  # fmt: skip
+            publish_decision(self.store, self.run, self.keypair, manifest, uploads)
+            return lead_agreement(manifest, uploads)
+        c = self.run.consensus
+        until = begun + c.fetch_budget_s + c.manifest_wait_s
+        manifest = wait_for_manifest(roster, self.run, window, until)
+        agreed = follow(roster, uploads, manifest, self.fingerprint, self.run, self.spec)
+        if agreed.forked and agreed.manifest is not None:
+            log.warning("window %d: forked from the lead validator: resyncing", window)
+            resync(
+                self.model, self.run, self.spec, self._history_sources(), window,
+                agreed.manifest.fingerprint_start,
+            )  # fmt: skip
+        try:  # our own history: the exact bytes we applied
+            applied = {u: uploads[u].data for u in agreed.updates if uploads[u].data is not None}
+            publish_aggregate(self.store, self.run, window, self.uid, self.keypair, applied)  # type: ignore[arg-type]
+        except StoreError as exc:
+            log.error("window %d: publishing the aggregate failed: %s", window, exc)
+        return agreed
+
+    def _history_sources(self) -> list:
+        return history_sources(self.chain, self.local_root)
 
     def _score(self, window: int, checks: Mapping[int, PeerCheck]) -> dict[int, LossScore]:
         candidates = [u for u, c in checks.items() if c.verdict in SCORABLE]
@@ -158,13 +193,11 @@ class Validator:
                 log.exception("window %d: scoring uid %d failed", window, uid)
         return out
 
-    def _outer_step(self, selected: list[int], uploads: Mapping[int, Upload]) -> list[int]:
-        """Apply the mean of the selected peers' fetched updates (the peers' own rule)."""
-        applied = [u for u in selected if u in uploads and uploads[u].fetched.ok]
-        updates = {u: uploads[u].fetched.update.tensors for u in applied}  # type: ignore[union-attr]
+    def _outer_step(self, agreed: Agreement) -> None:
+        """The window's one outer step (`node.window.outer_step`), as every peer takes it."""
+        updates = {u: up.tensors for u, up in agreed.updates.items()}
         apply_updates(self.model, updates, self.run, self.spec, self.device)
         self.fingerprint = fingerprint(self.model)
-        return applied
 
     def _maybe_set_weights(self, window: int, weights: dict[int, float]) -> str:
         if window % self.cfg.weights_every != 0:
@@ -184,7 +217,7 @@ class Validator:
             weights=weights, weights_status=status, config=self.cfg,
         )  # fmt: skip
 
-    def _publish(self, window: int, report: ScoreReport, applied: Mapping[int, bytes]) -> None:
+    def _publish(self, window: int, report: ScoreReport) -> None:
         run_id, hk, uid = self.run.run_id, self.keypair.ss58_address, self.uid
         body = {"run_id": run_id, "window": window, "uid": uid, "fingerprint": self.fingerprint}
         steps = [
@@ -192,8 +225,6 @@ class Validator:
                 fingerprint_key(run_id, window, uid, hk), json.dumps(body).encode())),
             ("scores", lambda: self.store.put(
                 scores_key(run_id, window, uid, hk), report.model_dump_json().encode())),
-            ("aggregate", lambda: publish_aggregate(
-                self.store, self.run, window, uid, self.keypair, applied)),
         ]  # fmt: skip
         if (window + 1) % self.cfg.checkpoint_every == 0:
             steps.append(("run config", self._publish_run_config))
@@ -260,3 +291,11 @@ def _outcomes(
         )
         for uid, c in checks.items()
     }
+
+
+def _members(roster: Roster) -> tuple[dict[int, str], dict, dict[int, str]]:
+    """Registered non-validator peers, their buckets, and why some have none."""
+    peers = {n.uid: n.hotkey for n in roster.metagraph.neurons if not n.validator_permit}
+    own = {u: b for u, b in roster.buckets.items() if u in peers}
+    missing = {u: roster.problems.get(u, "missing") for u in peers if u not in own}
+    return peers, own, missing

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from node.window.selection import select_peers
 from protocol.chain.base import Chain
-from protocol.chain.models import Metagraph
+from protocol.chain.models import Commitment, Metagraph
 from protocol.commitment import BucketCommitment, CommitmentError, Provider, parse_commitment
-from protocol.runconfig import RunConfig
 from protocol.stores import ReadableStore, StoreError, open_store
 
 ALLOW_PRIVATE_ENV = "TESSERA_ALLOW_PRIVATE_ENDPOINTS"  # see docker/.env.example
@@ -36,10 +35,17 @@ def store_for(commitment: BucketCommitment, local_root: Path | None) -> Readable
 
 
 def peer_buckets(
-    chain: Chain,
+    chain: Chain, local_root: Path | None = None, allow_private: bool = False
+) -> tuple[dict[int, PeerBucket], dict[int, str]]:
+    """`buckets_from` the chain head (for lookups outside a window's pinned roster)."""
+    return buckets_from(chain.metagraph(), chain.read_all_commitments(), local_root, allow_private)
+
+
+def buckets_from(
+    metagraph: Metagraph,
+    commitments: Mapping[str, Commitment],
     local_root: Path | None = None,
     allow_private: bool = False,
-    metagraph: Metagraph | None = None,
 ) -> tuple[dict[int, PeerBucket], dict[int, str]]:
     """Every registered uid with a usable commitment; and why the others have none.
 
@@ -47,8 +53,6 @@ def peer_buckets(
     `allow_private`, a local storage root, or `TESSERA_ALLOW_PRIVATE_ENDPOINTS=1`.
     """
     allow_private = allow_private or os.environ.get(ALLOW_PRIVATE_ENV) == "1"
-    metagraph = metagraph or chain.metagraph()
-    commitments = chain.read_all_commitments()
     found: dict[int, PeerBucket] = {}
     problems: dict[int, str] = {}
     for neuron in metagraph.neurons:
@@ -64,29 +68,3 @@ def peer_buckets(
         except (CommitmentError, StoreError, ValueError) as exc:
             problems[neuron.uid] = f"bad commitment: {exc}"
     return found, problems
-
-
-@dataclass(frozen=True)
-class Roster:
-    """One chain snapshot of a window: who is registered, whose bucket we can read (and why
-    not), and which uids the window aggregates (`node.window.selection.select_peers`)."""
-
-    metagraph: Metagraph
-    buckets: dict[int, PeerBucket]
-    problems: dict[int, str]
-    selected: list[int]
-
-
-def window_roster(chain: Chain, run: RunConfig, window: int, local_root: Path | None) -> Roster:
-    """The roster every peer and validator computes alike for `window`."""
-    metagraph = chain.metagraph()
-    buckets, problems = peer_buckets(chain, local_root, metagraph=metagraph)
-    selected = select_peers(
-        metagraph,
-        {b.hotkey for b in buckets.values()},
-        chain.weights_all(),
-        run.run_id,
-        window,
-        run.gather_size,
-    )
-    return Roster(metagraph, buckets, problems, selected)

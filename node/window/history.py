@@ -93,6 +93,46 @@ def publish_checkpoint(
     return key
 
 
+def read_aggregate_bytes(
+    store: ReadableStore, run: RunConfig, spec: ModelSpec, window: int, uid: int, hotkey: str
+) -> dict[int, bytes]:
+    """The exact update bytes a validator published for `window` (signature checked)."""
+    cap = 4096 * max_update_bytes(spec, run)
+    try:
+        raw = msgpack.unpackb(
+            store.get(aggregate_key(run.run_id, window, uid, hotkey), cap), max_bin_len=cap
+        )
+        if (
+            not isinstance(raw, dict)
+            or set(raw) != {"body", "sig"}
+            or not isinstance(raw["body"], bytes)
+        ):
+            raise DecodeError("malformed aggregate object")
+        verify_object(
+            hotkey,
+            raw["sig"],
+            ObjectKind.AGGREGATE,
+            run.run_id,
+            window,
+            uid,
+            payload_digest(raw["body"]),
+        )
+        body = msgpack.unpackb(raw["body"], strict_map_key=False, max_bin_len=cap)
+        if (
+            not isinstance(body, dict)
+            or body.get("window") != window
+            or not isinstance(body.get("updates"), dict)
+        ):
+            raise DecodeError("aggregate body does not match its window")
+        return {
+            int(k): bytes(v)
+            for k, v in body["updates"].items()
+            if isinstance(k, int) and isinstance(v, bytes)
+        }
+    except (StoreError, DecodeError, SignatureError, ValueError, msgpack.ExtraData) as exc:
+        raise HistoryError(f"aggregate of window {window}: {exc}") from exc
+
+
 def _read_aggregate(
     store: ReadableStore,
     run: RunConfig,

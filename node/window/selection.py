@@ -1,27 +1,33 @@
-"""Which peers' updates a window aggregates: a pure function of one chain snapshot.
+"""Which peers' updates a window aggregates: a pure function of one pinned chain snapshot.
 
-Every peer and validator computes the same set from the same inputs, so everyone applies the same
-aggregate. The rule, for window ``w`` and gather size ``G``:
+Every peer and validator computes the same set from the same snapshot (`node.window.consensus`),
+so everyone applies the same aggregate. The rule, for window ``w`` and gather size ``G``:
 
 1. Candidates are the registered uids that have a bucket commitment and no validator permit.
 2. Each candidate's *score* is the stake-weighted mean of the weights validators gave it
    (validators without stake count with weight 1 so a fresh subnet still works).
-3. ``P = max(1, G // 4)`` probation slots (capped by the candidates without any weight) go to
-   unweighted candidates, drawn by a hash of (run id, window, hotkey) so newcomers get in.
-4. The remaining ``G - P`` slots (plus probation slots left unused) go to the best scores,
-   ties broken by uid.
+3. A candidate is **never scored** when it registered after the last weight update of every
+   validator in the snapshot. Only those can take a probation slot: a uid that validators have
+   already weighed and given nothing (zeroed, penalised) never gets one. Probation holds at most
+   ``floor(G * probation_fraction)`` slots (at least one when the fraction is positive), drawn by
+   a hash of (run id, window, hotkey).
+4. The remaining slots go to the best positive scores, ties broken by uid; a uid with a zero
+   score never gets in except through probation.
 5. With no weights on chain at all (bootstrap), the first ``G`` candidates by the hash draw.
 
-The result is sorted by uid: the aggregation order (`codec.aggregate` sorts again by key, so the
-order never depends on arrival).
+Influence: the outer step scales each update to at most the median norm of the window's updates
+(`node.window.outer_step`), so the ``P`` probation updates move the model by at most
+``α · P · median / N`` in L2 norm, ``N`` the number of updates applied.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Mapping
 
-from protocol.chain.models import Metagraph
+from protocol.chain.models import Metagraph, Neuron
+from protocol.runconfig import RunConfig
 
 
 def _draw(run_id: str, window: int, hotkey: str) -> bytes:
@@ -43,23 +49,36 @@ def peer_scores(
     return {uid: v / norm for uid, v in totals.items()} if norm else {}
 
 
+def never_scored(neuron: Neuron, metagraph: Metagraph) -> bool:
+    """True when no validator of the snapshot has updated its weights since `neuron` registered."""
+    return all(v.last_update < neuron.registered_block for v in metagraph.validators)
+
+
+def probation_slots(run: RunConfig) -> int:
+    """The most never-scored uids a window may aggregate."""
+    fraction = run.consensus.probation_fraction
+    if fraction <= 0:
+        return 0
+    return max(1, math.floor(run.gather_size * fraction))
+
+
 def select_peers(
     metagraph: Metagraph,
     committed: set[str],
     weights: Mapping[int, Mapping[int, float]],
-    run_id: str,
+    run: RunConfig,
     window: int,
-    gather_size: int,
 ) -> list[int]:
     """The uids whose updates window `window` aggregates (sorted ascending)."""
+    gather_size = run.gather_size
     candidates = [n for n in metagraph.neurons if n.hotkey in committed and not n.validator_permit]
-    by_draw = sorted(candidates, key=lambda n: _draw(run_id, window, n.hotkey))
-    scores = peer_scores(metagraph, weights)
-    weighted = [n for n in candidates if scores.get(n.uid, 0.0) > 0]
-    if not weighted:
+    by_draw = sorted(candidates, key=lambda n: _draw(run.run_id, window, n.hotkey))
+    if not any(weights.values()):  # bootstrap: nobody has been weighed yet
         return sorted(n.uid for n in by_draw[:gather_size])
-    fresh = [n for n in by_draw if scores.get(n.uid, 0.0) <= 0]
-    probation = fresh[: min(len(fresh), max(1, gather_size // 4))]
+    scores = peer_scores(metagraph, weights)
+    fresh = [n for n in by_draw if never_scored(n, metagraph) and scores.get(n.uid, 0.0) <= 0]
+    probation = fresh[: min(probation_slots(run), gather_size)]
+    weighted = [n for n in candidates if scores.get(n.uid, 0.0) > 0]
     best = sorted(weighted, key=lambda n: (-scores[n.uid], n.uid))
     chosen = best[: gather_size - len(probation)] + probation
     return sorted(n.uid for n in chosen)

@@ -1,0 +1,117 @@
+"""Gathering a window's updates from other peers' buckets, under one hard deadline.
+
+Every request goes through `protocol.stores.fetch.fetch_many`: one GET per object, a byte cap, a
+minimum transfer rate after a grace period, and a wall-clock budget for the whole gather
+(``run.consensus``) that no endpoint can stretch. What comes back is checked here, never trusted:
+
+* an object stored after the deadline plus the run's clock-skew tolerance is ``late``;
+* the bytes must verify and decode strictly (`node.window.exchange.check_update`).
+
+A `Fetched` keeps the exact bytes of a verified update, so the window's manifest can pin them by
+digest (`node.window.manifest`) and the validator can republish them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from codec.errors import DecodeError
+from codec.spec import ModelSpec
+from codec.wire import DecodedUpdate
+from node.window.buckets import PeerBucket
+from node.window.exchange import check_update, max_update_bytes
+from node.window.manifest import bytes_digest
+from protocol.naming import update_key
+from protocol.runconfig import RunConfig
+from protocol.signing import SignatureError
+from protocol.stores import ObjectNotFound, ObjectTooLarge, StoreError
+from protocol.stores.fetch import FetchRequest, Got, fetch_many
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """One peer's update for a window, or why we could not use it."""
+
+    uid: int
+    update: DecodedUpdate | None
+    reason: str
+    data: bytes | None = None  # the exact bytes, kept only when they verified and decoded
+    last_modified: datetime | None = None
+    n_bytes: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.update is not None
+
+    @property
+    def digest(self) -> str | None:
+        return bytes_digest(self.data) if self.data is not None else None
+
+
+def update_request(peer: PeerBucket, run: RunConfig, spec: ModelSpec, window: int) -> FetchRequest:
+    key = update_key(run.run_id, window, peer.uid, peer.hotkey)
+    return FetchRequest(peer.store, key, max_update_bytes(spec, run))
+
+
+def fetch_all(requests: Mapping[Hashable, FetchRequest], run: RunConfig) -> dict:
+    """`fetch_many` with the run's budget, minimum rate and grace."""
+    c = run.consensus
+    return fetch_many(
+        requests,
+        budget_s=c.fetch_budget_s,
+        min_rate_bytes_s=c.min_rate_bytes_s,
+        grace_s=c.rate_grace_s,
+    )
+
+
+def checked(
+    uid: int,
+    hotkey: str,
+    got: Got | StoreError,
+    run: RunConfig,
+    spec: ModelSpec,
+    window: int,
+    deadline_s: float,
+) -> Fetched:
+    """What one fetch result is worth: a verified update, or the reason it is dropped."""
+    if isinstance(got, ObjectNotFound):
+        return Fetched(uid, None, "missing")
+    if isinstance(got, ObjectTooLarge):
+        return Fetched(uid, None, f"too large: {got}")
+    if isinstance(got, StoreError):
+        return Fetched(uid, None, f"unreachable: {got}")
+    if got.last_modified is not None:
+        late_by = got.last_modified.timestamp() - deadline_s
+        if late_by > run.timing.clock_skew_tolerance_s:
+            return Fetched(uid, None, f"late: stored {late_by:.1f}s after the deadline")
+    n = len(got.data)
+    try:
+        update = check_update(got.data, uid, hotkey, run, spec, window)
+    except DecodeError as exc:
+        return Fetched(uid, None, f"malformed: {exc}", n_bytes=n)
+    except SignatureError as exc:
+        return Fetched(uid, None, f"bad signature: {exc}", n_bytes=n)
+    except Exception as exc:  # one bad peer never takes the node down
+        log.exception("unexpected error checking uid %d", uid)
+        return Fetched(uid, None, f"error: {type(exc).__name__}: {exc}", n_bytes=n)
+    return Fetched(uid, update, "ok", got.data, got.last_modified, n)
+
+
+def gather(
+    peers: Sequence[PeerBucket], run: RunConfig, spec: ModelSpec, window: int, deadline_s: float
+) -> dict[int, Fetched]:
+    """The peers' updates for `window`, fetched concurrently within the run's budget, by uid."""
+    got = fetch_all({p.uid: update_request(p, run, spec, window) for p in peers}, run)
+    out = {
+        p.uid: checked(p.uid, p.hotkey, got[p.uid], run, spec, window, deadline_s)
+        for p in sorted(peers, key=lambda p: p.uid)
+    }
+    for f in out.values():
+        if not f.ok:
+            log.warning("window %d: dropping uid %d: %s", window, f.uid, f.reason)
+    return out

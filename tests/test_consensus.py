@@ -1,0 +1,237 @@
+"""The window's consensus against hostile members: split views, forged manifests, bounded steps.
+
+Real components throughout: the real codec and signatures, file:// buckets for the validator's
+published aggregate and manifest, and the one outer step applied to real models.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from codec.aggregate import aggregate, update_norm
+from codec.compress import Compressor, SparseTensor
+from codec.spec import ModelSpec
+from node.model.fingerprint import fingerprint
+from node.model.llama import build_model
+from node.window.buckets import PeerBucket
+from node.window.consensus import Roster, agree, local_choice
+from node.window.exchange import check_update, encode_signed
+from node.window.gather import Fetched
+from node.window.history import publish_aggregate
+from node.window.manifest import (
+    Entry,
+    ManifestError,
+    WindowManifest,
+    bytes_digest,
+    publish_manifest,
+    read_manifest,
+)
+from node.window.outer_step import apply_updates, window_mean
+from protocol.chain.models import Metagraph, Neuron
+from protocol.keys import create_hotkey
+from protocol.naming import applied_key
+from protocol.runconfig import RunConfig
+from protocol.stores import open_store
+
+RUN = RunConfig.preset("tiny", name="consensus", inner_steps=2)
+SPEC = ModelSpec.from_module(build_model(RUN.model, RUN.seed))
+WINDOW = 2
+LEAD = 9
+CAP = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("wallets")
+    return {uid: create_hotkey("c", f"k{uid}", root=root) for uid in (0, 1, 2, 3, 4, LEAD)}
+
+
+def _honest(uid: int, shared: dict[str, torch.Tensor], scale: float = 1.0) -> list[SparseTensor]:
+    """A peer's compressed update: a shared direction plus its own noise."""
+    gen = torch.Generator().manual_seed(100 + uid)
+    comp = Compressor(SPEC, RUN.codec)
+    return [
+        comp.compress(
+            t.name,
+            scale * (shared[t.name] + 0.5 * torch.randn(t.shape, generator=gen)),
+            0.0,
+            freeze=True,
+        )
+        for t in SPEC.tensors
+    ]
+
+
+@pytest.fixture(scope="module")
+def shared() -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    return {t.name: 1e-3 * torch.randn(t.shape, generator=gen) for t in SPEC.tensors}
+
+
+def _fetched(uid: int, data: bytes, keys: dict) -> Fetched:
+    update = check_update(data, uid, keys[uid].ss58_address, RUN, SPEC, WINDOW)
+    return Fetched(uid, update, "ok", data, None, len(data))
+
+
+def _roster(keys: dict, lead_store: object, selected: list[int]) -> Roster:
+    neurons = [
+        Neuron(
+            uid=u,
+            hotkey=k.ss58_address,
+            stake=10.0 if u == LEAD else 0.0,
+            validator_permit=u == LEAD,
+        )
+        for u, k in keys.items()
+    ]
+    meta = Metagraph(netuid=1, block=40, neurons=neurons)
+    lead = PeerBucket(LEAD, keys[LEAD].ss58_address, lead_store)  # type: ignore[arg-type]
+    return Roster(40, meta, {LEAD: lead}, {}, selected, lead)
+
+
+def _decide(store: object, keys: dict, applied: dict[int, bytes], start_fp: str) -> WindowManifest:
+    """What the lead validator publishes: the aggregate bytes, then the signed manifest."""
+    lead = keys[LEAD]
+    publish_aggregate(store, RUN, WINDOW, LEAD, lead, applied)  # type: ignore[arg-type]
+    manifest = WindowManifest(
+        run_id=RUN.run_id, window=WINDOW, roster_block=40, validator_uid=LEAD,
+        validator_hotkey=lead.ss58_address, fingerprint_start=start_fp,
+        entries=tuple(
+            Entry(uid=u, hotkey=keys[u].ss58_address, digest=bytes_digest(d), size=len(d))
+            for u, d in sorted(applied.items())
+        ),
+    )  # fmt: skip
+    publish_manifest(store, manifest, lead)  # type: ignore[arg-type]
+    return read_manifest(store, RUN.run_id, WINDOW, LEAD, lead.ss58_address, CAP)  # type: ignore[arg-type]
+
+
+def _apply(updates: dict) -> str:
+    model = build_model(RUN.model, RUN.seed)
+    apply_updates(model, {u: up.tensors for u, up in updates.items()}, RUN, SPEC)
+    return fingerprint(model)
+
+
+# -- agreement -----------------------------------------------------------------------------------
+
+
+def test_a_bucket_serving_different_bytes_cannot_fork_honest_nodes(
+    tmp_path: Path, keys: dict, shared: dict
+) -> None:
+    """uid 3 serves version A to the validator and node X, version B to node Y, nothing to Z."""
+    honest = {u: encode_signed(_honest(u, shared), RUN, SPEC, WINDOW, u, keys[u]) for u in range(3)}
+    version_a = encode_signed(_honest(3, shared), RUN, SPEC, WINDOW, 3, keys[3])
+    version_b = encode_signed(_honest(3, shared, scale=-1.0), RUN, SPEC, WINDOW, 3, keys[3])
+    store = open_store(f"file://{tmp_path}?bucket=lead")
+    start_fp = fingerprint(build_model(RUN.model, RUN.seed))
+    manifest = _decide(store, keys, {**honest, 3: version_a}, start_fp)
+    roster = _roster(keys, store, [0, 1, 2, 3])
+
+    base = {u: _fetched(u, d, keys) for u, d in honest.items()}
+    views = {
+        "x": {**base, 3: _fetched(3, version_a, keys)},
+        "y": {**base, 3: _fetched(3, version_b, keys)},
+        "z": dict(base),
+    }
+    # on their own, the nodes would apply three different things...
+    assert len({_apply(local_choice(roster, v)) for v in views.values()}) == 3
+    # ...with the manifest they apply exactly the validator's bytes
+    agreed = {name: agree(roster, v, manifest, start_fp, RUN, SPEC) for name, v in views.items()}
+    assert all(a.manifest is not None and not a.forked for a in agreed.values())
+    fps = {_apply(a.updates) for a in agreed.values()}
+    assert fps == {_apply({u: f.update for u, f in views["x"].items()})}
+
+
+def test_a_forked_node_learns_it_from_the_manifest(
+    tmp_path: Path, keys: dict, shared: dict
+) -> None:
+    honest = {u: encode_signed(_honest(u, shared), RUN, SPEC, WINDOW, u, keys[u]) for u in range(2)}
+    store = open_store(f"file://{tmp_path}?bucket=lead")
+    manifest = _decide(store, keys, honest, "ab" * 16)
+    roster = _roster(keys, store, [0, 1])
+    fetched = {u: _fetched(u, d, keys) for u, d in honest.items()}
+    assert agree(roster, fetched, manifest, "cd" * 16, RUN, SPEC).forked
+    assert not agree(roster, fetched, manifest, "ab" * 16, RUN, SPEC).forked
+
+
+def test_a_hostile_lead_cannot_inject_updates(tmp_path: Path, keys: dict, shared: dict) -> None:
+    honest = {u: encode_signed(_honest(u, shared), RUN, SPEC, WINDOW, u, keys[u]) for u in range(2)}
+    fetched = {u: _fetched(u, d, keys) for u, d in honest.items()}
+    start_fp = "ab" * 16
+
+    # a uid the roster did not select
+    store = open_store(f"file://{tmp_path}?bucket=lead1")
+    extra = encode_signed(_honest(4, shared), RUN, SPEC, WINDOW, 4, keys[4])
+    manifest = _decide(store, keys, {**honest, 4: extra}, start_fp)
+    out = agree(_roster(keys, store, [0, 1]), fetched, manifest, start_fp, RUN, SPEC)
+    assert out.manifest is None and sorted(out.updates) == [0, 1]
+
+    # bytes for uid 1 that uid 1 never signed (the lead signs them itself)
+    store = open_store(f"file://{tmp_path}?bucket=lead2")
+    forged = encode_signed(_honest(1, shared, scale=50.0), RUN, SPEC, WINDOW, 1, keys[LEAD])
+    manifest = _decide(store, keys, {0: honest[0], 1: forged}, start_fp)
+    out = agree(_roster(keys, store, [0, 1]), fetched, manifest, start_fp, RUN, SPEC)
+    assert out.manifest is None and "does not verify" in out.note
+
+
+# -- the manifest itself -------------------------------------------------------------------------
+
+
+def test_manifest_refuses_tampering_and_other_signers(tmp_path: Path, keys: dict) -> None:
+    store = open_store(f"file://{tmp_path}?bucket=lead")
+    lead = keys[LEAD]
+    manifest = WindowManifest(
+        run_id=RUN.run_id, window=WINDOW, roster_block=40, validator_uid=LEAD,
+        validator_hotkey=lead.ss58_address, fingerprint_start="ab" * 16,
+        entries=(Entry(uid=0, hotkey=keys[0].ss58_address, digest="0" * 64, size=10),),
+    )  # fmt: skip
+    key = publish_manifest(store, manifest, lead)
+    read = lambda: read_manifest(store, RUN.run_id, WINDOW, LEAD, lead.ss58_address, CAP)  # noqa: E731
+    assert read() == manifest
+
+    raw = json.loads(store.get(key, CAP))
+    raw["body"]["entries"] = []  # censorship after signing
+    store.put(key, json.dumps(raw).encode())
+    with pytest.raises(ManifestError, match="signature"):
+        read()
+
+    publish_manifest(store, manifest, keys[0])  # signed by someone else
+    with pytest.raises(ManifestError, match="signature"):
+        read()
+
+    for junk in (
+        b"[]",
+        b'{"body": 1, "sig": "00"}',
+        b"\xff" * 40,
+        json.dumps({"body": {}, "sig": "0" * 128}).encode(),
+    ):
+        store.put(applied_key(RUN.run_id, WINDOW, LEAD, lead.ss58_address), junk)
+        with pytest.raises(ManifestError):
+            read()
+
+
+# -- bounded influence ---------------------------------------------------------------------------
+
+
+def _scaled(update: list[SparseTensor], factor: float) -> list[SparseTensor]:
+    return [SparseTensor(s.name, s.shape, s.groups, s.codebook * factor) for s in update]
+
+
+def test_one_update_moves_the_model_at_most_the_median_norm(shared: dict) -> None:
+    honest = {u: _honest(u, shared) for u in range(3)}
+    scaled = _scaled(_honest(0, shared), 5.0)  # an honest update, values x5
+    updates = {**honest, 3: scaled}
+    norms = sorted(update_norm(u) for u in updates.values())
+    median = (norms[1] + norms[2]) / 2
+    assert update_norm(scaled) > 4 * median
+
+    mean = window_mean(updates, RUN, SPEC)
+    # the honest updates clipped by hand (the largest honest one sits a little above the median)
+    clipped = {u: _scaled(up, min(1.0, median / update_norm(up))) for u, up in honest.items()}
+    honest_mean = aggregate(clipped, SPEC, RUN.codec)
+    contribution = {n: 4 * mean[n] - 3 * honest_mean[n] for n in mean}
+    size = torch.sqrt(sum((c.double() ** 2).sum() for c in contribution.values()))
+    assert float(size) == pytest.approx(median, rel=1e-3)  # the x5 update counts as the median
+    unclipped = aggregate(updates, SPEC, RUN.codec, clip_to_median=False)
+    assert not all(torch.equal(mean[n], unclipped[n]) for n in mean)

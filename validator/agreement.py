@@ -1,0 +1,105 @@
+"""The validator's part in a window's consensus (`node.window.consensus`).
+
+The **lead** validator decides: the window applies exactly the selected uids whose updates passed
+every check (fetch, decode, signature, norm, copy, replay). It publishes the exact bytes of those
+updates (the aggregate object, which is also the run's history) and then the signed manifest
+pinning each by digest, so that peers holding other bytes can take the validator's copy.
+
+Any other validator **follows** the lead's manifest like a peer does, so all validators keep the
+same model; without a usable manifest it falls back to its own decision, exactly as a peer would.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from substrateinterface import Keypair
+
+from codec.spec import ModelSpec
+from node.window.consensus import Agreement, Roster, agree
+from node.window.history import publish_aggregate
+from node.window.manifest import Entry, WindowManifest, publish_manifest
+from protocol.runconfig import RunConfig
+from protocol.stores import ObjectStore, StoreError
+from validator.classify import PeerCheck
+from validator.fetching import Upload
+
+log = logging.getLogger(__name__)
+
+
+def lead_manifest(
+    run: RunConfig,
+    window: int,
+    roster: Roster,
+    checks: Mapping[int, PeerCheck],
+    uid: int,
+    hotkey: str,
+    fingerprint_start: str,
+) -> WindowManifest:
+    """What the lead applies: every selected uid whose update passed all checks."""
+    entries, rejected = [], {}
+    for u in roster.selected:
+        c = checks.get(u)
+        if c is None or not c.ok or c.upload is None or c.upload.data is None:
+            rejected[str(u)] = (c.verdict.value if c is not None else "missing")[:200]
+            continue
+        data = c.upload.data
+        entries.append(Entry(uid=u, hotkey=c.hotkey, digest=_digest(c.upload), size=len(data)))
+    return WindowManifest(
+        run_id=run.run_id,
+        window=window,
+        roster_block=roster.block,
+        validator_uid=uid,
+        validator_hotkey=hotkey,
+        fingerprint_start=fingerprint_start,
+        entries=tuple(entries),
+        rejected=rejected,
+    )
+
+
+def _digest(upload: Upload) -> str:
+    digest = upload.fetched.digest
+    assert digest is not None  # a verified upload always keeps its bytes
+    return digest
+
+
+def publish_decision(
+    store: ObjectStore,
+    run: RunConfig,
+    keypair: Keypair,
+    manifest: WindowManifest,
+    uploads: Mapping[int, Upload],
+) -> None:
+    """The aggregate object first (peers fall back on its copies), then the manifest."""
+    applied = {u: uploads[u].data for u in manifest.uids}
+    try:
+        publish_aggregate(
+            store,
+            run,
+            manifest.window,
+            manifest.validator_uid,
+            keypair,
+            applied,  # type: ignore[arg-type]
+        )
+        publish_manifest(store, manifest, keypair)
+    except StoreError as exc:  # peers fall back to their own choice and resync next window
+        log.error("window %d: publishing the manifest failed: %s", manifest.window, exc)
+
+
+def lead_agreement(manifest: WindowManifest, uploads: Mapping[int, Upload]) -> Agreement:
+    updates = {u: uploads[u].fetched.update for u in manifest.uids}
+    return Agreement(updates, manifest, False, "own manifest (lead)")  # type: ignore[arg-type]
+
+
+def follow(
+    roster: Roster,
+    uploads: Mapping[int, Upload],
+    manifest: WindowManifest | None,
+    fingerprint_start: str,
+    run: RunConfig,
+    spec: ModelSpec,
+) -> Agreement:
+    """A non-lead validator applies the lead's manifest, exactly as a peer does."""
+    fetched = {u: up.fetched for u, up in uploads.items()}
+    return agree(roster, fetched, manifest, fingerprint_start, run, spec)

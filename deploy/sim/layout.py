@@ -44,11 +44,18 @@ class World:
 def sim_run_config(
     windows: int, block_time: float, blocks_per_window: int, start_block: int = 0
 ) -> RunConfig:
-    """The tiny preset with a clock fast enough for a simulation on a laptop."""
+    """The tiny preset with a clock fast enough for a simulation on a laptop.
+
+    A gather may take a fifth of a window, and a peer waits up to another third of a window for
+    the lead validator's manifest (`node.window.consensus`), so training always keeps over half
+    of the window.
+    """
+    window_s = block_time * blocks_per_window
     return RunConfig.preset(
         "tiny",
         name="sim",
         outer={"total_windows": max(windows, 1)},
+        consensus={"fetch_budget_s": max(2.0, window_s / 5), "manifest_wait_s": window_s / 3},
         timing={
             "block_time_s": block_time,
             "blocks_per_window": blocks_per_window,

@@ -28,8 +28,10 @@ from chain_workers import run_worker
 from substrateinterface import Keypair
 
 from protocol.chain import (
+    BlockNotFinal,
     Chain,
     ChainError,
+    ChainSnapshot,
     CommitmentTooLarge,
     InvalidWeights,
     NotRegistered,
@@ -274,6 +276,51 @@ def test_unregistered_hotkey_cannot_set_or_have_weights(env: ChainEnv) -> None:
         env.chain.set_weights(env.stranger, [0], [1.0], 1)
     with pytest.raises(NotRegistered):
         env.chain.read_weights(env.stranger.ss58_address)
+
+
+# -- snapshots ---------------------------------------------------------------------------------
+
+
+def _final_snapshot(chain: Chain, block: int, timeout_s: float = 120) -> ChainSnapshot:
+    """`chain.snapshot(block)` as soon as `block` is final."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return chain.snapshot(block)
+        except BlockNotFinal:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def _commit_or_skip(env: ChainEnv, keypair: Keypair, data: bytes) -> int:
+    try:
+        return env.chain.commit(keypair, data).block
+    except RateLimited as exc:
+        if env.kind != "subtensor":
+            raise
+        pytest.skip(f"commitment rate limit on the node: {exc}")
+
+
+def test_snapshot_is_pinned_to_its_block(env: ChainEnv) -> None:
+    miner = env.miners[0]
+    first = _commit_or_skip(env, miner, b"pinned " + secrets.token_bytes(8))
+    pinned = _final_snapshot(env.chain, first)
+    assert pinned.block == pinned.metagraph.block == first
+    assert pinned.metagraph.netuid == env.chain.netuid
+    assert pinned.commitments[miner.ss58_address] == env.chain.read_commitment(miner.ss58_address)
+    for keypair in [env.validator, *env.miners]:
+        uid = pinned.metagraph.uid_of(keypair.ss58_address)
+        assert uid is not None and uid == env.chain.uid_of(keypair.ss58_address)
+        assert pinned.metagraph.neuron(uid).registered_block <= first  # type: ignore[union-attr]
+    second = _commit_or_skip(env, miner, b"later " + secrets.token_bytes(8))
+    assert second > first
+    later = _final_snapshot(env.chain, second)
+    assert env.chain.snapshot(first) == pinned  # the later commit did not reach block `first`
+    assert later.commitments[miner.ss58_address].block == second
+    assert later.commitments[miner.ss58_address] != pinned.commitments[miner.ss58_address]
+    with pytest.raises(BlockNotFinal):
+        env.chain.snapshot(env.chain.block() + 1000)
 
 
 # -- many processes, one local chain -----------------------------------------------------------

@@ -219,26 +219,29 @@ def test_commitment_records_the_block(chain: LocalChain, clock: FakeClock) -> No
     assert chain.read_commitment(BOB.ss58_address).block == 42  # type: ignore[union-attr]
 
 
-def test_hostile_rows_are_skipped(chain: LocalChain, db_path: Path) -> None:
+def test_hostile_rows_are_skipped(chain: LocalChain, db_path: Path, clock: FakeClock) -> None:
     chain.commit(BOB, b"good")
     conn = sqlite3.connect(db_path)
     conn.execute(
-        "INSERT INTO commitments (netuid, hotkey, data, block) VALUES (?,?,?,?)",
-        (NETUID, "not-a-hotkey", b"x", 1),
+        "INSERT INTO commitments (netuid, hotkey, data, valid_from) VALUES (?,?,?,?)",
+        (NETUID, "not-a-hotkey", b"x", 0),
     )
     conn.execute(
-        "INSERT INTO commitments (netuid, hotkey, data, block) VALUES (?,?,?,?)",
-        (NETUID, ALICE.ss58_address, b"x" * 500, 1),
+        "INSERT INTO commitments (netuid, hotkey, data, valid_from) VALUES (?,?,?,?)",
+        (NETUID, ALICE.ss58_address, b"x" * 500, 0),
     )
     conn.executemany(
-        "INSERT INTO weights (netuid, validator_uid, uid, weight) VALUES (?,?,?,?)",
-        [(NETUID, 0, 1, -1.0), (NETUID, 0, 70_000, 1.0), (NETUID, 0, 2, "lots")],
+        "INSERT INTO weights (netuid, validator_uid, uid, weight, valid_from) VALUES (?,?,?,?,?)",
+        [(NETUID, 0, 1, -1.0, 0), (NETUID, 0, 70_000, 1.0, 0), (NETUID, 0, 2, "lots", 0)],
     )
     conn.commit()
     conn.close()
     assert set(chain.read_all_commitments()) == {BOB.ss58_address}
     assert chain.read_commitment(ALICE.ss58_address) is None
     assert chain.read_weights(0) == {}
+    clock.advance(12 * 3)
+    snapshot = chain.snapshot(0)  # the same rows, read as history, are skipped the same way
+    assert set(snapshot.commitments) == {BOB.ss58_address} and snapshot.weights == {}
 
 
 # -- weights -----------------------------------------------------------------------------------
@@ -372,3 +375,25 @@ def test_cli_needs_netuid_when_ambiguous(
         == 0
     )
     assert main(["chain", "show", "--db", str(tmp_path / "none.db")]) == 1
+
+
+def test_cli_register_can_replace_a_uid(
+    cli: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = str(tmp_path / "replace.db")
+    main = deploy.cli.main
+    assert main(["chain", "create", "--db", db, "--netuid", "1", "--max-uids", "2"]) == 0
+    for key in (ALICE, BOB):
+        assert main(["chain", "register", "--db", db, "--hotkey", key.ss58_address]) == 0
+    assert main(["chain", "register", "--db", db, "--hotkey", CHARLIE.ss58_address]) == 1
+    assert "--replace-uid" in capsys.readouterr().err  # full: the error says what to do
+    replace = ["chain", "register", "--db", db, "--hotkey", CHARLIE.ss58_address]
+    assert main([*replace, "--replace-uid", "1"]) == 0
+    capsys.readouterr()
+    assert main(["chain", "show", "--db", db, "--json"]) == 0
+    neurons = json.loads(capsys.readouterr().out)["neurons"]
+    assert [(n["uid"], n["hotkey"]) for n in neurons] == [
+        (0, ALICE.ss58_address),
+        (1, CHARLIE.ss58_address),
+    ]
+    assert {"registered_block", "last_update"} <= set(neurons[1])

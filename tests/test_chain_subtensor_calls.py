@@ -13,7 +13,7 @@ import inspect
 from datetime import UTC, datetime
 
 import pytest
-from fake_substrate import HEAD, FakeSubstrate, Receipt
+from fake_substrate import ALICE, BOB, CHARLIE, HEAD, FakeSubstrate, Receipt, seed_subnet
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from substrateinterface import Keypair, SubstrateInterface
@@ -39,9 +39,6 @@ from protocol.chain.subtensor_decode import (
 from protocol.chain.weights import normalise_pairs, to_u16, validate_weights
 
 NETUID = 7
-ALICE = Keypair.create_from_uri("//Alice")
-BOB = Keypair.create_from_uri("//Bob")
-CHARLIE = Keypair.create_from_uri("//Charlie")
 
 
 def _registered(fake: FakeSubstrate, *keypairs: Keypair) -> None:
@@ -64,7 +61,7 @@ def chain(fake: FakeSubstrate) -> SubtensorChain:
 def test_the_fake_has_the_real_client_signatures() -> None:
     """Every fake method exists on SubstrateInterface and takes parameters of the same names."""
     for name, method in inspect.getmembers(FakeSubstrate, inspect.isfunction):
-        if name.startswith("_") or name == "named":
+        if name.startswith("_") or name in ("named", "end_block"):
             continue
         real = inspect.signature(getattr(SubstrateInterface, name)).parameters
         ours = inspect.signature(method).parameters
@@ -107,31 +104,19 @@ def test_block_timestamp_reads_timestamp_now_at_the_block_hash(
 # -- metagraph ---------------------------------------------------------------------------------
 
 
-def _subnet(fake: FakeSubstrate) -> None:
-    fake.storage[("SubtensorModule", "NetworksAdded", (NETUID,))] = True
-    fake.storage[("SubtensorModule", "SubnetworkN", (NETUID,))] = 3
-    fake.storage[("SubtensorModule", "ValidatorPermit", (NETUID,))] = [True, False, False]
-    fake.maps[("SubtensorModule", "Keys", (NETUID,))] = [
-        (0, ALICE.ss58_address),
-        (1, "0x" + BOB.public_key.hex()),  # accounts may come back as hex ...
-        (2, (tuple(CHARLIE.public_key),)),  # ... or as the SDK decoder's nested tuple
-    ]
-    fake.storage[("SubtensorModule", "TotalHotkeyAlpha", (ALICE.ss58_address, NETUID))] = (
-        1_500_000_000_000
-    )
-    fake.storage[("SubtensorModule", "TotalHotkeyAlpha", (BOB.ss58_address, NETUID))] = 2_000_000
-
-
 def test_metagraph_reads_one_block_of_subtensor_module_storage(
     chain: SubtensorChain, fake: FakeSubstrate
 ) -> None:
-    _subnet(fake)
+    seed_subnet(fake, NETUID)
     metagraph = chain.metagraph()
     assert metagraph.block == 1234 and metagraph.netuid == NETUID
-    assert [(n.uid, n.hotkey, n.stake, n.validator_permit) for n in metagraph.neurons] == [
-        (0, ALICE.ss58_address, 1500.0, True),
-        (1, BOB.ss58_address, 0.002, False),
-        (2, CHARLIE.ss58_address, 0.0, False),
+    assert [
+        (n.uid, n.hotkey, n.stake, n.validator_permit, n.registered_block, n.last_update)
+        for n in metagraph.neurons
+    ] == [
+        (0, ALICE.ss58_address, 1500.0, True, 10, 1100),
+        (1, BOB.ss58_address, 0.002, False, 40, 40),
+        (2, CHARLIE.ss58_address, 0.0, False, 950, 900),
     ]
     queries = [
         (q["module"], q["storage_function"], q["params"], q["block_hash"])
@@ -141,16 +126,18 @@ def test_metagraph_reads_one_block_of_subtensor_module_storage(
         ("SubtensorModule", "NetworksAdded", [NETUID], HEAD),
         ("SubtensorModule", "SubnetworkN", [NETUID], HEAD),
         ("SubtensorModule", "ValidatorPermit", [NETUID], HEAD),
+        ("SubtensorModule", "LastUpdate", [NETUID], HEAD),
     ]
     assert fake.named("query_map") == [
         {
             "module": "SubtensorModule",
-            "storage_function": "Keys",
+            "storage_function": item,
             "params": [NETUID],
             "block_hash": HEAD,
             "max_results": 3,
             "page_size": 3,
         }
+        for item in ("Keys", "BlockAtRegistration")
     ]
     assert fake.named("get_metadata_storage_function") == [
         {"module_name": "SubtensorModule", "storage_name": "TotalHotkeyAlpha", "block_hash": HEAD}
@@ -166,7 +153,7 @@ def test_metagraph_reads_one_block_of_subtensor_module_storage(
 
 def test_metagraph_falls_back_to_total_hotkey_stake(fake: FakeSubstrate) -> None:
     fake.stake_items = ()
-    _subnet(fake)
+    seed_subnet(fake, NETUID)
     fake.storage[("SubtensorModule", "TotalHotkeyStake", (BOB.ss58_address,))] = 3_000_000_000
     chain = SubtensorChain("ws://127.0.0.1:9944", NETUID, substrate=fake)
     assert [n.stake for n in chain.metagraph().neurons] == [0.0, 3.0, 0.0]
@@ -178,14 +165,14 @@ def test_metagraph_refuses_a_missing_subnet_and_lying_sizes(
 ) -> None:
     with pytest.raises(ChainError, match="does not exist"):
         chain.metagraph()
-    _subnet(fake)
+    seed_subnet(fake, NETUID)
     fake.storage[("SubtensorModule", "SubnetworkN", (NETUID,))] = 70_000
     with pytest.raises(ChainError, match="malformed SubnetworkN"):
         chain.metagraph()
 
 
 def test_metagraph_skips_malformed_entries(chain: SubtensorChain, fake: FakeSubstrate) -> None:
-    _subnet(fake)
+    seed_subnet(fake, NETUID)
     fake.maps[("SubtensorModule", "Keys", (NETUID,))] += [(1, "junk"), ("x", ALICE.ss58_address)]
     fake.storage[("SubtensorModule", "SubnetworkN", (NETUID,))] = 5
     fake.storage[("SubtensorModule", "ValidatorPermit", (NETUID,))] = [True]
@@ -196,6 +183,20 @@ def test_metagraph_skips_malformed_entries(chain: SubtensorChain, fake: FakeSubs
     fake.storage[("SubtensorModule", "SubnetworkN", (NETUID,))] = 6
     with pytest.raises(ChainError, match="inconsistent"):
         chain.metagraph()  # the same hotkey on two uids
+
+
+def test_metagraph_new_fields_are_checked(chain: SubtensorChain, fake: FakeSubstrate) -> None:
+    seed_subnet(fake, NETUID)
+    fake.storage[("SubtensorModule", "LastUpdate", (NETUID,))] = [7]  # short: the rest read 0
+    fake.maps[("SubtensorModule", "BlockAtRegistration", (NETUID,))] = [(0, 2**40), (1, "x")]
+    assert [(n.registered_block, n.last_update) for n in chain.metagraph().neurons] == [
+        (0, 7),
+        (0, 0),
+        (0, 0),
+    ]
+    fake.storage[("SubtensorModule", "LastUpdate", (NETUID,))] = [2**40]
+    with pytest.raises(ChainError, match="malformed LastUpdate"):
+        chain.metagraph()
 
 
 def test_uid_of_reads_uids(chain: SubtensorChain, fake: FakeSubstrate) -> None:

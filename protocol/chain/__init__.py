@@ -6,6 +6,8 @@ chain = open_chain("local:///tmp/sim/chain.db", netuid=1)   # or "wss://entrypoi
 
 from protocol.chain.base import Chain
 from protocol.chain.errors import (
+    BlockNotFinal,
+    BlockPruned,
     ChainError,
     ChainUnavailable,
     CommitmentTooLarge,
@@ -14,13 +16,22 @@ from protocol.chain.errors import (
     PermissionDenied,
     RateLimited,
 )
-from protocol.chain.models import MAX_COMMITMENT_BYTES, Commitment, Metagraph, Neuron
+from protocol.chain.models import (
+    MAX_COMMITMENT_BYTES,
+    ChainSnapshot,
+    Commitment,
+    Metagraph,
+    Neuron,
+)
 from protocol.chain.url import open_chain
 
 __all__ = [
     "MAX_COMMITMENT_BYTES",
+    "BlockNotFinal",
+    "BlockPruned",
     "Chain",
     "ChainError",
+    "ChainSnapshot",
     "ChainUnavailable",
     "Commitment",
     "CommitmentTooLarge",

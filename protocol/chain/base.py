@@ -9,7 +9,7 @@ from types import TracebackType
 
 from substrateinterface import Keypair
 
-from protocol.chain.models import Commitment, Metagraph
+from protocol.chain.models import ChainSnapshot, Commitment, Metagraph
 
 
 class Chain(abc.ABC):
@@ -89,6 +89,23 @@ class Chain(abc.ABC):
     @abc.abstractmethod
     def weights_all(self) -> dict[int, dict[int, float]]:
         """Every validator's normalised weights, keyed by validator uid (empty rows left out)."""
+
+    # -- one block, pinned -----------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def snapshot(self, block: int) -> ChainSnapshot:
+        """The subnet exactly as it was after every write of blocks <= `block`.
+
+        Metagraph (with each neuron's `registered_block` and `last_update`), the well-formed
+        commitments by hotkey (as `read_all_commitments`) and the validators' normalised weights
+        (as `weights_all`), all read at that one block: every caller asking for the same block
+        gets an equal snapshot, whenever and wherever it asks, whatever is written meanwhile.
+
+        Raises `BlockNotFinal` when `block` is not final yet (its contents could still change:
+        above subtensor's finalized head; on the local chain, less than 2 blocks behind the head),
+        `BlockPruned` when the node no longer keeps that block's state (non-archive subtensor
+        nodes keep about the last 256 blocks), `ChainError` for a block before the subnet existed.
+        """
 
     # -- lifecycle -------------------------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
     tessera chain create   --db sim/chain.db --netuid 1 --block-time 0.5
     tessera chain register --db sim/chain.db --hotkey 5F... [--validator] [--stake 100]
+                           [--replace-uid 3]
     tessera chain stake    --db sim/chain.db --hotkey 5F... --amount 50
     tessera chain show     --db sim/chain.db [--json]
 
@@ -57,6 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     register.add_argument("--coldkey", default=None, help="SS58 address of the owning coldkey")
     register.add_argument("--validator", action="store_true", help="grant a validator permit")
     register.add_argument("--stake", type=float, default=0.0, help="initial stake in TAO")
+    register.add_argument(
+        "--replace-uid",
+        type=int,
+        default=None,
+        help="take this uid from its hotkey (as subtensor does when a subnet is full)",
+    )
 
     stake = sub.add_parser("stake", help="add (or, negative, remove) stake of a hotkey")
     stake.add_argument("--db", type=Path, required=True)
@@ -127,7 +134,12 @@ def _register(args: argparse.Namespace, netuid: int, console: Console) -> int:
     db = LocalChainDB(args.db)
     try:
         uid = db.register(
-            netuid, args.hotkey, coldkey=args.coldkey, validator=args.validator, stake=args.stake
+            netuid,
+            args.hotkey,
+            coldkey=args.coldkey,
+            validator=args.validator,
+            stake=args.stake,
+            replace_uid=args.replace_uid,
         )
     finally:
         db.close()

@@ -42,3 +42,19 @@ class PermissionDenied(ChainError):
 
 class InvalidWeights(ChainError, ValueError):
     """Weights that no chain would accept: unknown or duplicate uids, NaN, negative, all zero."""
+
+
+class BlockNotFinal(ChainError):
+    """The block is not final yet: what it holds could still change, so it cannot be snapshotted.
+
+    `latest_final` is the newest block that can be read now; retry once `block <= latest_final`.
+    """
+
+    def __init__(self, message: str, *, block: int, latest_final: int) -> None:
+        self.block = block
+        self.latest_final = latest_final
+        super().__init__(message)
+
+
+class BlockPruned(ChainError):
+    """The node no longer keeps the state of that block (a non-archive node); use an archive node."""

@@ -14,6 +14,9 @@ Rules it enforces, mirroring subtensor so that code tested here behaves the same
   and non-negative, not all zero; they are normalised to sum 1 (zeros dropped). `version_key`
   must be >= the subnet's `weights_version_key`; with `weights_rate_limit` > 0 a validator must
   wait that many blocks between two `set_weights` (`RateLimited`).
+- History: every change is kept with its block, so `snapshot(block)` returns exactly the state
+  after the writes of blocks <= block, for any block at least 2 behind the head (see
+  `protocol.chain.local_history` for why a snapshot can never change afterwards).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import hashlib
 import json
 import logging
 import math
+import sqlite3
 import time
 from collections.abc import Sequence
 from datetime import datetime
@@ -30,8 +34,10 @@ from pathlib import Path
 from pydantic import ValidationError
 from substrateinterface import Keypair, KeypairType
 
+from protocol.chain import local_history as history
 from protocol.chain.base import Chain
 from protocol.chain.errors import (
+    BlockNotFinal,
     ChainError,
     CommitmentTooLarge,
     InvalidWeights,
@@ -43,6 +49,7 @@ from protocol.chain.local_db import Clock, LocalChainDB, SubnetParams
 from protocol.chain.models import (
     MAX_COMMITMENT_BYTES,
     MAX_UID,
+    ChainSnapshot,
     Commitment,
     Metagraph,
     Neuron,
@@ -113,20 +120,8 @@ class LocalChain(Chain):
     def metagraph(self) -> Metagraph:
         with self._db.transaction(write=False) as conn:
             block = self._db.block()
-            rows = conn.execute(
-                "SELECT uid, hotkey, stake, validator_permit FROM neurons WHERE netuid = ? "
-                "ORDER BY uid LIMIT ?",
-                (self._netuid, MAX_UID + 1),
-            ).fetchall()
-        neurons: list[Neuron] = []
-        for uid, hotkey, stake, permit in rows:
-            try:
-                neurons.append(
-                    Neuron(uid=uid, hotkey=hotkey, stake=stake, validator_permit=bool(permit))
-                )
-            except ValidationError:
-                log.warning("skipping malformed neuron row uid=%r on subnet %d", uid, self._netuid)
-        return Metagraph(netuid=self._netuid, block=block, neurons=tuple(neurons))
+            rows = history.neuron_rows(conn, self._netuid, None)
+        return _metagraph(self._netuid, block, rows)
 
     def uid_of(self, hotkey: str) -> int | None:
         key = canonical_hotkey(hotkey)
@@ -144,8 +139,8 @@ class LocalChain(Chain):
         hotkey = self._authenticate(keypair, "commit", blob)
         with self._db.transaction(write=True) as conn:
             params = self._db.subnet(self._netuid, conn)
-            block = self._db.block()
             self._db.require_uid(conn, self._netuid, hotkey)
+            block = self._db.stamp(conn)
             epoch = params.epoch_of(block)
             row = conn.execute(
                 "SELECT epoch, used_space FROM commitment_usage WHERE netuid = ? AND hotkey = ?",
@@ -167,36 +162,19 @@ class LocalChain(Chain):
                 "used_space = excluded.used_space",
                 (self._netuid, hotkey, epoch, used + cost),
             )
-            conn.execute(
-                "INSERT INTO commitments (netuid, hotkey, data, block) VALUES (?,?,?,?) "
-                "ON CONFLICT (netuid, hotkey) DO UPDATE SET data = excluded.data, "
-                "block = excluded.block",
-                (self._netuid, hotkey, blob, block),
-            )
+            history.put_commitment(conn, self._netuid, hotkey, blob, block)
         return Commitment(hotkey=hotkey, data=blob, block=block)
 
     def read_commitment(self, hotkey: str) -> Commitment | None:
         key = canonical_hotkey(hotkey)
         with self._db.transaction(write=False) as conn:
-            row = conn.execute(
-                "SELECT hotkey, data, block FROM commitments WHERE netuid = ? AND hotkey = ?",
-                (self._netuid, key),
-            ).fetchone()
-        return None if row is None else _commitment_from_row(row)
+            rows = history.commitment_rows(conn, self._netuid, None, hotkey=key)
+        return _commitments(rows).get(key)
 
     def read_all_commitments(self) -> dict[str, Commitment]:
         with self._db.transaction(write=False) as conn:
-            rows = conn.execute(
-                "SELECT hotkey, data, block FROM commitments WHERE netuid = ? ORDER BY hotkey "
-                "LIMIT 1000000",
-                (self._netuid,),
-            ).fetchall()
-        result: dict[str, Commitment] = {}
-        for row in rows:
-            commitment = _commitment_from_row(row)
-            if commitment is not None:
-                result[commitment.hotkey] = commitment
-        return result
+            rows = history.commitment_rows(conn, self._netuid, None)
+        return _commitments(rows)
 
     # -- weights ---------------------------------------------------------------------------------
 
@@ -216,55 +194,57 @@ class LocalChain(Chain):
         hotkey = self._authenticate(keypair, "set_weights", body)
         with self._db.transaction(write=True) as conn:
             params = self._db.subnet(self._netuid, conn)
-            block = self._db.block()
             vuid = self._db.require_uid(conn, self._netuid, hotkey)
-            (permit,) = conn.execute(
-                "SELECT validator_permit FROM neurons WHERE netuid = ? AND uid = ?",
-                (self._netuid, vuid),
-            ).fetchone()
-            if not permit:
-                raise PermissionDenied(
-                    f"hotkey {hotkey} (uid {vuid}) has no validator permit on subnet "
-                    f"{self._netuid}; register it with --validator"
-                )
-            if version_key < params.weights_version_key:
-                raise ChainError(
-                    f"version_key {version_key} is below the subnet's weights version key "
-                    f"{params.weights_version_key}; upgrade the validator"
-                )
-            registered = {
-                r[0]
-                for r in conn.execute("SELECT uid FROM neurons WHERE netuid = ?", (self._netuid,))
-            }
-            unknown = sorted(set(uids) - registered)
+            block = self._db.stamp(conn)
+            self._check_may_set_weights(conn, params, hotkey, vuid, version_key)
+            unknown = sorted(set(uids) - history.current_uids(conn, self._netuid))
             if unknown:
                 raise InvalidWeights(
                     f"uids not registered on subnet {self._netuid}: {unknown[:10]}"
                 )
-            last = conn.execute(
-                "SELECT block FROM weight_sets WHERE netuid = ? AND validator_uid = ?",
-                (self._netuid, vuid),
-            ).fetchone()
-            limit = params.weights_rate_limit
-            if limit > 0 and last is not None and block - int(last[0]) < limit:
-                wait = int(last[0]) + limit - block
-                raise RateLimited(
-                    f"validator uid {vuid} set weights at block {last[0]}; the subnet allows one "
-                    f"set_weights per {limit} blocks (retry in {wait} blocks)",
-                    retry_after_blocks=wait,
-                )
-            conn.execute(
-                "DELETE FROM weights WHERE netuid = ? AND validator_uid = ?", (self._netuid, vuid)
-            )
-            conn.executemany(
-                "INSERT INTO weights (netuid, validator_uid, uid, weight) VALUES (?,?,?,?)",
-                [(self._netuid, vuid, uid, w) for uid, w in sorted(normalised.items())],
-            )
+            self._check_weights_rate(conn, params, vuid, block)
+            history.put_weights(conn, self._netuid, vuid, normalised, block)
+            history.update_neuron(conn, self._netuid, vuid, block, last_update=block)
             conn.execute(
                 "INSERT INTO weight_sets (netuid, validator_uid, block, version_key) "
                 "VALUES (?,?,?,?) ON CONFLICT (netuid, validator_uid) DO UPDATE SET "
                 "block = excluded.block, version_key = excluded.version_key",
                 (self._netuid, vuid, block, version_key),
+            )
+
+    def _check_may_set_weights(
+        self,
+        conn: sqlite3.Connection,
+        params: SubnetParams,
+        hotkey: str,
+        vuid: int,
+        version_key: int,
+    ) -> None:
+        if not history.current_neuron(conn, self._netuid, vuid)["validator_permit"]:
+            raise PermissionDenied(
+                f"hotkey {hotkey} (uid {vuid}) has no validator permit on subnet "
+                f"{self._netuid}; register it with --validator"
+            )
+        if version_key < params.weights_version_key:
+            raise ChainError(
+                f"version_key {version_key} is below the subnet's weights version key "
+                f"{params.weights_version_key}; upgrade the validator"
+            )
+
+    def _check_weights_rate(
+        self, conn: sqlite3.Connection, params: SubnetParams, vuid: int, block: int
+    ) -> None:
+        last = conn.execute(
+            "SELECT block FROM weight_sets WHERE netuid = ? AND validator_uid = ?",
+            (self._netuid, vuid),
+        ).fetchone()
+        limit = params.weights_rate_limit
+        if limit > 0 and last is not None and block - int(last[0]) < limit:
+            wait = int(last[0]) + limit - block
+            raise RateLimited(
+                f"validator uid {vuid} set weights at block {last[0]}; the subnet allows one "
+                f"set_weights per {limit} blocks (retry in {wait} blocks)",
+                retry_after_blocks=wait,
             )
 
     def read_weights(self, validator: int | str) -> dict[int, float]:
@@ -280,26 +260,60 @@ class LocalChain(Chain):
                 vuid = validator
             else:
                 raise TypeError("validator must be a uid (int) or a hotkey (str)")
-            rows = conn.execute(
-                "SELECT uid, weight FROM weights WHERE netuid = ? AND validator_uid = ? "
-                "ORDER BY uid LIMIT ?",
-                (self._netuid, vuid, MAX_UID + 1),
-            ).fetchall()
-        return _renormalise(rows)
+            rows = history.weight_rows(conn, self._netuid, None, validator=vuid)
+        return _weights(rows).get(vuid, {})
 
     def weights_all(self) -> dict[int, dict[int, float]]:
         with self._db.transaction(write=False) as conn:
-            rows = conn.execute(
-                "SELECT validator_uid, uid, weight FROM weights WHERE netuid = ? "
-                "ORDER BY validator_uid, uid",
-                (self._netuid,),
-            ).fetchall()
-        grouped: dict[int, list[tuple[int, float]]] = {}
-        for vuid, uid, weight in rows:
-            if isinstance(vuid, int) and 0 <= vuid <= MAX_UID:
-                grouped.setdefault(vuid, []).append((uid, weight))
-        result = {vuid: _renormalise(pairs) for vuid, pairs in grouped.items()}
-        return {vuid: row for vuid, row in result.items() if row}
+            rows = history.weight_rows(conn, self._netuid, None)
+        return _weights(rows)
+
+    # -- one block, pinned -----------------------------------------------------------------------
+
+    def snapshot(self, block: int) -> ChainSnapshot:
+        """The subnet after every write of blocks <= `block` (`Chain.snapshot`).
+
+        Final here means at least `FINALITY_DEPTH` (2) blocks behind the head. The read holds the
+        file's write lock and seals `block` in the same transaction, so no write, however late or
+        whatever its clock says, can land in a block once it has been read
+        (`protocol.chain.local_history` has the argument).
+        """
+        _check_block_arg(block)
+        with self._db.transaction(write=True) as conn:
+            self._check_final(conn, block)
+            history.seal(conn, block)
+            neurons = history.neuron_rows(conn, self._netuid, block)
+            commitments = history.commitment_rows(conn, self._netuid, block)
+            weights = history.weight_rows(conn, self._netuid, block)
+        try:
+            return ChainSnapshot(
+                block=block,
+                block_hash=self._block_hash(block),
+                metagraph=_metagraph(self._netuid, block, neurons),
+                commitments=_commitments(commitments),
+                weights=_weights(weights),
+            )
+        except ValidationError as exc:
+            raise ChainError(f"local chain {self.url} holds an inconsistent block: {exc}") from exc
+
+    def _check_final(self, conn: sqlite3.Connection, block: int) -> None:
+        head = self._db.block()
+        latest = head - history.FINALITY_DEPTH
+        if block > latest:
+            raise BlockNotFinal(
+                f"block {block} is not final yet on the local chain (head {head}; a block is "
+                f"final {history.FINALITY_DEPTH} blocks later, so the newest final is {latest})",
+                block=block,
+                latest_final=latest,
+            )
+        created = self._db.subnet(self._netuid, conn).created_block
+        if block < max(created, self._db.clock.genesis_block):
+            raise ChainError(f"subnet {self._netuid} did not exist yet at block {block}")
+
+    def _block_hash(self, block: int) -> str:
+        """A deterministic stand-in for a block hash: the same for every handle on this chain."""
+        seed = f"{self._db.clock.chain_id}/{block}".encode()
+        return "0x" + hashlib.blake2b(seed, digest_size=32).hexdigest()
 
     # -- caller proof ----------------------------------------------------------------------------
 
@@ -348,13 +362,47 @@ def _check_block_arg(block: int) -> None:
         raise ValueError("block must be a non-negative integer")
 
 
-def _commitment_from_row(row: tuple[object, ...]) -> Commitment | None:
-    hotkey, data, block = row
-    try:
-        return Commitment.model_validate({"hotkey": hotkey, "data": data, "block": block})
-    except ValidationError:
-        log.warning("skipping malformed commitment row for %r", str(hotkey)[:64])
-        return None
+def _metagraph(netuid: int, block: int, rows: Sequence[history.NeuronRow]) -> Metagraph:
+    """The neurons of `rows`, malformed ones skipped."""
+    neurons: list[Neuron] = []
+    for uid, hotkey, stake, permit, registered, last_update in rows:
+        try:
+            neurons.append(
+                Neuron(
+                    uid=uid,
+                    hotkey=hotkey,
+                    stake=stake,
+                    validator_permit=bool(permit),
+                    registered_block=registered,
+                    last_update=last_update,
+                )
+            )
+        except ValidationError:
+            log.warning("skipping malformed neuron row uid=%r on subnet %d", uid, netuid)
+    return Metagraph(netuid=netuid, block=block, neurons=tuple(neurons))
+
+
+def _commitments(rows: Sequence[tuple[object, ...]]) -> dict[str, Commitment]:
+    """Well-formed commitments of `rows` by hotkey (malformed ones skipped)."""
+    result: dict[str, Commitment] = {}
+    for hotkey, data, block in rows:
+        try:
+            commitment = Commitment.model_validate({"hotkey": hotkey, "data": data, "block": block})
+        except ValidationError:
+            log.warning("skipping malformed commitment row for %r", str(hotkey)[:64])
+            continue
+        result[commitment.hotkey] = commitment
+    return result
+
+
+def _weights(rows: Sequence[tuple[object, ...]]) -> dict[int, dict[int, float]]:
+    """(validator, uid, weight) rows as normalised rows by validator (empty rows left out)."""
+    grouped: dict[int, list[tuple[object, object]]] = {}
+    for vuid, uid, weight in rows:
+        if isinstance(vuid, int) and 0 <= vuid <= MAX_UID:
+            grouped.setdefault(vuid, []).append((uid, weight))
+    result = {vuid: _renormalise(pairs) for vuid, pairs in grouped.items()}
+    return {vuid: row for vuid, row in result.items() if row}
 
 
 def _renormalise(pairs: Sequence[tuple[object, object]]) -> dict[int, float]:

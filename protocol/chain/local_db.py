@@ -1,15 +1,17 @@
-"""The SQLite file behind the embedded local chain: schema, clock, transactions and admin actions.
+"""The SQLite file behind the embedded local chain: clock, transactions and admin actions.
 
 One file holds one chain (any number of subnets). Many processes on one machine may open it at
 once: the database runs in WAL mode with a busy timeout, and every write happens inside
 `BEGIN IMMEDIATE`, so writers queue instead of failing and readers see consistent snapshots.
+The schema, the history of every change and the rule that pins a block are in
+`protocol.chain.local_history`; a file of another schema version is refused, not converted.
 
 Time is the wall clock: `block = genesis_block + floor((now - genesis_time) / block_time)`, with
 the three numbers stored in the `meta` table so that every process derives the same block.
 
-Admin actions (create a subnet, register a hotkey, stake) stand in for what sudo, registration
-and staking extrinsics do on a real chain; they need no signature because whoever can write the
-file owns this chain anyway.
+Admin actions (create a subnet, register or replace a hotkey, stake, validator permit) stand in
+for what sudo, registration and staking extrinsics do on a real chain; they need no signature
+because whoever can write the file owns this chain anyway.
 """
 
 from __future__ import annotations
@@ -26,68 +28,14 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from protocol.chain import local_history as history
 from protocol.chain.errors import ChainError, ChainUnavailable, NotRegistered
+from protocol.chain.local_history import SCHEMA, SCHEMA_VERSION
 from protocol.chain.models import MAX_BLOCK, MAX_STAKE_TAO, MAX_UID, canonical_hotkey
 
-SCHEMA_VERSION = 1
 BUSY_TIMEOUT_S = 30.0
 
 Clock = Callable[[], float]
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (
-    key TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS subnets (
-    netuid INTEGER PRIMARY KEY CHECK (netuid BETWEEN 0 AND 65535),
-    tempo INTEGER NOT NULL CHECK (tempo >= 1),
-    max_uids INTEGER NOT NULL CHECK (max_uids BETWEEN 1 AND 65536),
-    commit_max_space INTEGER NOT NULL CHECK (commit_max_space >= 0),
-    weights_rate_limit INTEGER NOT NULL CHECK (weights_rate_limit >= 0),
-    weights_version_key INTEGER NOT NULL DEFAULT 0 CHECK (weights_version_key >= 0),
-    created_block INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS neurons (
-    netuid INTEGER NOT NULL REFERENCES subnets (netuid),
-    uid INTEGER NOT NULL CHECK (uid BETWEEN 0 AND 65535),
-    hotkey TEXT NOT NULL,
-    coldkey TEXT,
-    stake REAL NOT NULL DEFAULT 0 CHECK (stake >= 0),
-    validator_permit INTEGER NOT NULL DEFAULT 0,
-    registered_block INTEGER NOT NULL,
-    PRIMARY KEY (netuid, uid),
-    UNIQUE (netuid, hotkey)
-);
-CREATE TABLE IF NOT EXISTS commitments (
-    netuid INTEGER NOT NULL,
-    hotkey TEXT NOT NULL,
-    data BLOB NOT NULL,
-    block INTEGER NOT NULL,
-    PRIMARY KEY (netuid, hotkey)
-);
-CREATE TABLE IF NOT EXISTS commitment_usage (
-    netuid INTEGER NOT NULL,
-    hotkey TEXT NOT NULL,
-    epoch INTEGER NOT NULL,
-    used_space INTEGER NOT NULL,
-    PRIMARY KEY (netuid, hotkey)
-);
-CREATE TABLE IF NOT EXISTS weights (
-    netuid INTEGER NOT NULL,
-    validator_uid INTEGER NOT NULL,
-    uid INTEGER NOT NULL,
-    weight REAL NOT NULL,
-    PRIMARY KEY (netuid, validator_uid, uid)
-);
-CREATE TABLE IF NOT EXISTS weight_sets (
-    netuid INTEGER NOT NULL,
-    validator_uid INTEGER NOT NULL,
-    block INTEGER NOT NULL,
-    version_key INTEGER NOT NULL,
-    PRIMARY KEY (netuid, validator_uid)
-);
-"""
 
 
 class ChainClock(BaseModel):
@@ -199,11 +147,7 @@ class LocalChainDB:
             rows = dict(self._conn.execute("SELECT key, value FROM meta").fetchall())
         except sqlite3.DatabaseError as exc:
             raise ChainError(f"{self.path} is not a local chain database: {exc}") from exc
-        if rows.get("schema_version") != str(SCHEMA_VERSION):
-            raise ChainError(
-                f"{self.path} has schema version {rows.get('schema_version')!r}, "
-                f"this code reads {SCHEMA_VERSION}"
-            )
+        _check_schema_version(self.path, rows.get("schema_version"))
         try:
             return ChainClock(
                 chain_id=rows["chain_id"],
@@ -263,11 +207,13 @@ class LocalChainDB:
 
     # -- neurons ---------------------------------------------------------------------------------
 
+    def stamp(self, conn: sqlite3.Connection) -> int:
+        """The block of a write in progress (call inside its write transaction; see
+        `local_history`)."""
+        return history.stamp(conn, self.block())
+
     def uid_of(self, conn: sqlite3.Connection, netuid: int, hotkey: str) -> int | None:
-        row = conn.execute(
-            "SELECT uid FROM neurons WHERE netuid = ? AND hotkey = ?", (netuid, hotkey)
-        ).fetchone()
-        return None if row is None else int(row[0])
+        return history.current_uid(conn, netuid, hotkey)
 
     def require_uid(self, conn: sqlite3.Connection, netuid: int, hotkey: str) -> int:
         uid = self.uid_of(conn, netuid, hotkey)
@@ -283,27 +229,51 @@ class LocalChainDB:
         coldkey: str | None = None,
         validator: bool = False,
         stake: float = 0.0,
+        replace_uid: int | None = None,
     ) -> int:
-        """Give `hotkey` the lowest free uid on the subnet; returns it."""
+        """Give `hotkey` the lowest free uid on the subnet, or `replace_uid`; returns the uid.
+
+        Replacing a uid works as subtensor's `replace_neuron`: the old hotkey loses the uid, the
+        weights it set and the weights set for it end, and the new neuron starts with
+        `registered_block` = this block and `last_update` = 0.
+        """
         key = canonical_hotkey(hotkey)
         cold = canonical_hotkey(coldkey) if coldkey is not None else None
         _check_stake(stake)
         with self.transaction(write=True) as conn:
             params = self.subnet(netuid, conn)
+            block = self.stamp(conn)
             if self.uid_of(conn, netuid, key) is not None:
                 raise ChainError(f"hotkey {key} is already registered on subnet {netuid}")
-            taken = {
-                r[0] for r in conn.execute("SELECT uid FROM neurons WHERE netuid = ?", (netuid,))
+            uid = self._uid_for(conn, params, replace_uid, block)
+            fields = {
+                "uid": uid,
+                "hotkey": key,
+                "coldkey": cold,
+                "stake": float(stake),
+                "validator_permit": int(validator),
+                "registered_block": block,
             }
-            uid = next((u for u in range(params.max_uids) if u not in taken), None)
-            if uid is None:
-                raise ChainError(f"subnet {netuid} is full ({params.max_uids} uids)")
-            conn.execute(
-                "INSERT INTO neurons (netuid, uid, hotkey, coldkey, stake, validator_permit, "
-                "registered_block) VALUES (?,?,?,?,?,?,?)",
-                (netuid, uid, key, cold, float(stake), int(validator), self.block()),
-            )
+            history.add_neuron(conn, netuid, block, fields)
             return uid
+
+    def _uid_for(
+        self, conn: sqlite3.Connection, params: SubnetParams, replace: int | None, block: int
+    ) -> int:
+        """The uid a registration gets: `replace` (its neuron retired), else the lowest free."""
+        taken = history.current_uids(conn, params.netuid)
+        if replace is not None:
+            if replace not in taken:
+                raise ChainError(f"uid {replace} is not registered on subnet {params.netuid}")
+            history.retire_neuron(conn, params.netuid, replace, block)
+            return replace
+        uid = next((u for u in range(params.max_uids) if u not in taken), None)
+        if uid is None:
+            raise ChainError(
+                f"subnet {params.netuid} is full ({params.max_uids} uids); "
+                "replace a uid (--replace-uid) to register"
+            )
+        return uid
 
     def add_stake(self, netuid: int, hotkey: str, amount: float) -> float:
         """Add `amount` TAO (negative to unstake) to the hotkey's stake; returns the new stake."""
@@ -312,28 +282,34 @@ class LocalChainDB:
             raise ValueError("stake amount must be finite")
         with self.transaction(write=True) as conn:
             self.subnet(netuid, conn)
-            self.require_uid(conn, netuid, key)
-            (current,) = conn.execute(
-                "SELECT stake FROM neurons WHERE netuid = ? AND hotkey = ?", (netuid, key)
-            ).fetchone()
-            new = float(current) + float(amount)
+            uid = self.require_uid(conn, netuid, key)
+            block = self.stamp(conn)
+            current = float(history.current_neuron(conn, netuid, uid)["stake"])
+            new = current + float(amount)
             if new < 0:
                 raise ChainError(f"cannot unstake {-amount} TAO: hotkey {key} has {current} TAO")
             _check_stake(new)
-            conn.execute(
-                "UPDATE neurons SET stake = ? WHERE netuid = ? AND hotkey = ?", (new, netuid, key)
-            )
+            history.update_neuron(conn, netuid, uid, block, stake=new)
             return new
 
     def set_validator_permit(self, netuid: int, hotkey: str, permit: bool) -> None:
         key = canonical_hotkey(hotkey)
         with self.transaction(write=True) as conn:
             self.subnet(netuid, conn)
-            self.require_uid(conn, netuid, key)
-            conn.execute(
-                "UPDATE neurons SET validator_permit = ? WHERE netuid = ? AND hotkey = ?",
-                (int(permit), netuid, key),
-            )
+            uid = self.require_uid(conn, netuid, key)
+            block = self.stamp(conn)
+            history.update_neuron(conn, netuid, uid, block, validator_permit=int(permit))
+
+
+def _check_schema_version(path: Path, found: str | None) -> None:
+    if found == str(SCHEMA_VERSION):
+        return
+    raise ChainError(
+        f"{path} is a local chain of schema version {found!r}; this code reads version "
+        f"{SCHEMA_VERSION} (which keeps the history that block snapshots need) and does not "
+        f"convert old files: create a new one with `tessera chain create --db NEW.db ...` "
+        "and register the hotkeys again"
+    )
 
 
 def _check_stake(stake: float) -> None:
@@ -362,6 +338,17 @@ def _connect(path: Path) -> sqlite3.Connection:
         conn.close()
         raise ChainError(f"{path} is not a local chain database: {exc}") from exc
     return conn
+
+
+def _refuse_other_schema(conn: sqlite3.Connection, path: Path) -> None:
+    """Stop before touching a file written by another schema version."""
+    has_meta = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
+    ).fetchone()
+    if has_meta:
+        row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if row is not None:
+            _check_schema_version(path, row[0])
 
 
 def create_local_chain(
@@ -398,7 +385,8 @@ def create_local_chain(
     try:
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for statement in _SCHEMA.split(";"):
+            _refuse_other_schema(conn, file)
+            for statement in SCHEMA.split(";"):
                 if statement.strip():
                     conn.execute(statement)
             rows = dict(conn.execute("SELECT key, value FROM meta").fetchall())

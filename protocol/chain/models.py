@@ -1,4 +1,4 @@
-"""What a chain backend returns: commitments, neurons and the metagraph.
+"""What a chain backend returns: commitments, neurons, the metagraph and one block's snapshot.
 
 Everything here is built from chain state, which is hostile input: the models validate types and
 bounds, and hotkeys are canonicalised to the Bittensor SS58 format (42) so that the same account
@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from scalecodec.utils.ss58 import ss58_decode, ss58_encode
 
 SS58_FORMAT = 42
@@ -75,6 +75,16 @@ class Neuron(BaseModel):
     hotkey: Hotkey
     stake: float = Field(ge=0.0, le=MAX_STAKE_TAO, description="stake in TAO (alpha on dTAO)")
     validator_permit: bool
+    registered_block: int = Field(
+        0, ge=0, le=MAX_BLOCK, description="block the uid was (re)registered at by this hotkey"
+    )
+    last_update: int = Field(
+        0,
+        ge=0,
+        le=MAX_BLOCK,
+        description="block of the neuron's last set_weights; 0 if never on the local chain "
+        "(subtensor's LastUpdate starts at the registration block instead)",
+    )
 
     @field_validator("stake")
     @classmethod
@@ -127,3 +137,44 @@ class Metagraph(BaseModel):
     def validators(self) -> list[Neuron]:
         """Neurons holding a validator permit."""
         return [n for n in self.neurons if n.validator_permit]
+
+
+class ChainSnapshot(BaseModel):
+    """One subnet exactly as it was after every write of blocks <= `block` (see `Chain.snapshot`).
+
+    Everything here was read at that one block, so two callers asking for the same block get
+    equal snapshots, whenever and wherever they ask.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    block: int = Field(ge=0, le=MAX_BLOCK)
+    block_hash: str | None = Field(
+        default=None,
+        pattern=r"^0x[0-9a-fA-F]{64}$",
+        description="the block's hash on subtensor; a deterministic stand-in on the local chain",
+    )
+    metagraph: Metagraph
+    commitments: dict[Hotkey, Commitment] = Field(
+        default_factory=dict, description="well-formed commitments by hotkey (registered or not)"
+    )
+    weights: dict[int, dict[int, float]] = Field(
+        default_factory=dict, description="normalised weights by validator uid (no empty rows)"
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ChainSnapshot:
+        if self.metagraph.block != self.block:
+            raise ValueError("the metagraph was read at another block")
+        if any(key != c.hotkey for key, c in self.commitments.items()):
+            raise ValueError("a commitment is filed under another hotkey")
+        for validator, row in self.weights.items():
+            if not 0 <= validator <= MAX_UID or not row:
+                raise ValueError(f"bad weights row for validator {validator}")
+            if any(not 0 <= u <= MAX_UID or not 0.0 <= w <= 1.0 for u, w in row.items()):
+                raise ValueError(f"weights of validator {validator} are not normalised")
+        return self
+
+    @property
+    def netuid(self) -> int:
+        return self.metagraph.netuid

@@ -4,11 +4,10 @@ What it touches on chain (pallet.item), checked against opentensor/subtensor sou
 Bittensor SDK; see docs/chains.md for the confidence of each:
 
 - time: `chain_getHeader` (head number, via `get_block_number`), `chain_getBlockHash`,
-  storage `Timestamp.Now` (milliseconds) at the block's hash.
-- metagraph: `SubtensorModule.NetworksAdded(netuid)`, `SubnetworkN(netuid)`,
-  `Keys(netuid, uid) -> hotkey` (query_map), `ValidatorPermit(netuid) -> Vec<bool>`, and stake as
-  `TotalHotkeyAlpha(hotkey, netuid)` (dTAO; RAO units of the subnet's alpha) or, on runtimes
-  without it, `TotalHotkeyStake(hotkey)`. All read at one block hash.
+  `chain_getFinalizedHead`, storage `Timestamp.Now` (milliseconds) at the block's hash.
+- metagraph, commitments, weights: the storage reads of `protocol.chain.subtensor_state`, all at
+  one block hash (the head for `metagraph()` and the bulk reads, block N's hash for
+  `snapshot(N)`, which serves only finalized blocks).
 - uids: `SubtensorModule.Uids(netuid, hotkey) -> Option<u16>`.
 - commitments: call `Commitments.set_commitment(netuid, info={"fields": [[{"Raw<N>": "0x.."}]]})`
   signed by the hotkey; storage `Commitments.CommitmentOf(netuid, hotkey)` ->
@@ -25,10 +24,10 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import ValidationError
@@ -37,6 +36,8 @@ from substrateinterface.exceptions import ConfigurationError, SubstrateRequestEx
 
 from protocol.chain.base import Chain
 from protocol.chain.errors import (
+    BlockNotFinal,
+    BlockPruned,
     ChainError,
     ChainUnavailable,
     CommitmentTooLarge,
@@ -50,30 +51,22 @@ from protocol.chain.models import (
     MAX_COMMITMENT_BYTES,
     MAX_UID,
     SS58_FORMAT,
+    ChainSnapshot,
     Commitment,
     Metagraph,
-    Neuron,
     canonical_hotkey,
 )
-from protocol.chain.subtensor_decode import (
-    decode_account,
-    decode_bool_list,
-    decode_int,
-    decode_registration,
-    decode_weight_pairs,
-    unwrap,
-)
+from protocol.chain.subtensor_decode import decode_int, decode_weight_pairs, unwrap
+from protocol.chain.subtensor_state import SubnetState, commitment_of, read
 from protocol.chain.weights import normalise_pairs, to_u16, validate_version_key, validate_weights
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
-RAO_PER_TAO = 1_000_000_000
-MAX_COMMITMENT_ENTRIES = 65_536
-"""Stale commitments of deregistered hotkeys stay in storage; read at most this many."""
 MAX_TIMESTAMP_MS = 2**63 - 1
-QUERY_MULTI_BATCH = 256
+ARCHIVE_URL = "wss://archive.chain.opentensor.ai:443"
+"""The public Bittensor archive node (the SDK's `archive` network), for old blocks' state."""
+PRUNED_STATE_MARKERS = ("State already discarded", "UnknownBlock", "unknown Block")
+"""What a node says when asked for state it no longer keeps (non-archive nodes prune it)."""
 
 NOT_REGISTERED_ERRORS = frozenset(
     {
@@ -150,10 +143,10 @@ class SubtensorChain(Chain):
         self._url = url
         self._netuid = netuid
         self._wait_for_finalization = wait_for_finalization
-        self._stake_item: tuple[str, bool] | None = None
         if substrate is None:
             substrate = _connect(url)
         self._s = substrate
+        self._state = SubnetState(substrate, netuid, self.url)
 
     @property
     def netuid(self) -> int:
@@ -178,17 +171,16 @@ class SubtensorChain(Chain):
     def block(self) -> int:
         with _rpc(self.url):
             number = self._s.get_block_number(None)
-        return _read(lambda: decode_int(number, hi=MAX_BLOCK, what="block number"), "head block")
+        return read(lambda: decode_int(number, hi=MAX_BLOCK, what="block number"), "head block")
 
     def block_timestamp(self, block: int) -> datetime:
-        if isinstance(block, bool) or not isinstance(block, int) or not 0 <= block <= MAX_BLOCK:
-            raise ValueError("block must be an integer in the u32 range")
+        _check_block(block)
         with _rpc(self.url):
             block_hash = self._s.get_block_hash(block)
             if not block_hash:
                 raise ChainError(f"block {block} does not exist (yet) on {self.url}")
             now = self._s.query("Timestamp", "Now", block_hash=block_hash)
-        ms = _read(lambda: decode_int(now, hi=MAX_TIMESTAMP_MS, what="timestamp"), "Timestamp.Now")
+        ms = read(lambda: decode_int(now, hi=MAX_TIMESTAMP_MS, what="timestamp"), "Timestamp.Now")
         try:
             return datetime.fromtimestamp(ms / 1000, tz=UTC)
         except (OverflowError, OSError, ValueError) as exc:
@@ -197,80 +189,11 @@ class SubtensorChain(Chain):
     # -- membership ------------------------------------------------------------------------------
 
     def metagraph(self) -> Metagraph:
-        netuid = self._netuid
         with _rpc(self.url):
             head = self._s.get_chain_head()
             number = self._s.get_block_number(head)
-            added = self._s.query("SubtensorModule", "NetworksAdded", [netuid], block_hash=head)
-            if unwrap(added) is not True:
-                raise ChainError(f"subnet {netuid} does not exist on {self.url}")
-            n_obj = self._s.query("SubtensorModule", "SubnetworkN", [netuid], block_hash=head)
-            n = _read(lambda: decode_int(n_obj, hi=MAX_UID + 1, what="SubnetworkN"), "SubnetworkN")
-            keys: dict[int, str] = {}
-            if n > 0:
-                records = self._s.query_map(
-                    "SubtensorModule",
-                    "Keys",
-                    [netuid],
-                    block_hash=head,
-                    max_results=n,
-                    page_size=min(n, 1000),
-                )
-                for key, value in records:
-                    try:
-                        uid = decode_int(key, hi=MAX_UID, what="uid")
-                        keys[uid] = decode_account(value)
-                    except ValueError as exc:
-                        log.warning("skipping malformed Keys entry on subnet %d: %s", netuid, exc)
-            permits_obj = self._s.query(
-                "SubtensorModule", "ValidatorPermit", [netuid], block_hash=head
-            )
-            stakes = self._stakes(list(keys.values()), head)
-        block = _read(lambda: decode_int(number, hi=MAX_BLOCK, what="block"), "head block")
-        permits = _read(lambda: decode_bool_list(permits_obj), "ValidatorPermit")
-        try:
-            neurons = tuple(
-                Neuron(
-                    uid=uid,
-                    hotkey=hotkey,
-                    stake=stakes.get(hotkey, 0) / RAO_PER_TAO,
-                    validator_permit=permits[uid] if uid < len(permits) else False,
-                )
-                for uid, hotkey in sorted(keys.items())
-                if uid < n
-            )
-            return Metagraph(netuid=netuid, block=block, neurons=neurons)
-        except ValidationError as exc:
-            raise ChainError(f"{self.url} returned an inconsistent metagraph: {exc}") from exc
-
-    def _stakes(self, hotkeys: list[str], block_hash: str) -> dict[str, int]:
-        """Stake in RAO per hotkey: TotalHotkeyAlpha(hotkey, netuid), else TotalHotkeyStake."""
-        if not hotkeys:
-            return {}
-        item, per_subnet = self._stake_storage_item(block_hash)
-        result: dict[str, int] = {}
-        for start in range(0, len(hotkeys), QUERY_MULTI_BATCH):
-            storage_keys = [
-                self._s.create_storage_key(
-                    "SubtensorModule", item, [hk, self._netuid] if per_subnet else [hk]
-                )
-                for hk in hotkeys[start : start + QUERY_MULTI_BATCH]
-            ]
-            for storage_key, value in self._s.query_multi(storage_keys, block_hash=block_hash):
-                try:
-                    hotkey = canonical_hotkey(str(storage_key.params[0]))
-                    result[hotkey] = decode_int(value, what="stake")
-                except (ValueError, IndexError, AttributeError) as exc:
-                    log.warning("skipping malformed stake entry: %s", exc)
-        return result
-
-    def _stake_storage_item(self, block_hash: str) -> tuple[str, bool]:
-        if self._stake_item is None:
-            found = self._s.get_metadata_storage_function(
-                "SubtensorModule", "TotalHotkeyAlpha", block_hash=block_hash
-            )
-            self._stake_item = ("TotalHotkeyAlpha", True) if found else ("TotalHotkeyStake", False)
-        return self._stake_item
+            block = read(lambda: decode_int(number, hi=MAX_BLOCK, what="block"), "head block")
+            return self._state.metagraph(head, block)
 
     def uid_of(self, hotkey: str) -> int | None:
         key = canonical_hotkey(hotkey)
@@ -279,7 +202,7 @@ class SubtensorChain(Chain):
         value = unwrap(result)
         if value is None:
             return None
-        return _read(lambda: decode_int(value, hi=MAX_UID, what="uid"), "Uids")
+        return read(lambda: decode_int(value, hi=MAX_UID, what="uid"), "Uids")
 
     def commit_reveal_enabled(self) -> bool:
         """Whether the subnet demands commit-reveal weights (then `set_weights` is refused)."""
@@ -317,27 +240,11 @@ class SubtensorChain(Chain):
         value = unwrap(result)
         if value is None:
             return None
-        return _commitment(key, value)
+        return commitment_of(key, value)
 
     def read_all_commitments(self) -> dict[str, Commitment]:
-        out: dict[str, Commitment] = {}
         with _rpc(self.url):
-            records = self._s.query_map(
-                "Commitments",
-                "CommitmentOf",
-                [self._netuid],
-                max_results=MAX_COMMITMENT_ENTRIES,
-                page_size=1000,
-            )
-            for key, value in records:
-                try:
-                    hotkey = decode_account(key)
-                except ValueError:
-                    continue
-                commitment = _commitment(hotkey, unwrap(value))
-                if commitment is not None:
-                    out[commitment.hotkey] = commitment
-        return out
+            return self._state.commitments(None)
 
     # -- weights ---------------------------------------------------------------------------------
 
@@ -383,30 +290,47 @@ class SubtensorChain(Chain):
         value = unwrap(result)
         if value is None:
             return {}
-        return normalise_pairs(_read(lambda: decode_weight_pairs(value), "Weights"))
+        return normalise_pairs(read(lambda: decode_weight_pairs(value), "Weights"))
 
     def weights_all(self) -> dict[int, dict[int, float]]:
-        out: dict[int, dict[int, float]] = {}
         with _rpc(self.url):
-            records = self._s.query_map(
-                "SubtensorModule",
-                "Weights",
-                [self._netuid],
-                max_results=MAX_UID + 1,
-                page_size=1000,
+            return self._state.weights(None)
+
+    # -- one block, pinned -----------------------------------------------------------------------
+
+    def snapshot(self, block: int) -> ChainSnapshot:
+        """The subnet at finalized block `block` (`Chain.snapshot`): its hash, then every query at
+        that hash. `BlockNotFinal` above the finalized head; `BlockPruned` when the node no longer
+        keeps that block's state (non-archive nodes keep about the last 256 blocks)."""
+        _check_block(block)
+        with _rpc(self.url):
+            final_hash = self._s.get_chain_finalised_head()
+            final_obj = self._s.get_block_number(final_hash)
+            final = read(lambda: decode_int(final_obj, hi=MAX_BLOCK, what="block"), "final head")
+            if block > final:
+                raise BlockNotFinal(
+                    f"block {block} is not finalized yet on {self.url} (finalized head: "
+                    f"{final}); retry in about {block - final} blocks",
+                    block=block,
+                    latest_final=final,
+                )
+            block_hash = self._s.get_block_hash(block)
+        if not isinstance(block_hash, str) or not block_hash:
+            raise ChainError(f"{self.url} has no hash for finalized block {block}")
+        with _state_at(self.url, block):
+            metagraph = self._state.metagraph(block_hash, block)
+            commitments = self._state.commitments(block_hash)
+            weights = self._state.weights(block_hash)
+        try:
+            return ChainSnapshot(
+                block=block,
+                block_hash=block_hash,
+                metagraph=metagraph,
+                commitments=commitments,
+                weights=weights,
             )
-            for key, value in records:
-                try:
-                    uid = decode_int(key, hi=MAX_UID, what="uid")
-                    row = normalise_pairs(decode_weight_pairs(value))
-                except ValueError as exc:
-                    log.warning(
-                        "skipping malformed Weights entry on subnet %d: %s", self._netuid, exc
-                    )
-                    continue
-                if row:
-                    out[uid] = row
-        return out
+        except ValidationError as exc:
+            raise ChainError(f"{self.url} returned an inconsistent block {block}: {exc}") from exc
 
     # -- extrinsics ------------------------------------------------------------------------------
 
@@ -450,7 +374,7 @@ class SubtensorChain(Chain):
             number = getattr(receipt, "block_number", None)
             if not isinstance(number, int) or isinstance(number, bool):
                 number = self._s.get_block_number(receipt.block_hash)
-        return _read(lambda: decode_int(number, hi=MAX_BLOCK, what="block"), "receipt block")
+        return read(lambda: decode_int(number, hi=MAX_BLOCK, what="block"), "receipt block")
 
     def _map_error(self, name: str | None, detail: str, hotkey: str) -> ChainError:
         if name in NOT_REGISTERED_ERRORS:
@@ -478,20 +402,9 @@ def _request_error_name(text: str) -> str | None:
     return None
 
 
-def _commitment(hotkey: str, value: object) -> Commitment | None:
-    try:
-        data, block = decode_registration(value)
-        return Commitment(hotkey=hotkey, data=data, block=block)
-    except (ValueError, ValidationError) as exc:
-        log.debug("ignoring malformed commitment of %s: %s", hotkey, str(exc)[:200])
-        return None
-
-
-def _read(fn: Callable[[], T], what: str) -> T:
-    try:
-        return fn()
-    except ValueError as exc:
-        raise ChainError(f"malformed {what} from chain: {exc}") from exc
+def _check_block(block: int) -> None:
+    if isinstance(block, bool) or not isinstance(block, int) or not 0 <= block <= MAX_BLOCK:
+        raise ValueError("block must be an integer in the u32 range")
 
 
 @contextmanager
@@ -510,6 +423,24 @@ def _rpc(url: str) -> Iterator[None]:
         if isinstance(exc, SubstrateRequestException):
             raise ChainError(f"{url} refused the request: {str(exc)[:300]}") from exc
         raise
+
+
+@contextmanager
+def _state_at(url: str, block: int) -> Iterator[None]:
+    """`_rpc`, and a node's "state already discarded" answer turned into `BlockPruned`."""
+    try:
+        with _rpc(url):
+            yield
+    except ChainError as exc:
+        text = f"{exc} {exc.__cause__ or ''}"
+        if not any(marker in text for marker in PRUNED_STATE_MARKERS):
+            raise
+        raise BlockPruned(
+            f"{url} no longer keeps the state of block {block}: non-archive (lite) subtensor "
+            "nodes keep only about the last 256 blocks. Read the block sooner, or open the "
+            f"chain at an archive node ({ARCHIVE_URL}, or your own node run with "
+            "--pruning=archive)"
+        ) from exc
 
 
 def _connect(url: str) -> Any:

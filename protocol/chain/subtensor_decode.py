@@ -87,6 +87,14 @@ def decode_bool_list(value: object, *, max_len: int = MAX_LIST) -> list[bool]:
     return list(value)
 
 
+def decode_int_list(value: object, *, hi: int, what: str, max_len: int = MAX_LIST) -> list[int]:
+    """A bounded `Vec` of integers in [0, hi] (e.g. `LastUpdate`, a `Vec<u64>` of blocks)."""
+    value = unwrap(value)
+    if not isinstance(value, list | tuple) or len(value) > max_len:
+        raise ValueError(f"{what} is not a bounded list")
+    return [decode_int(v, hi=hi, what=what) for v in value]
+
+
 def decode_weight_pairs(value: object) -> list[tuple[int, int]]:
     """`Vec<(u16, u16)>` as (uid, raw weight) pairs."""
     value = unwrap(value)

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 
 from protocol.credentials import ReadCredentials, WriteCredentials
@@ -53,6 +54,7 @@ from protocol.stores.s3_client import (
     new_client,
 )
 from protocol.stores.s3_config import MAX_OBJECT_SIZE, MAX_PARTS, MIB, S3Config, S3Stats
+from protocol.stores.s3_signing import SigningTarget
 from protocol.stores.s3_transfer import (
     Cancelled,
     FileSink,
@@ -104,6 +106,10 @@ class S3Store(ObjectStore):
         else:
             raise TypeError("credentials must be ReadCredentials or WriteCredentials")
         self._key_hint = mask_key_id(key_id)
+        self._signing = SigningTarget(
+            endpoint or f"https://s3.{region}.amazonaws.com", self._bucket, region,
+            Credentials(key_id, secret),
+        )  # fmt: skip
         self._client = new_client(
             key_id,
             secret,
@@ -129,6 +135,10 @@ class S3Store(ObjectStore):
     @property
     def read_only(self) -> bool:
         return self._read_only
+
+    def signing_target(self) -> SigningTarget:
+        """Endpoint, bucket, region and key for signing requests outside boto3 (path-style)."""
+        return self._signing
 
     @property
     def config(self) -> S3Config:

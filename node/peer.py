@@ -35,16 +35,15 @@ from node.runtime.multigpu import Ranks
 from node.runtime.preflight import explain_os_error
 from node.runtime.progress import tracked
 from node.runtime.state import PeerState, load_error_feedback, load_state, save_ef_shard, save_state
-from node.window.buckets import peer_buckets
 from node.window.consensus import Agreement, agree, wait_for_manifest, window_roster
 from node.window.exchange import encode_signed, publish
 from node.window.gather import Fetched, gather
-from node.window.history import HistoryError, catch_up, resync
+from node.window.history import catch_up_any, history_sources, resync
 from node.window.outer_step import apply_mean, window_mean
 from protocol.chain.base import Chain
 from protocol.naming import fingerprint_key
 from protocol.runconfig import RunConfig
-from protocol.stores import ObjectStore, ReadableStore, StoreError
+from protocol.stores import ObjectStore, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +141,7 @@ class Peer:
         return reports
 
     def catch_up(self, window: int) -> None:
-        """Replay what we missed from the best-staked validator's published history.
+        """Replay what we missed from the validators' published history, best-staked first.
 
         The newest aggregate is published shortly after its window's deadline, so a peer that
         wakes up early in a window waits for it (a window at most) instead of training on stale
@@ -152,11 +151,13 @@ class Peer:
             time.monotonic() + self.clock.schedule.blocks_per_window * self.cfg.timing.block_time_s
         )
         while self.next_window < window:
-            for source in self._history_sources():
-                self.next_window = self._replay_from(source, window)
-                if self.next_window >= window:
-                    log.info("caught up to window %d via validator uid %d", window, source[0])
-                    return
+            sources, peers = history_sources(self.chain, self.local_root)
+            self.next_window = catch_up_any(
+                self.model, self.cfg, self.spec, sources, peers, self.next_window, window
+            )
+            if self.next_window >= window:
+                log.info("caught up to window %d", window)
+                return
             if time.monotonic() > give_up:
                 log.error(
                     "missed windows %d..%d and no validator history replays them yet: training "
@@ -167,40 +168,6 @@ class Peer:
                 return
             time.sleep(self.cfg.timing.block_time_s)
             window = max(window, self.current_window())
-
-    def _history_sources(self) -> list[tuple[int, str, ReadableStore, dict[int, str]]]:
-        buckets, _ = peer_buckets(self.chain, self.local_root)
-        metagraph = self.chain.metagraph()
-        hotkeys = {n.uid: n.hotkey for n in metagraph.neurons}
-        validators = sorted(
-            (n for n in metagraph.neurons if n.validator_permit and n.uid in buckets),
-            key=lambda n: (-n.stake, n.uid),
-        )
-        return [(v.uid, v.hotkey, buckets[v.uid].store, hotkeys) for v in validators]
-
-    def _replay_from(
-        self, source: tuple[int, str, ReadableStore, dict[int, str]], window: int
-    ) -> int:
-        uid, hotkey, store, hotkeys = source
-        saved = self._weights()
-        try:
-            return catch_up(
-                self.model,
-                self.cfg,
-                self.spec,
-                store,
-                uid,
-                hotkey,
-                hotkeys,
-                self.next_window,
-                window,
-            )
-        except HistoryError as exc:
-            log.warning("history of validator uid %d unusable: %s", uid, exc)
-            with torch.no_grad():
-                for name, p in self.model.named_parameters():
-                    p.copy_(saved[name])
-            return self.next_window
 
     def _record(self, r: WindowReport) -> None:
         m = self.metrics
@@ -286,8 +253,9 @@ class Peer:
         if self.ranks.is_main:
             assert agreed is not None and agreed.manifest is not None
             log.warning("window %d: forked from the validator: resyncing", window)
+            sources, peers = history_sources(self.chain, self.local_root)
             resync(
-                self.model, self.cfg, self.spec, self._history_sources(), window,
+                self.model, self.cfg, self.spec, sources, peers, window,
                 agreed.manifest.fingerprint_start,
             )  # fmt: skip
         return self.ranks.broadcast_aggregate(

@@ -10,7 +10,13 @@ from codec.spec import ModelSpec
 from node.model.fingerprint import fingerprint
 from node.model.llama import build_model
 from node.window.exchange import encode_signed
-from node.window.history import HistoryError, catch_up, publish_aggregate, publish_checkpoint
+from node.window.history import (
+    HistoryError,
+    Source,
+    catch_up,
+    publish_aggregate,
+    publish_checkpoint,
+)
 from protocol.keys import create_hotkey
 from protocol.naming import aggregate_key
 from protocol.runconfig import RunConfig
@@ -23,6 +29,7 @@ def test_late_peer_replays_checkpoint_and_aggregates(tmp_path) -> None:
     validator = keys[2]
     store = open_store(f"file://{tmp_path}?bucket=validator")
     hotkeys = {i: k.ss58_address for i, k in enumerate(keys)}
+    source = Source(2, validator.ss58_address, store)
 
     live = build_model(run.model, run.seed)
     spec = ModelSpec.from_module(live)
@@ -41,20 +48,20 @@ def test_late_peer_replays_checkpoint_and_aggregates(tmp_path) -> None:
             raw[uid] = encode_signed(sparse, run, spec, window, uid, keys[uid])
         publish_aggregate(store, run, window, 2, validator, raw)
         # what the live peers did: the same replay of the same bytes
-        catch_up(live, run, spec, store, 2, validator.ss58_address, hotkeys, window, window + 1)
+        catch_up(live, run, spec, source, hotkeys, window, window + 1)
         fingerprints[window + 1] = fingerprint(live)
 
     late = build_model(run.model, run.seed)
-    assert catch_up(late, run, spec, store, 2, validator.ss58_address, hotkeys, 0, 4) == 4
+    assert catch_up(late, run, spec, source, hotkeys, 0, 4) == 4
     assert fingerprint(late) == fingerprints[4]
 
     # a publisher with no history replays nothing
     other = build_model(run.model, run.seed)
-    assert catch_up(other, run, spec, store, 2, keys[0].ss58_address, hotkeys, 0, 4) == 0
+    assert catch_up(other, run, spec, Source(2, keys[0].ss58_address, store), hotkeys, 0, 4) == 0
 
     # a history signed by someone else is refused
     forged = open_store(f"file://{tmp_path}?bucket=forged")
     fake = publish_aggregate(forged, run, 0, 2, keys[0], {0: raw[0]})
     forged.put(aggregate_key(run.run_id, 0, 2, validator.ss58_address), forged.get(fake, 1 << 24))
     with pytest.raises(HistoryError, match="signature"):
-        catch_up(other, run, spec, forged, 2, validator.ss58_address, hotkeys, 0, 1)
+        catch_up(other, run, spec, Source(2, validator.ss58_address, forged), hotkeys, 0, 1)

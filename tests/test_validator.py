@@ -13,19 +13,22 @@ import torch
 
 from codec.spec import ModelSpec
 from deploy.sim.forgeries import noise_update, perturbed_copy
+from deploy.sim.slow_store import SlowStore
 from node.model.llama import build_model
 from node.window.buckets import PeerBucket
 from node.window.exchange import encode_signed
 from protocol.chain import open_chain
 from protocol.chain.local_db import LocalChainDB, create_local_chain
+from protocol.credentials import ReadCredentials
 from protocol.keys import create_hotkey
 from protocol.naming import update_key
 from protocol.runconfig import RunConfig
-from protocol.stores import open_store
+from protocol.stores import S3Store, open_store
+from protocol.stores.fetch import MARGIN_S
 from validator.checks import Verdict, classify_fetch, in_sync, norm_verdicts
 from validator.config import ValidatorConfig
 from validator.copies import SketchHistory, find_copies, overlap, sketch
-from validator.fetching import fetch_all, fetch_one
+from validator.fetching import fetch_uploads
 from validator.ratings import Book, PeerRecord, WindowOutcome
 from validator.state import ValidatorState, load_state, save_state
 from validator.weights import normalise, set_weights, version_key
@@ -63,7 +66,7 @@ def test_fetch_verdicts(tmp_path: Path, keys: list, update: list) -> None:
     a, b = keys[0], keys[1]
     peer, store = _bucket(tmp_path, "peer-a", 0, a.ss58_address)
     verdict = lambda deadline: classify_fetch(  # noqa: E731
-        fetch_one(peer, RUN, SPEC, WINDOW, deadline).fetched
+        fetch_uploads([peer], RUN, SPEC, WINDOW, deadline)[0].fetched
     )[0]
     assert verdict(now + 60) is Verdict.MISSING
     _put(store, encode_signed(update, RUN, SPEC, WINDOW, 0, a), 0, a.ss58_address)
@@ -83,21 +86,19 @@ def test_fetch_verdicts(tmp_path: Path, keys: list, update: list) -> None:
     assert verdict(now + 60) is Verdict.MALFORMED
 
 
-def test_fetch_all_contains_a_hanging_peer(tmp_path: Path, keys: list, update: list) -> None:
+def test_fetch_uploads_contains_a_hanging_peer(tmp_path: Path, keys: list, update: list) -> None:
+    run = RunConfig.preset("tiny", name="vt", inner_steps=2, consensus={"fetch_budget_s": 1.0})
     good, store = _bucket(tmp_path, "peer-a", 0, keys[0].ss58_address)
-    _put(store, encode_signed(update, RUN, SPEC, WINDOW, 0, keys[0]), 0, keys[0].ss58_address)
-
-    class Hanging:
-        def head(self, key: str) -> None:
-            time.sleep(3)
-
-        def get(self, key: str, max_bytes: int) -> None:
-            raise RuntimeError("boom")
-
-    hung = PeerBucket(1, keys[1].ss58_address, Hanging())  # type: ignore[arg-type]
-    t0 = time.time()
-    out = fetch_all([good, hung], RUN, SPEC, WINDOW, time.time() + 60, timeout_s=1.0)
-    assert time.time() - t0 < 2.5
+    data = encode_signed(update, run, SPEC, WINDOW, 0, keys[0])
+    store.put(update_key(run.run_id, WINDOW, 0, keys[0].ss58_address), data)  # type: ignore[attr-defined]
+    with SlowStore(tmp_path, "hang") as endpoint:
+        evil = S3Store(
+            "evil", ReadCredentials(access_key_id="r", secret_access_key="r"), endpoint=endpoint
+        )
+        hung = PeerBucket(1, keys[1].ss58_address, evil)
+        t0 = time.time()
+        out = fetch_uploads([good, hung], run, SPEC, WINDOW, time.time() + 60)
+        assert time.time() - t0 < 1.0 + MARGIN_S
     assert out[0].fetched.ok and out[0].data is not None
     assert classify_fetch(out[1].fetched)[0] is Verdict.UNREACHABLE
 
@@ -108,7 +109,8 @@ def test_norm_and_sync_verdicts() -> None:
         Verdict.OK, Verdict.OK, Verdict.OK, Verdict.NORM_OUTLIER, Verdict.NON_FINITE,
     ]  # fmt: skip
     assert in_sync("ab", "ab") is True and in_sync("ab", "cd") is False
-    assert in_sync(None, "ab") is None
+    assert in_sync(None, "ab") is False  # a peer that publishes no fingerprint is out of sync
+    assert in_sync("ab", None) is None  # nothing to compare with (window 0)
 
 
 # -- copies and replays --------------------------------------------------------------------------

@@ -33,7 +33,13 @@ from node.model.fingerprint import fingerprint
 from node.model.llama import build_model
 from node.runtime.clock import ChainClock
 from node.window.consensus import Agreement, Roster, wait_for_manifest, window_roster
-from node.window.history import history_sources, publish_aggregate, publish_checkpoint, resync
+from node.window.history import (
+    catch_up_any,
+    history_sources,
+    publish_aggregate,
+    publish_checkpoint,
+    resync,
+)
 from node.window.outer_step import apply_updates
 from protocol.chain.base import Chain
 from protocol.chain.errors import NotRegistered
@@ -162,9 +168,10 @@ class Validator:
         agreed = follow(roster, uploads, manifest, self.fingerprint, self.run, self.spec)
         if agreed.forked and agreed.manifest is not None:
             log.warning("window %d: forked from the lead validator: resyncing", window)
+            sources, peers = history_sources(self.chain, self.local_root)
             resync(
-                self.model, self.run, self.spec, self._history_sources(), window,
-                agreed.manifest.fingerprint_start,
+                self.model, self.run, self.spec, [s for s in sources if s.uid != self.uid], peers,
+                window, agreed.manifest.fingerprint_start,
             )  # fmt: skip
         try:  # our own history: the exact bytes we applied
             applied = {u: uploads[u].data for u in agreed.updates if uploads[u].data is not None}
@@ -172,9 +179,6 @@ class Validator:
         except StoreError as exc:
             log.error("window %d: publishing the aggregate failed: %s", window, exc)
         return agreed
-
-    def _history_sources(self) -> list:
-        return history_sources(self.chain, self.local_root)
 
     def _score(self, window: int, checks: Mapping[int, PeerCheck]) -> dict[int, LossScore]:
         candidates = [u for u, c in checks.items() if c.verdict in SCORABLE]
@@ -256,10 +260,21 @@ class Validator:
             ),
         )
 
+    def _catch_up(self, window: int) -> int:
+        """A validator started mid-run rebuilds the model from published history (its own or
+        another validator's) instead of starting from the initial weights; returns the window
+        it reached (it processes the rest itself)."""
+        if window == 0:
+            return 0
+        sources, peers = history_sources(self.chain, self.local_root)
+        reached = catch_up_any(self.model, self.run, self.spec, sources, peers, 0, window)
+        log.info("started mid-run: model rebuilt from published history up to window %d", reached)
+        return reached
+
     def _restore(self) -> None:
         state = load_state(self.state_dir, self.run.run_id)
         if state is None:
-            self.next_window = max(0, self.current_window())
+            self.next_window = self._catch_up(max(0, self.current_window()))
             self.fingerprint = fingerprint(self.model)
             self.salt = secrets.randbits(63)
             self.book = Book(self.cfg)

@@ -1,17 +1,19 @@
-"""The run's history for late peers: per-window aggregates and periodic checkpoints.
+"""The run's history: per-window aggregates and periodic checkpoints, published and replayed.
 
 A validator publishes, in its own bucket:
 
 * per window, an **aggregate** object: the exact wire bytes of every update that window applied
-  (each still signed by its own peer), so a late peer re-verifies and re-aggregates them and lands
-  on bit-identical weights — a dense aggregate would be both larger and unverifiable;
+  (each still signed by its own peer), signed by the validator, so a node that replays it
+  re-verifies and re-aggregates them and lands on bit-identical weights;
 * every few windows, a **checkpoint** (safetensors of the weights at the *start* of a window) and
-  its **manifest** (window, size, SHA-256), written checkpoint first so a manifest never points at
-  a missing file.
+  its **manifest** (run id, window, size, SHA-256), signed by the validator and written after the
+  checkpoint, so a manifest never points at a missing file.
 
-`catch_up` loads the newest checkpoint at or before the target window and replays the aggregates
-from there. Everything read here is hostile: sizes are capped, digests checked, every update
-verified and decoded strictly.
+Everything read here is hostile. Sizes are capped from the run config (`HistoryCaps`), never from
+what a publisher claims; every field is type-checked before it is hashed, converted or used to
+size anything; signatures are verified before anything they cover is used. Whatever is wrong —
+garbage, a refused listing, a timeout — surfaces as one `HistoryError`, and `catch_up_any` /
+`resync` then fall through to the next validator.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import msgpack
 import torch
@@ -29,26 +33,52 @@ from substrateinterface import Keypair
 
 from codec.errors import DecodeError
 from codec.spec import ModelSpec
+from node.model.fingerprint import fingerprint
+from node.model.llama import build_model
+from node.window.buckets import peer_buckets
 from node.window.exchange import check_update, max_update_bytes
 from node.window.outer_step import apply_updates
-from protocol.naming import (
-    ObjectKind,
-    aggregate_key,
-    checkpoint_key,
-    manifest_key,
-    parse_key,
-)
+from protocol.chain.base import Chain
+from protocol.naming import ObjectKind, aggregate_key, checkpoint_key, manifest_key, parse_key
 from protocol.runconfig import RunConfig
 from protocol.signing import SignatureError, payload_digest, sign_object, verify_object
 from protocol.stores import ObjectNotFound, ObjectStore, ReadableStore, StoreError
 
 log = logging.getLogger(__name__)
 
-MAX_MANIFEST_BYTES = 64 << 10
+MANIFEST_CAP = 4096
+SAFETENSORS_SLACK = 1 << 20  # header: names, dtypes, shapes and offsets of every tensor
 
 
 class HistoryError(RuntimeError):
-    """The published history cannot bring this peer to the requested window."""
+    """A validator's published history cannot be used (or cannot bring us where we asked)."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """One validator's published history: its uid, hotkey and (read-only) bucket."""
+
+    uid: int
+    hotkey: str
+    store: ReadableStore
+
+
+@dataclass(frozen=True)
+class HistoryCaps:
+    """The most bytes a legitimate history object of this run can need."""
+
+    checkpoint: int
+    aggregate: int
+
+    @classmethod
+    def of(cls, run: RunConfig, spec: ModelSpec) -> HistoryCaps:
+        return cls(
+            checkpoint=4 * spec.numel + SAFETENSORS_SLACK,
+            aggregate=run.gather_size * (max_update_bytes(spec, run) + 64) + 4096,
+        )
+
+
+# -- publishing ------------------------------------------------------------------------------------
 
 
 def publish_aggregate(
@@ -63,8 +93,7 @@ def publish_aggregate(
     body = msgpack.packb(
         {"window": window, "updates": {int(k): v for k, v in sorted(updates.items())}}
     )
-    digest = payload_digest(body)
-    sig = sign_object(keypair, ObjectKind.AGGREGATE, run.run_id, window, uid, digest)
+    sig = sign_object(keypair, ObjectKind.AGGREGATE, run.run_id, window, uid, payload_digest(body))
     key = aggregate_key(run.run_id, window, uid, keypair.ss58_address)
     store.put(key, msgpack.packb({"body": body, "sig": sig}))
     return key
@@ -78,137 +107,186 @@ def publish_checkpoint(
     keypair: Keypair,
     model: torch.nn.Module,
 ) -> str:
-    """Publish the weights at the start of `window` and then their manifest."""
+    """Publish the weights at the start of `window`, then their signed manifest."""
     params = {k: v.detach().cpu().contiguous() for k, v in model.named_parameters()}  # tied once
     data = save_safetensors(params)
     store.put(checkpoint_key(run.run_id, window, uid, keypair.ss58_address), data)
-    manifest = {
+    body = {
         "run_id": run.run_id,
         "window": window,
+        "uid": uid,
         "bytes": len(data),
         "sha256": hashlib.sha256(data).hexdigest(),
     }
+    raw = _canonical(body)
+    sig = sign_object(keypair, ObjectKind.MANIFEST, run.run_id, window, uid, payload_digest(raw))
     key = manifest_key(run.run_id, window, uid, keypair.ss58_address)
-    store.put(key, json.dumps(manifest).encode())
+    store.put(key, json.dumps({"body": body, "sig": sig.hex()}).encode())
     return key
+
+
+def _canonical(body: Mapping[str, object]) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+# -- reading -----------------------------------------------------------------------------------
 
 
 def read_aggregate_bytes(
     store: ReadableStore, run: RunConfig, spec: ModelSpec, window: int, uid: int, hotkey: str
 ) -> dict[int, bytes]:
-    """The exact update bytes a validator published for `window` (signature checked)."""
-    cap = 4096 * max_update_bytes(spec, run)
+    """The exact update bytes a validator published for `window` (its signature verified).
+
+    `ObjectNotFound` when it is not published (yet); `HistoryError` for anything else wrong."""
+    cap = HistoryCaps.of(run, spec).aggregate
     try:
-        raw = msgpack.unpackb(
-            store.get(aggregate_key(run.run_id, window, uid, hotkey), cap), max_bin_len=cap
-        )
-        if (
-            not isinstance(raw, dict)
-            or set(raw) != {"body", "sig"}
-            or not isinstance(raw["body"], bytes)
-        ):
-            raise DecodeError("malformed aggregate object")
-        verify_object(
-            hotkey,
-            raw["sig"],
-            ObjectKind.AGGREGATE,
-            run.run_id,
-            window,
-            uid,
-            payload_digest(raw["body"]),
-        )
-        body = msgpack.unpackb(raw["body"], strict_map_key=False, max_bin_len=cap)
-        if (
-            not isinstance(body, dict)
-            or body.get("window") != window
-            or not isinstance(body.get("updates"), dict)
-        ):
-            raise DecodeError("aggregate body does not match its window")
-        return {
-            int(k): bytes(v)
-            for k, v in body["updates"].items()
-            if isinstance(k, int) and isinstance(v, bytes)
-        }
-    except (StoreError, DecodeError, SignatureError, ValueError, msgpack.ExtraData) as exc:
+        raw = store.get(aggregate_key(run.run_id, window, uid, hotkey), cap)
+    except ObjectNotFound:
+        raise
+    except StoreError as exc:
         raise HistoryError(f"aggregate of window {window}: {exc}") from exc
-
-
-def _read_aggregate(
-    store: ReadableStore,
-    run: RunConfig,
-    spec: ModelSpec,
-    window: int,
-    uid: int,
-    hotkey: str,
-    peers: Mapping[int, str],
-) -> dict[int, list]:
-    cap = 4096 * max_update_bytes(spec, run)
-    raw = msgpack.unpackb(
-        store.get(aggregate_key(run.run_id, window, uid, hotkey), cap), max_bin_len=cap
-    )
-    if not isinstance(raw, dict) or set(raw) != {"body", "sig"}:
-        raise DecodeError("malformed aggregate object")
-    verify_object(
-        hotkey,
-        raw["sig"],
-        ObjectKind.AGGREGATE,
-        run.run_id,
-        window,
-        uid,
-        payload_digest(raw["body"]),
-    )
-    body = msgpack.unpackb(raw["body"], strict_map_key=False, max_bin_len=cap)
+    outer = _unpack(raw, cap, max_map=2)
+    if not isinstance(outer, dict) or set(outer) != {"body", "sig"}:
+        raise HistoryError(f"aggregate of window {window} is not {{body, sig}}")
+    body, sig = outer["body"], outer["sig"]
+    if not isinstance(body, bytes) or not isinstance(sig, bytes):
+        raise HistoryError(f"aggregate of window {window}: body and sig must be bytes")
+    try:
+        verify_object(
+            hotkey, sig, ObjectKind.AGGREGATE, run.run_id, window, uid, payload_digest(body)
+        )
+    except SignatureError as exc:
+        raise HistoryError(f"aggregate of window {window}: {exc}") from exc
+    inner = _unpack(body, cap, max_map=max(2, run.gather_size))
+    updates = inner.get("updates") if isinstance(inner, dict) else None
     if (
-        not isinstance(body, dict)
-        or body.get("window") != window
-        or not isinstance(body.get("updates"), dict)
+        not isinstance(inner, dict)
+        or inner.get("window") != window
+        or not isinstance(updates, dict)
     ):
-        raise DecodeError("aggregate body does not match its window")
+        raise HistoryError(f"aggregate body does not match window {window}")
+    if not all(
+        isinstance(k, int) and 0 <= k <= 65535 and isinstance(v, bytes) for k, v in updates.items()
+    ):
+        raise HistoryError(f"aggregate of window {window}: entries must be uid -> bytes")
+    return dict(sorted(updates.items()))
+
+
+def _unpack(data: bytes, cap: int, max_map: int) -> object:
+    try:
+        return msgpack.unpackb(
+            data,
+            strict_map_key=False,
+            raw=False,
+            max_bin_len=cap,
+            max_str_len=256,
+            max_array_len=16,
+            max_map_len=max_map,
+            max_ext_len=0,
+        )
+    except (ValueError, TypeError, msgpack.UnpackException, msgpack.ExtraData) as exc:
+        raise HistoryError(f"not a valid history object: {type(exc).__name__}") from None
+
+
+def read_aggregate(
+    source: Source, run: RunConfig, spec: ModelSpec, window: int, peers: Mapping[int, str]
+) -> dict[int, list]:
+    """The verified, decoded updates a validator published for `window`."""
     out = {}
-    for peer_uid, data in sorted(body["updates"].items()):
+    raw = read_aggregate_bytes(source.store, run, spec, window, source.uid, source.hotkey)
+    for peer_uid, data in raw.items():
         if peer_uid not in peers:
-            raise DecodeError(f"aggregate names uid {peer_uid}, which has no known hotkey")
-        out[peer_uid] = check_update(data, peer_uid, peers[peer_uid], run, spec, window).tensors
+            raise HistoryError(f"aggregate names uid {peer_uid}, which has no known hotkey")
+        try:
+            out[peer_uid] = check_update(data, peer_uid, peers[peer_uid], run, spec, window).tensors
+        except (DecodeError, SignatureError) as exc:
+            raise HistoryError(f"window {window}, uid {peer_uid}: {exc}") from exc
     return out
 
 
+def _read_manifest(source: Source, run: RunConfig, window: int) -> dict:
+    key = manifest_key(run.run_id, window, source.uid, source.hotkey)
+    try:
+        outer = json.loads(source.store.get(key, MANIFEST_CAP))
+    except ValueError as exc:
+        raise HistoryError(f"checkpoint manifest of window {window} is not JSON") from exc
+    if not isinstance(outer, dict) or set(outer) != {"body", "sig"}:
+        raise HistoryError(f"checkpoint manifest of window {window} is not {{body, sig}}")
+    body, sig = outer["body"], outer["sig"]
+    fields = {"run_id": str, "window": int, "uid": int, "bytes": int, "sha256": str}
+    if not isinstance(body, dict) or set(body) != set(fields) or not isinstance(sig, str):
+        raise HistoryError(f"checkpoint manifest of window {window} has the wrong fields")
+    if any(type(body[f]) is not t for f, t in fields.items()) or len(sig) != 128:
+        raise HistoryError(f"checkpoint manifest of window {window} has the wrong types")
+    expected = {"run_id": run.run_id, "window": window, "uid": source.uid}
+    if any(body[f] != v for f, v in expected.items()):
+        raise HistoryError(f"checkpoint manifest of window {window} names another object")
+    try:
+        verify_object(
+            source.hotkey, bytes.fromhex(sig), ObjectKind.MANIFEST, run.run_id, window,
+            source.uid, payload_digest(_canonical(body)),
+        )  # fmt: skip
+    except (SignatureError, ValueError) as exc:
+        raise HistoryError(f"checkpoint manifest of window {window}: {exc}") from exc
+    return body
+
+
+def _load_checkpoint(
+    source: Source, run: RunConfig, spec: ModelSpec, window: int
+) -> dict[str, torch.Tensor]:
+    manifest = _read_manifest(source, run, window)
+    cap = HistoryCaps.of(run, spec).checkpoint
+    if not 0 < manifest["bytes"] <= cap:
+        raise HistoryError(f"checkpoint of window {window} claims {manifest['bytes']} bytes")
+    data = source.store.get(checkpoint_key(run.run_id, window, source.uid, source.hotkey), cap)
+    if len(data) != manifest["bytes"] or hashlib.sha256(data).hexdigest() != manifest["sha256"]:
+        raise HistoryError(f"checkpoint of window {window} does not match its manifest")
+    try:
+        weights = load_safetensors(data)
+    except Exception as exc:  # safetensors raises its own error types on garbage
+        raise HistoryError(f"checkpoint of window {window} is not safetensors") from exc
+    shapes = {t.name: tuple(t.shape) for t in spec.tensors}
+    if {n: tuple(w.shape) for n, w in weights.items()} != shapes:
+        raise HistoryError(f"checkpoint of window {window} does not fit this model")
+    if any(w.dtype != torch.float32 or not torch.isfinite(w).all() for w in weights.values()):
+        raise HistoryError(f"checkpoint of window {window} holds non-float32 or non-finite values")
+    return weights
+
+
 def latest_checkpoint(
-    store: ReadableStore, run: RunConfig, uid: int, hotkey: str, at_most: int
+    source: Source, run: RunConfig, spec: ModelSpec, at_most: int
 ) -> tuple[int, dict[str, torch.Tensor]] | None:
-    """The newest checkpoint of this publisher starting at a window <= `at_most`."""
+    """The newest verified checkpoint of this source starting at a window <= `at_most`."""
     windows = []
-    for info in store.list(f"{run.run_id}/"):
+    for info in source.store.list(f"{run.run_id}/"):
         try:
             key = parse_key(info.key)
         except ValueError:
             continue
-        if key.kind == ObjectKind.MANIFEST and key.uid == uid and key.window <= at_most:
+        if key.kind == ObjectKind.MANIFEST and key.uid == source.uid and key.window <= at_most:
             windows.append(key.window)
     for window in sorted(windows, reverse=True):
         try:
-            manifest = json.loads(
-                store.get(manifest_key(run.run_id, window, uid, hotkey), MAX_MANIFEST_BYTES)
-            )
-            size = int(manifest["bytes"])
-            data = store.get(checkpoint_key(run.run_id, window, uid, hotkey), size)
-            if (
-                hashlib.sha256(data).hexdigest() != manifest["sha256"]
-                or manifest["window"] != window
-            ):
-                raise DecodeError("checkpoint digest or window mismatch")
-            return window, load_safetensors(data)
-        except (StoreError, DecodeError, ValueError, KeyError, TypeError) as exc:
+            return window, _load_checkpoint(source, run, spec, window)
+        except (HistoryError, StoreError) as exc:
             log.warning("checkpoint of window %d unusable: %s", window, exc)
     return None
+
+
+# -- replaying ---------------------------------------------------------------------------------
+
+
+def _load(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> None:
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(weights[n])
 
 
 def catch_up(
     model: torch.nn.Module,
     run: RunConfig,
     spec: ModelSpec,
-    source: ReadableStore,
-    source_uid: int,
-    source_hotkey: str,
+    source: Source,
     peers: Mapping[int, str],
     from_window: int,
     to_window: int,
@@ -217,27 +295,115 @@ def catch_up(
 
     Loads a newer checkpoint when one helps, then replays the published aggregates in order,
     stopping early at the first one not published yet. Returns the window the model is now at.
-    Raises `HistoryError` when the source publishes something invalid (then the model may be
-    anywhere in between: restore it before trying another source).
+    Raises `HistoryError` for anything invalid (the model may then be anywhere in between:
+    restore it before trying another source).
     """
-    ckpt = latest_checkpoint(source, run, source_uid, source_hotkey, to_window)
-    window = from_window
-    if ckpt is not None and ckpt[0] > from_window:
-        window, weights = ckpt
-        names = dict(model.named_parameters())
-        if set(weights) != set(names) or any(weights[n].shape != p.shape for n, p in names.items()):
-            raise HistoryError(f"checkpoint of window {window} does not fit this model")
-        with torch.no_grad():
-            for n, p in names.items():
-                p.copy_(weights[n])
-        log.info("loaded checkpoint of window %d", window)
+    try:
+        ckpt = latest_checkpoint(source, run, spec, to_window)
+        window = from_window
+        if ckpt is not None and ckpt[0] > from_window:
+            window = ckpt[0]
+            _load(model, ckpt[1])
+            log.info("loaded checkpoint of window %d", window)
+        return _replay(model, run, spec, source, peers, window, to_window)
+    except StoreError as exc:
+        raise HistoryError(f"history of validator uid {source.uid}: {exc}") from exc
+
+
+def _replay(
+    model: torch.nn.Module,
+    run: RunConfig,
+    spec: ModelSpec,
+    source: Source,
+    peers: Mapping[int, str],
+    window: int,
+    to_window: int,
+) -> int:
     while window < to_window:
         try:
-            updates = _read_aggregate(source, run, spec, window, source_uid, source_hotkey, peers)
+            updates = read_aggregate(source, run, spec, window, peers)
         except ObjectNotFound:
             break  # not published (yet): the model is consistently at `window`
-        except (StoreError, DecodeError, SignatureError) as exc:
-            raise HistoryError(f"cannot replay window {window}: {exc}") from exc
-        apply_updates(model, updates, run, spec)
+        try:
+            apply_updates(model, updates, run, spec)
+        except DecodeError as exc:
+            raise HistoryError(f"window {window}: {exc}") from exc
         window += 1
     return window
+
+
+def catch_up_any(
+    model: torch.nn.Module,
+    run: RunConfig,
+    spec: ModelSpec,
+    sources: Sequence[Source],
+    peers: Mapping[int, str],
+    from_window: int,
+    to_window: int,
+) -> int:
+    """`catch_up` from the first source that gets furthest; the model is restored between
+    attempts, so a bad source costs time, never correctness."""
+    saved = {n: p.detach().clone() for n, p in model.named_parameters()}
+    best = from_window
+    for source in sources:
+        try:
+            reached = catch_up(model, run, spec, source, peers, from_window, to_window)
+        except HistoryError as exc:
+            log.warning("history of validator uid %d unusable: %s", source.uid, exc)
+            _load(model, saved)
+            continue
+        if reached >= to_window:
+            return reached
+        if reached > best:
+            best, saved = reached, {n: p.detach().clone() for n, p in model.named_parameters()}
+        else:
+            _load(model, saved)
+    _load(model, saved)
+    return best
+
+
+def resync(
+    model: torch.nn.Module,
+    run: RunConfig,
+    spec: ModelSpec,
+    sources: Sequence[Source],
+    peers: Mapping[int, str],
+    target_window: int,
+    expected_fingerprint: str | None,
+) -> bool:
+    """Rebuild a possibly forked model at the start of `target_window` from published history:
+    the newest verified checkpoint at or before it (else the initial weights), then every
+    aggregate up to it. A source whose result differs from `expected_fingerprint` is skipped.
+    Returns whether it succeeded (on failure the model is as it was)."""
+    saved = {n: p.detach().clone() for n, p in model.named_parameters()}
+    initial = dict(build_model(run.model, run.seed).named_parameters())
+    for source in sources:
+        _load(model, {n: p.detach() for n, p in initial.items()})
+        try:
+            reached = catch_up(model, run, spec, source, peers, 0, target_window)
+        except HistoryError as exc:
+            log.warning("resync from validator uid %d failed: %s", source.uid, exc)
+            continue
+        fp = fingerprint(model)
+        if reached == target_window and expected_fingerprint in (None, fp):
+            log.info("resynced to window %d from validator uid %d", target_window, source.uid)
+            return True
+        log.warning(
+            "resync from validator uid %d reached window %d with fingerprint %s (wanted %s)",
+            source.uid, reached, fp[:12], (expected_fingerprint or "-")[:12],
+        )  # fmt: skip
+    _load(model, saved)
+    return False
+
+
+def history_sources(
+    chain: Chain, local_root: Path | None = None
+) -> tuple[list[Source], dict[int, str]]:
+    """Every validator with a readable bucket, most stake first; and every uid's hotkey."""
+    buckets, _ = peer_buckets(chain, local_root)
+    metagraph = chain.metagraph()
+    validators = sorted(
+        (n for n in metagraph.validators if n.uid in buckets), key=lambda n: (-n.stake, n.uid)
+    )
+    sources = [Source(n.uid, n.hotkey, buckets[n.uid].store) for n in validators]
+    return sources, {n.uid: n.hotkey for n in metagraph.neurons}

@@ -76,7 +76,8 @@ def test_two_peers_stay_identical_learn_and_resume_after_kill(tmp_path: Path) ->
     assert [r["window"] for r in a] == [r["window"] for r in b]
     for ra, rb in zip(a, b, strict=True):
         assert ra["fingerprint"] == rb["fingerprint"], (ra, rb)
-        assert sorted(ra["gathered"]) == [0, 1]
+    # window 0's roster is pinned at its first block, before the peers' commitments landed
+    assert all(sorted(r["gathered"]) == [0, 1] for r in a[1:])
     assert a[-1]["loss"] < a[0]["loss"]
 
     # kill -9 peer 1 while it trains its next window, restart it: it resumes from its state

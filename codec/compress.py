@@ -95,7 +95,7 @@ class SparseTensor:
         for gi, (g, sg) in enumerate(zip(layout.groups, self.groups, strict=True)):
             try:
                 _validate_group(g, sg)
-                validate(sg.codes, sg.scales, self.codebook)
+                validate(sg.codes, sg.scales, self.codebook, params.max_abs_value)
             except DecodeError as exc:
                 raise DecodeError(f"{self.name} group {gi}: {exc}") from exc
 
@@ -401,7 +401,7 @@ class Compressor:
             idx.append(torch.cat(gi_idx))
             vals.append(torch.cat(gi_vals))
         clock = _lap(timings, "select", clock)
-        q = quantize(vals)
+        q = quantize(vals, self.params.max_abs_value)
         clock = _lap(timings, "quantize", clock)
         groups = [SparseGroup(i, c, s) for i, c, s in zip(idx, q.codes, q.scales, strict=True)]
         sparse = SparseTensor(name=name, shape=layout.shape, groups=groups, codebook=q.codebook)

@@ -120,8 +120,14 @@ def dequantize(codes: torch.Tensor, scales: torch.Tensor, codebook: torch.Tensor
     return torch.where((c & 1).bool(), -mag, mag)
 
 
-def validate(codes: torch.Tensor, scales: torch.Tensor, codebook: torch.Tensor) -> None:
-    """Raise `DecodeError` unless (codes, scales, codebook) decode to finite values."""
+def validate(
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    codebook: torch.Tensor,
+    max_abs: float = MAX_LEVEL,
+) -> None:
+    """Raise `DecodeError` unless (codes, scales, codebook) decode to finite values of magnitude
+    at most `max_abs` (every chunk's two levels are checked, used or not)."""
     if codebook.dtype != torch.float32 or codebook.dim() != 2 or codebook.shape[1] != 2:
         raise DecodeError(
             f"codebook must be float32 (R, 2), got {codebook.dtype} {tuple(codebook.shape)}"
@@ -141,6 +147,8 @@ def validate(codes: torch.Tensor, scales: torch.Tensor, codebook: torch.Tensor) 
         raise DecodeError("value code above 3")
     if scales.numel() and int((scales & 3).max()) >= rows:
         raise DecodeError(f"side byte names a codebook row >= {rows}")
+    if scales.numel() and bool((chunk_levels(scales, codebook) > max_abs).any()):
+        raise DecodeError(f"a value decodes above the run's cap of {max_abs:g}")
 
 
 def _blocks(n: int) -> list[slice]:
@@ -247,10 +255,12 @@ def _codes(v: torch.Tensor, scale: torch.Tensor, levels: torch.Tensor) -> torch.
     return code.add_(high.to(torch.uint8), alpha=2)
 
 
-def quantize(values: Sequence[torch.Tensor]) -> Quantized:
+def quantize(values: Sequence[torch.Tensor], max_abs: float = MAX_LEVEL) -> Quantized:
     """Quantize one tensor's kept values, given per group as float32 (n_chunks, k).
 
-    Every chunk must hold finite values; the codebook's rows are ``min(4, total chunks)``.
+    Every chunk must hold finite values; the codebook's rows are ``min(4, total chunks)``. No
+    chunk decodes to a magnitude above `max_abs`: a chunk whose scale would exceed it takes the
+    largest scale code that does not (the rest stays in the caller's error feedback).
     """
     if not values:
         raise ValueError("nothing to quantize")
@@ -275,7 +285,8 @@ def quantize(values: Sequence[torch.Tensor]) -> Quantized:
     base = s_max / _MAX_SCALE if s_max > 0 else 1.0
     codebook = torch.stack([torch.ones_like(ratios), ratios], 1).mul(base).clamp(max=MAX_LEVEL)
     lut = SCALE_LUT.to(codebook.device)
-    q = [_nearest(s / base, lut) for s in raw]
+    limit = _scale_limits(codebook, lut, max_abs)
+    q = [torch.minimum(_nearest(s / base, lut), limit[r]) for s, r in zip(raw, rows, strict=True)]
 
     codes = []
     for v, qc, r in zip(values, q, rows, strict=True):
@@ -283,6 +294,12 @@ def quantize(values: Sequence[torch.Tensor]) -> Quantized:
         codes.append(torch.cat([_codes(v[b], scale[b], levels[b]) for b in _blocks(len(v))]))
     sides = [((qc << 2) | r).to(torch.uint8) for qc, r in zip(q, rows, strict=True)]
     return Quantized(codes=codes, scales=sides, codebook=codebook)
+
+
+def _scale_limits(codebook: torch.Tensor, lut: torch.Tensor, max_abs: float) -> torch.Tensor:
+    """Per codebook row, the largest scale code whose levels stay <= `max_abs` (code 0 is 0)."""
+    levels = codebook.max(1).values[:, None] * lut[None, :]  # the products `chunk_levels` makes
+    return (levels <= max_abs).sum(1) - 1
 
 
 def _slice_stats(st: _ChunkStats, b: slice) -> _ChunkStats:

@@ -5,8 +5,10 @@
 The header (`WireHeader`) names the codec parameters, the model spec digest, the tensor table
 (name, shape, index-stream lengths per chunk group, codebook rows), the section lengths, the
 BLAKE2b-256 digest of the payload, and `meta`/`sig` fields that `protocol` fills (run id, window,
-uid, hotkey and the hotkey's signature over them and the digest). The signature does not cover
-the header bytes, so it can be added after encoding without changing what it signs.
+uid, hotkey and the hotkey's signature). The signature covers the whole header — and through its
+payload digest, the payload — as `header_digest`: BLAKE2b-256 of the framed header with ``sig``
+left empty. A reader therefore checks the signature right after parsing the (bounded) header and
+before decoding a single payload byte.
 
 The payload is, in order: every chunk group's index stream (`codec.indices`), then one section
 of 2-bit value codes (four per byte, zstd-compressed only when that saves at least
@@ -41,7 +43,7 @@ from codec.quantize import MAX_ROWS
 from codec.spec import CODEC_VERSION, CodecParams, ModelSpec
 
 MAGIC = b"TSRU"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the signature covers the header
 MAX_HEADER_BYTES = 4 << 20
 DEFAULT_MAX_UPDATE_BYTES = 1 << 32
 ZSTD_MIN_GAIN = 0.02
@@ -91,7 +93,13 @@ class DecodedUpdate:
 
     @property
     def digest(self) -> bytes:
+        """The payload digest (what the values are)."""
         return self.header.digest
+
+    @property
+    def signed_digest(self) -> bytes:
+        """The digest the sender's signature covers (`header_digest`)."""
+        return header_digest(self.header)
 
 
 def payload_digest(payload: bytes | memoryview) -> bytes:
@@ -125,7 +133,8 @@ def encode_update(
 ) -> bytes:
     """Serialise one update (all tensors of `spec`, in its order).
 
-    `sign`, if given, receives the payload digest and returns the signature stored in the header.
+    `sign`, if given, receives `header_digest` of the finished header and returns the signature
+    stored in it.
     """
     by_name = {t.name: t for t in tensors}
     if [t.name for t in spec.tensors] != [t.name for t in tensors]:
@@ -171,18 +180,29 @@ def encode_update(
         payload_bytes=len(payload),
         digest=digest,
         meta=dict(meta or {}),
-        sig=sign(digest) if sign else b"",
     )
+    if sign is not None:
+        header = header.model_copy(update={"sig": sign(header_digest(header))})
     return _frame(header, payload)
 
 
 _ENTRY_FIELDS = tuple(TensorEntry.model_fields)
 
 
-def _frame(header: WireHeader, payload: bytes | memoryview) -> bytes:
+def _pack_header(header: WireHeader) -> bytes:
     obj = header.model_dump(mode="python")
     obj["tensors"] = [[e[f] for f in _ENTRY_FIELDS] for e in obj["tensors"]]  # positional: compact
-    raw = msgpack.packb(obj, use_bin_type=True)
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def header_digest(header: WireHeader) -> bytes:
+    """What an update's signature covers: BLAKE2b-256 of its framed header with ``sig`` empty."""
+    raw = _pack_header(header.model_copy(update={"sig": b""}))
+    return payload_digest(_PREFIX.pack(MAGIC, FORMAT_VERSION, len(raw)) + raw)
+
+
+def _frame(header: WireHeader, payload: bytes | memoryview) -> bytes:
+    raw = _pack_header(header)
     return _PREFIX.pack(MAGIC, FORMAT_VERSION, len(raw)) + raw + bytes(payload)
 
 

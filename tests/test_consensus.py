@@ -57,7 +57,7 @@ def _honest(uid: int, shared: dict[str, torch.Tensor], scale: float = 1.0) -> li
     return [
         comp.compress(
             t.name,
-            scale * (shared[t.name] + 0.5 * torch.randn(t.shape, generator=gen)),
+            scale * (shared[t.name] + 5e-4 * torch.randn(t.shape, generator=gen)),
             0.0,
             freeze=True,
         )

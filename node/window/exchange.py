@@ -14,7 +14,7 @@ from substrateinterface import Keypair
 from codec.compress import SparseTensor
 from codec.errors import DecodeError
 from codec.spec import ModelSpec
-from codec.wire import DecodedUpdate, decode_update, encode_update
+from codec.wire import DecodedUpdate, decode_update, encode_update, header_digest, read_header
 from protocol.naming import update_key
 from protocol.runconfig import RunConfig
 from protocol.signing import sign_update, verify_update
@@ -66,12 +66,17 @@ def publish(
 def check_update(
     data: bytes, peer_uid: int, peer_hotkey: str, run: RunConfig, spec: ModelSpec, window: int
 ) -> DecodedUpdate:
-    """Strictly decode and authenticate one peer's bytes; `DecodeError`/`SignatureError` if not."""
-    update = decode_update(data, spec, run.codec, max_bytes=max_update_bytes(spec, run))
-    meta = update.header.meta
+    """Authenticate, then strictly decode one peer's bytes; `SignatureError`/`DecodeError` if not.
+
+    Verify first: only the (bounded) header is parsed before the signature, which covers the
+    header and through its payload digest the payload, is checked; the payload is decoded only
+    for an update its peer really signed for this run, window and uid.
+    """
+    cap = max_update_bytes(spec, run)
+    header, _ = read_header(data, max_bytes=cap)
     expected = {"run_id": run.run_id, "window": window, "uid": peer_uid, "hotkey": peer_hotkey}
     for field, value in expected.items():
-        if meta.get(field) != value:
-            raise DecodeError(f"update meta {field}={meta.get(field)!r}, expected {value!r}")
-    verify_update(peer_hotkey, update.header.sig, run.run_id, window, peer_uid, update.digest)
-    return update
+        if header.meta.get(field) != value:
+            raise DecodeError(f"update meta {field}={header.meta.get(field)!r}, expected {value!r}")
+    verify_update(peer_hotkey, header.sig, run.run_id, window, peer_uid, header_digest(header))
+    return decode_update(data, spec, run.codec, max_bytes=cap)

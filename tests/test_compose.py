@@ -51,7 +51,7 @@ def test_node_services_share_the_data_volume_and_wallets() -> None:
 
 def test_every_env_variable_is_documented_and_used() -> None:
     documented = _env_example()
-    source = "\n".join(p.read_text() for p in (ROOT / "node").glob("*.py"))
+    source = "\n".join(p.read_text() for p in (ROOT / "node").rglob("*.py"))
     source += "\n".join(p.read_text() for p in (ROOT / "protocol").rglob("*.py"))
     used = set(re.findall(r'"(TESSERA_[A-Z0-9_]+)"', source))
     assert used <= set(documented), used - set(documented)

@@ -1,10 +1,21 @@
 """`tessera sim-adversary --kind …`: a misbehaving peer for simulations (never for real runs).
 
-Kinds: ``noise`` uploads random updates; ``copier`` uploads a perturbed copy of another peer's
-update; ``stale`` replays another peer's update from the previous window; ``freeloader`` never
-trains and uploads an all-zero update; ``nan`` uploads non-finite values; ``late`` uploads after
-the deadline. All of them sign with their own hotkey and use the real codec and naming, so only
-the validator's checks stand between them and a reward.
+Every kind signs with its own hotkey and uses the real codec and naming, so only the defences
+(`node.window.consensus`, the outer step's bounds, the validator's checks) stand between it and a
+reward or a poisoned model:
+
+* ``noise``: random updates; ``freeloader``: all-zero updates; ``nan``: non-finite values;
+* ``copier``: a perturbed copy of a victim's update; ``stale``: the victim's previous update;
+* ``late``: uploads after the deadline;
+* ``poison``: every value at the largest magnitude decoders admit, against the victim's direction
+  (even windows), or a codebook of 2^100 that decoders must refuse (odd windows);
+* ``scaled``: the victim's update with its values multiplied by 5;
+* ``equivocate``: a copy until the gather point, then, while everyone gathers, another version
+  (even windows) or nothing (odd windows);
+* ``sigforge``: correct metadata and payload, signed by another key (even windows) or with one
+  signature byte flipped (odd windows);
+* ``recycler``: the previous window's published aggregate, re-compressed as its own update;
+* ``slowdrip``: its bucket is its own HTTP server, which answers one byte per second.
 """
 
 from __future__ import annotations
@@ -12,16 +23,22 @@ from __future__ import annotations
 import argparse
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from substrateinterface import Keypair
 
 from codec.compress import SparseTensor
 from codec.spec import ModelSpec
-from deploy.sim.forgeries import noise_update, perturbed_copy, poisoned, zero_update
+from codec.wire import header_digest, read_header, with_signature
+from deploy.sim import forgeries as forge
 from deploy.sim.layout import ADVERSARY_KINDS
 from protocol.chain.base import Chain
 from protocol.runconfig import RunConfig
+from protocol.stores import ObjectStore, StoreError
+from protocol.windows import WindowSchedule
 
 log = logging.getLogger("tessera.adversary")
 NOISE_SCALE = 1e-3
@@ -35,91 +52,207 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_node_arguments(parser)
 
 
+@dataclass
+class Adversary:
+    """What every kind needs: its identity, the run, the chain, where it uploads."""
+
+    kind: str
+    uid: int
+    keypair: Keypair
+    run: RunConfig
+    spec: ModelSpec
+    chain: Chain
+    store: ObjectStore
+    local_root: Path | None
+    victim: int
+    gen: torch.Generator
+
+    @property
+    def sched(self) -> WindowSchedule:
+        return WindowSchedule.from_run(self.run)
+
+    def wait_block(self, block: int) -> None:
+        while self.chain.block() < block:
+            time.sleep(0.2)
+
+
 def run(args: argparse.Namespace) -> int:
     from node.model.llama import build_model
     from node.runtime.logs import setup_logging
     from node.runtime.node_args import connect, load_run, local_root
-    from node.window.exchange import encode_signed, publish
-    from protocol.windows import WindowSchedule
 
     setup_logging(args.log_level, args.log_format)
     run_cfg = load_run(args.run)
+    slow = args.kind == "slowdrip"
     args.commit = True  # an adversary always (re)posts its commitment
-    keypair, chain, store = connect(args, "sim-adversary")
+    keypair, chain, store = connect(args, "sim-adversary", preflight=not slow)
     uid = chain.uid_of(keypair.ss58_address)
     if uid is None:
         raise SystemExit("adversary hotkey is not registered")
     spec = ModelSpec.from_module(build_model(run_cfg.model, run_cfg.seed))
-    sched = WindowSchedule.from_run(run_cfg)
-    gen = torch.Generator().manual_seed(7919 + uid)
-    root = local_root(args)
-    first = max(0, sched.window_of(chain.block()))
+    adv = Adversary(
+        args.kind, uid, keypair, run_cfg, spec, chain, store, local_root(args), args.victim,
+        torch.Generator().manual_seed(7919 + uid),
+    )  # fmt: skip
+    if slow:
+        _serve_slowly(adv, args.store)
+    first = max(0, adv.sched.window_of(chain.block()))
     for window in range(first, first + args.windows):
-        while chain.block() < sched.first_block(window) + sched.blocks_per_window // 2:
-            time.sleep(0.2)
-        update = _forge(args.kind, window, run_cfg, spec, chain, root, gen, args.victim)
+        adv.wait_block(adv.sched.first_block(window) + adv.sched.blocks_per_window // 2)
+        update = FORGERS.get(adv.kind, _noise)(adv, window)
         if update is None:
             log.info("window %d: nothing to upload", window)
         else:
-            if args.kind == "late":
-                late_by = run_cfg.timing.clock_skew_tolerance_s / run_cfg.timing.block_time_s + 2
-                while chain.block() < sched.deadline_block(window) + late_by:
-                    time.sleep(0.2)
-            data = encode_signed(update, run_cfg, spec, window, uid, keypair)
-            publish(store, data, run_cfg, window, uid, keypair.ss58_address)
-            log.info("window %d: uploaded %s update (%d bytes)", window, args.kind, len(data))
-        while sched.window_of(chain.block()) <= window:
+            UPLOADERS.get(adv.kind, _upload)(adv, window, update)
+        while adv.sched.window_of(chain.block()) <= window:
             time.sleep(0.2)
     return 0
 
 
-def _forge(
-    kind: str,
-    window: int,
-    run_cfg: RunConfig,
-    spec: ModelSpec,
-    chain: Chain,
-    local_root: Path | None,
-    gen: torch.Generator,
-    victim: int,
-) -> list[SparseTensor] | None:
-    if kind in ("noise", "late"):
-        return noise_update(spec, run_cfg, NOISE_SCALE, gen)
-    if kind == "freeloader":
-        return zero_update(spec, run_cfg)
-    if kind == "nan":
-        return poisoned(noise_update(spec, run_cfg, NOISE_SCALE, gen))
-    source_window = window - 1 if kind == "stale" else window
-    if source_window < 0:
-        return None
-    taken = _victim_update(chain, local_root, run_cfg, spec, source_window, victim)
-    if taken is None:
-        return None
-    return taken if kind == "stale" else perturbed_copy(taken, run_cfg.codec, gen)
+# -- what each kind uploads ------------------------------------------------------------------------
 
 
-def _victim_update(
-    chain: Chain,
-    local_root: Path | None,
-    run_cfg: RunConfig,
-    spec: ModelSpec,
-    window: int,
-    victim_uid: int,
-    wait_s: float = 30.0,
-) -> list[SparseTensor] | None:
+def _noise(adv: Adversary, window: int) -> list[SparseTensor]:
+    return forge.noise_update(adv.spec, adv.run, NOISE_SCALE, adv.gen)
+
+
+def _victim_or_noise(adv: Adversary, window: int) -> list[SparseTensor]:
+    return _victim_update(adv, window) or _noise(adv, window)
+
+
+def _poison(adv: Adversary, window: int) -> list[SparseTensor]:
+    cap = adv.run.codec.max_abs_value if window % 2 == 0 else 2.0**100
+    return forge.at_the_cap(_victim_or_noise(adv, window), cap)
+
+
+def _copy(adv: Adversary, window: int) -> list[SparseTensor] | None:
+    taken = _victim_update(adv, window)
+    return forge.perturbed_copy(taken, adv.run.codec, adv.gen) if taken else None
+
+
+def _recycled(adv: Adversary, window: int) -> list[SparseTensor] | None:
+    from node.window.history import HistoryError, history_sources, read_aggregate
+    from node.window.outer_step import window_mean
+
+    if window == 0:
+        return None
+    sources, peers = history_sources(adv.chain, adv.local_root)
+    for source in sources:
+        try:
+            updates = read_aggregate(source, adv.run, adv.spec, window - 1, peers)
+        except (HistoryError, StoreError):
+            continue
+        return forge.from_dense(window_mean(updates, adv.run, adv.spec), adv.spec, adv.run)
+    return None
+
+
+FORGERS: dict[str, Callable[[Adversary, int], list[SparseTensor] | None]] = {
+    "freeloader": lambda adv, w: forge.zero_update(adv.spec, adv.run),
+    "nan": lambda adv, w: forge.poisoned(_noise(adv, w)),
+    "copier": _copy,
+    "stale": lambda adv, w: _victim_update(adv, w - 1) if w > 0 else None,
+    "poison": _poison,
+    "scaled": lambda adv, w: (
+        forge.scaled(u, 5.0, adv.run.codec.max_abs_value) if (u := _victim_update(adv, w)) else None
+    ),
+    "equivocate": _victim_or_noise,
+    "recycler": _recycled,
+}
+
+
+# -- how each kind uploads -----------------------------------------------------------------------
+
+
+def _signed(adv: Adversary, window: int, update: list[SparseTensor]) -> bytes:
+    from node.window.exchange import encode_signed
+
+    return encode_signed(update, adv.run, adv.spec, window, adv.uid, adv.keypair)
+
+
+def _upload(adv: Adversary, window: int, update: list[SparseTensor]) -> None:
+    from node.window.exchange import publish
+
+    data = _signed(adv, window, update)
+    publish(adv.store, data, adv.run, window, adv.uid, adv.keypair.ss58_address)
+    log.info("window %d: uploaded %s update (%d bytes)", window, adv.kind, len(data))
+
+
+def _upload_late(adv: Adversary, window: int, update: list[SparseTensor]) -> None:
+    late_by = adv.run.timing.clock_skew_tolerance_s / adv.run.timing.block_time_s + 2
+    adv.wait_block(adv.sched.deadline_block(window) + int(late_by) + 1)
+    _upload(adv, window, update)
+
+
+def _equivocate(adv: Adversary, window: int, update: list[SparseTensor]) -> None:
+    from node.runtime.clock import ChainClock
+    from protocol.naming import update_key
+
+    _upload(adv, window, update)
+    adv.wait_block(ChainClock(adv.chain, adv.run).gather_block(window))  # while everyone gathers
+    key = update_key(adv.run.run_id, window, adv.uid, adv.keypair.ss58_address)
+    if window % 2 == 0:
+        adv.store.put(key, _signed(adv, window, _noise(adv, window)))
+        log.info("window %d: replaced the update at the gather point", window)
+    else:
+        adv.store.delete(key)
+        log.info("window %d: deleted the update at the gather point", window)
+
+
+def _sigforge(adv: Adversary, window: int, update: list[SparseTensor]) -> None:
+    from node.window.exchange import publish
+    from protocol.signing import sign_update
+
+    data = _signed(adv, window, update)
+    header, _ = read_header(data)
+    if window % 2 == 0:  # the same header, signed by a key that is not the uploader's
+        other = Keypair.create_from_uri(f"//tessera-sigforge-{window}")
+        sig = sign_update(other, adv.run.run_id, window, adv.uid, header_digest(header))
+    else:  # one byte of a valid signature flipped
+        sig = bytes([header.sig[0] ^ 1]) + header.sig[1:]
+    data = with_signature(data, sig)
+    publish(adv.store, data, adv.run, window, adv.uid, adv.keypair.ss58_address)
+    log.info("window %d: uploaded a forged signature", window)
+
+
+UPLOADERS: dict[str, Callable[[Adversary, int, list[SparseTensor]], None]] = {
+    "late": _upload_late,
+    "equivocate": _equivocate,
+    "sigforge": _sigforge,
+}
+
+
+def _serve_slowly(adv: Adversary, store_url: str) -> None:
+    """Serve our bucket folder from our own HTTP endpoint, one byte per second, and commit it."""
+    from urllib.parse import parse_qs, urlsplit
+
+    from deploy.sim.slow_store import SlowStore
+    from node.runtime.commit import commitment_for, ensure_commitment
+    from protocol.credentials import ReadCredentials
+
+    parts = urlsplit(store_url)
+    bucket = parse_qs(parts.query)["bucket"][-1]
+    endpoint = SlowStore(Path(parts.path), "drip_body").__enter__()  # lives as long as we do
+    read = ReadCredentials(access_key_id="slowdrip", secret_access_key="slowdrip")
+    wanted = commitment_for(f"s3://{bucket}?endpoint={endpoint}", read=read)
+    ensure_commitment(adv.chain, adv.keypair, wanted, post=True)
+    log.info("serving bucket %s from %s, one byte per second", bucket, endpoint)
+
+
+def _victim_update(adv: Adversary, window: int, wait_s: float = 30.0) -> list[SparseTensor] | None:
     """The victim's verified update for `window`, polling its bucket for up to `wait_s`."""
     from node.window.buckets import peer_buckets
     from node.window.exchange import check_update, max_update_bytes
     from protocol.naming import update_key
-    from protocol.stores import StoreError
 
+    if window < 0:
+        return None
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         try:
-            victim = peer_buckets(chain, local_root)[0][victim_uid]
-            key = update_key(run_cfg.run_id, window, victim.uid, victim.hotkey)
-            data = victim.store.get(key, max_update_bytes(spec, run_cfg))
-            return check_update(data, victim.uid, victim.hotkey, run_cfg, spec, window).tensors
+            victim = peer_buckets(adv.chain, adv.local_root)[0][adv.victim]
+            key = update_key(adv.run.run_id, window, victim.uid, victim.hotkey)
+            data = victim.store.get(key, max_update_bytes(adv.spec, adv.run))
+            return check_update(data, victim.uid, victim.hotkey, adv.run, adv.spec, window).tensors
         except (KeyError, StoreError):
             time.sleep(0.3)
     return None

@@ -4,7 +4,10 @@
   indices moved (a copier trying to dodge digest and overlap checks);
 * `noise_update`: a random sparse update (random dense noise through the real `Compressor`);
 * `zero_update`: what a freeloader who never trains can send cheaply;
-* `poisoned`: an update whose codebook holds NaN (a peer uploading non-finite values).
+* `poisoned`: an update whose codebook holds NaN (a peer uploading non-finite values);
+* `at_the_cap`: every value at the largest magnitude a decoder admits, signs against a victim's;
+* `scaled`: a victim's update with its values multiplied (a peer buying score or influence);
+* `from_dense`: any dense vector (e.g. the last published aggregate) through the real compressor.
 """
 
 from __future__ import annotations
@@ -76,3 +79,50 @@ def poisoned(update: Sequence[SparseTensor]) -> list[SparseTensor]:
         book[0, 1] = float("nan")
         out.append(SparseTensor(s.name, s.shape, s.groups, book))
     return out
+
+
+def _level_code(value: float) -> int:
+    """The scale code whose chunk scale is exactly `value` (1.0 is exact in E4M2)."""
+    from codec.quantize import SCALE_LUT
+
+    return int((value == SCALE_LUT).nonzero()[0])
+
+
+def at_the_cap(update: Sequence[SparseTensor], cap: float) -> list[SparseTensor]:
+    """Every kept value at magnitude `cap` (the largest a decoder admits), each sign flipped: the
+    strongest update against `update`'s direction that still decodes."""
+    side = _level_code(1.0) << 2  # chunk scale 1.0, codebook row 0
+    out = []
+    for s in update:
+        groups = [
+            SparseGroup(
+                idx=g.idx.clone(),
+                codes=(g.codes ^ 1) | 2,  # sign flipped, high magnitude
+                scales=torch.full_like(g.scales, side),
+            )
+            for g in s.groups
+        ]
+        out.append(SparseTensor(s.name, s.shape, groups, torch.full((1, 2), cap)))
+    return out
+
+
+def scaled(update: Sequence[SparseTensor], factor: float, cap: float) -> list[SparseTensor]:
+    """`update` with every value multiplied by `factor`, as far as the cap allows."""
+    from codec.quantize import chunk_levels
+
+    top = max(
+        float(chunk_levels(g.scales, s.codebook).max())
+        for s in update
+        for g in s.groups
+        if g.scales.numel()
+    )
+    f = min(factor, cap / top) if top > 0 else factor
+    return [SparseTensor(s.name, s.shape, s.groups, s.codebook * f) for s in update]
+
+
+def from_dense(
+    dense: dict[str, torch.Tensor], spec: ModelSpec, run: RunConfig
+) -> list[SparseTensor]:
+    """A dense update compressed by the real compressor (no error feedback)."""
+    comp = Compressor(spec, run.codec)
+    return [comp.compress(t.name, dense[t.name], 0.0, freeze=True) for t in spec.tensors]

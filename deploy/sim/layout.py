@@ -13,7 +13,10 @@ from protocol.runconfig import RunConfig
 
 NETUID = 1
 VALIDATOR_STAKE = 1000.0
-ADVERSARY_KINDS = ("noise", "copier", "stale", "freeloader", "nan", "late")
+ADVERSARY_KINDS = (
+    "noise", "copier", "stale", "freeloader", "nan", "late",
+    "poison", "scaled", "equivocate", "sigforge", "recycler", "slowdrip",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,163 @@
+"""The simulation's hostile kinds do what they claim, with the real codec, chain and stores.
+
+(That the run survives them is `tests/test_consensus.py`, `tests/test_update_bounds.py` and the
+adversarial simulation; here each attack is shown to be the attack it says it is.)
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from codec.aggregate import update_norm
+from codec.compress import scatter_add
+from codec.errors import DecodeError
+from codec.spec import ModelSpec
+from deploy.sim import adversary as adv_mod
+from deploy.sim import forgeries as forge
+from deploy.sim.adversary import Adversary
+from node.model.llama import build_model
+from node.runtime.commit import commitment_for
+from node.window.buckets import peer_buckets
+from node.window.exchange import check_update, encode_signed
+from node.window.gather import update_request
+from node.window.history import publish_aggregate
+from node.window.outer_step import window_mean
+from protocol.chain.local import LocalChain
+from protocol.chain.local_db import LocalChainDB, create_local_chain
+from protocol.commitment import render_commitment
+from protocol.keys import create_hotkey
+from protocol.naming import update_key
+from protocol.runconfig import RunConfig
+from protocol.signing import SignatureError
+from protocol.stores import ObjectNotFound, open_store
+from protocol.stores.fetch import TooSlow, fetch_many
+
+NETUID = 1
+BLOCK = 0.1
+RUN = RunConfig.preset(
+    "tiny",
+    name="adversaries",
+    timing={"block_time_s": BLOCK, "blocks_per_window": 6, "upload_deadline_blocks": 1,
+            "clock_skew_tolerance_s": BLOCK},
+)  # fmt: skip
+SPEC = ModelSpec.from_module(build_model(RUN.model, RUN.seed))
+
+
+def _honest(seed: int) -> list:
+    gen = torch.Generator().manual_seed(seed)
+    return forge.noise_update(SPEC, RUN, 1e-3, gen)
+
+
+def _dense(update: list) -> dict[str, torch.Tensor]:
+    out = {t.name: torch.zeros(t.shape) for t in SPEC.tensors}
+    for s in update:
+        scatter_add(out[s.name], s, RUN.codec)
+    return out
+
+
+def _cos(a: dict, b: dict) -> float:
+    x = torch.cat([a[n].flatten() for n in sorted(a)])
+    y = torch.cat([b[n].flatten() for n in sorted(b)])
+    return float(x @ y / (x.norm() * y.norm()))
+
+
+@pytest.fixture
+def world(tmp_path: Path):
+    """A fast local chain: uid 0 honest victim, uid 1 the adversary, uid 2 a validator."""
+    create_local_chain(tmp_path / "chain.db", NETUID, block_time=BLOCK)
+    db = LocalChainDB(tmp_path / "chain.db")
+    keys = [create_hotkey("a", name, root=tmp_path / "w") for name in ("victim", "adv", "val")]
+    for i, k in enumerate(keys):
+        db.register(NETUID, k.ss58_address, validator=i == 2, stake=10.0 if i == 2 else 0.0)
+    chain = LocalChain(tmp_path / "chain.db", NETUID)
+    root = tmp_path / "buckets"
+    for i, k in enumerate(keys):
+        url = f"file://{root}?bucket=bucket{i}"
+        chain.commit(k, render_commitment(commitment_for(url)))
+    stores = [open_store(f"file://{root}?bucket=bucket{i}") for i in range(3)]
+
+    def make(kind: str) -> Adversary:
+        return Adversary(
+            kind, 1, keys[1], RUN, SPEC, chain, stores[1], root, 0, torch.Generator().manual_seed(5)
+        )
+
+    yield keys, chain, stores, make
+    chain.close()
+    db.close()
+
+
+def test_poison_is_as_strong_as_decoders_allow() -> None:
+    victim = _honest(1)
+    admitted = forge.at_the_cap(victim, RUN.codec.max_abs_value)
+    for s in admitted:
+        s.validate(RUN.codec)  # passes decoding...
+    assert update_norm(admitted) >= 10 * update_norm(victim)  # ...at a far larger norm
+    assert _cos(_dense(admitted), _dense(victim)) < -0.5  # against the victim's direction
+    refused = forge.at_the_cap(victim, 2.0**100)
+    with pytest.raises(DecodeError):
+        refused[0].validate(RUN.codec)
+
+
+def test_scaled_is_five_times_the_victim() -> None:
+    victim = _honest(2)
+    five = forge.scaled(victim, 5.0, RUN.codec.max_abs_value)
+    a, b = _dense(victim), _dense(five)
+    for n in a:
+        torch.testing.assert_close(b[n], 5 * a[n], rtol=1e-6, atol=0)
+
+
+def test_sigforge_signs_with_another_key_or_flips_a_byte(world) -> None:
+    keys, _, stores, make = world
+    adv = make("sigforge")
+    for window in (0, 1):
+        adv_mod._sigforge(adv, window, _honest(3))
+        data = stores[1].get(update_key(RUN.run_id, window, 1, keys[1].ss58_address), 1 << 24)
+        with pytest.raises(SignatureError):
+            check_update(data, 1, keys[1].ss58_address, RUN, SPEC, window)
+
+
+def test_equivocate_replaces_or_deletes_its_update_while_others_gather(world) -> None:
+    keys, chain, stores, make = world
+    adv = make("equivocate")
+    window = max(0, adv.sched.window_of(chain.block())) + 1
+    window += window % 2  # even windows replace, odd ones delete
+    for w in (window, window + 1):
+        adv_mod._equivocate(adv, w, _honest(4))
+    first = update_key(RUN.run_id, window, 1, keys[1].ss58_address)
+    replaced = check_update(
+        stores[1].get(first, 1 << 24), 1, keys[1].ss58_address, RUN, SPEC, window
+    )
+    assert _cos(_dense(replaced.tensors), _dense(_honest(4))) < 0.5  # not the first version
+    with pytest.raises(ObjectNotFound):
+        stores[1].get(update_key(RUN.run_id, window + 1, 1, keys[1].ss58_address), 1 << 24)
+
+
+def test_recycler_uploads_the_last_aggregate(world) -> None:
+    keys, _, stores, make = world
+    ups = {0: _honest(5), 1: _honest(6)}
+    data = {u: encode_signed(up, RUN, SPEC, 3, u, keys[u]) for u, up in ups.items()}
+    publish_aggregate(stores[2], RUN, 3, 2, keys[2], data)
+    recycled = adv_mod._recycled(make("recycler"), 4)
+    assert recycled is not None
+    mean = window_mean(ups, RUN, SPEC)
+    # Top-k of the mean keeps about half of its ~2k entries per chunk: cosine ~ sqrt(energy kept)
+    assert _cos(_dense(recycled), mean) > 0.6
+    assert abs(_cos(_dense(recycled), _dense(_honest(9)))) < 0.05  # unlike any other update
+
+
+def test_slowdrip_serves_its_bucket_one_byte_per_second(world, tmp_path: Path) -> None:
+    _, chain, _, make = world
+    adv = make("slowdrip")
+    adv_mod._serve_slowly(adv, f"file://{tmp_path / 'buckets'}?bucket=bucket1")
+    adv_mod._upload(adv, 0, _honest(7))
+    time.sleep(3 * BLOCK)
+    bucket = peer_buckets(chain, tmp_path / "buckets")[0][1]
+    assert "127.0.0.1" in bucket.store.location  # everyone now reads it from its own server
+    got = fetch_many(
+        {1: update_request(bucket, RUN, SPEC, 0)}, budget_s=2.0, min_rate_bytes_s=1024, grace_s=0.5
+    )
+    assert isinstance(got[1], TooSlow)

@@ -66,3 +66,38 @@ def test_simulation_on_an_s3_server(
     report = json.loads((out / "report.json").read_text())
     assert report["diverged"] == []
     assert all(w > 0 for name, w in report["final_weights"].items() if name.startswith("peer"))
+
+
+def _write_reports(world, losses: dict[str, list[float]], fps: dict[str, list[str]]) -> None:
+    for m in world.members:
+        m.state_dir.mkdir(parents=True, exist_ok=True)
+        if m.kind == "validator":
+            rows = [
+                {"window": w, "peers": [], "weights": {}, "fingerprint_end": fp}
+                for w, fp in enumerate(fps["validator"])
+            ]
+        else:
+            rows = [
+                {"window": w, "loss": loss, "fingerprint": fps[m.name][w], "upload_bytes": 10}
+                for w, loss in enumerate(losses[m.name])
+            ]
+        (m.state_dir / "reports.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_the_verdict_fails_a_run_whose_honest_model_went_non_finite(tmp_path: Path) -> None:
+    from deploy.sim.cli import verdict
+    from deploy.sim.collect import collect
+    from deploy.sim.layout import build_world
+
+    world = build_world(tmp_path, 2, 1.0, 10, 2, ["poison"], "file")
+    codes = {m.name: 0 for m in world.members}
+    same = {"peer0": ["a", "b"], "peer1": ["a", "b"], "poison": ["x", "y"], "validator": ["a", "b"]}
+    fine = {"peer0": [5.0, 4.0], "peer1": [5.1, 4.1], "poison": [1.0, 1.0]}
+    _write_reports(world, fine, same)
+    assert verdict(world, collect(world, codes, 1, 1, {}), codes) is None
+
+    _write_reports(world, {**fine, "peer1": [5.1, float("nan")]}, same)
+    assert "non-finite in windows [1]" in verdict(world, collect(world, codes, 1, 1, {}), codes)
+
+    _write_reports(world, fine, {**same, "validator": ["a", "c"]})  # the validator disagrees
+    assert "diverged in windows [1]" in verdict(world, collect(world, codes, 1, 1, {}), codes)

@@ -2,8 +2,9 @@
 
 The whole run, top to bottom: build the world (run config, embedded chain, wallets, buckets),
 start one process per member, supervise them, train the AdamW baseline on the same tokens, then
-write `report.json` and `report.html` and print a summary. Exits non-zero when honest peers end
-up with different models or the validator fails.
+write `report.json` and `report.html` and print a summary. Exits non-zero when an honest model
+becomes non-finite, when honest peers (or the validator) end up with different models, or when
+the validator or an honest peer fails.
 """
 
 from __future__ import annotations
@@ -116,20 +117,27 @@ def _report(
         table.add_row(k, v)
     console.print(table)
     console.print(f"report: {world.out / 'report.html'}")
-    validator = world.of_kind("validator")[0].name
-    if exit_codes.get(validator) != 0:
-        console.print(
-            f"[red]the validator failed (exit {exit_codes.get(validator)}): see {world.out}/logs[/]"
-        )
-        return 1
-    if report.diverged:
-        console.print(f"[red]honest peers diverged in windows {report.diverged}[/]")
-        return 1
-    failed = [m.name for m in honest if exit_codes.get(m.name) != 0]
-    if failed:
-        console.print(f"[red]honest peers failed: {failed}: see {world.out}/logs[/]")
+    failure = verdict(world, report, exit_codes)
+    if failure:
+        console.print(f"[red]{failure}[/]")
         return 1
     return 0
+
+
+def verdict(world: World, report: SimReport, exit_codes: dict[str, int | None]) -> str | None:
+    """Why the simulation failed, or None: the validator or an honest peer failed, an honest model
+    became non-finite, or honest models (or the validator's) differ."""
+    validator = world.of_kind("validator")[0].name
+    if exit_codes.get(validator) != 0:
+        return f"the validator failed (exit {exit_codes.get(validator)}): see {world.out}/logs"
+    if report.non_finite:
+        return f"honest models became non-finite in windows {report.non_finite}"
+    if report.diverged:
+        return f"honest peers diverged in windows {report.diverged}"
+    failed = [m.name for m in world.of_kind("honest") if exit_codes.get(m.name) != 0]
+    if failed:
+        return f"honest peers failed: {failed}: see {world.out}/logs"
+    return None
 
 
 def _windows_done(world: World) -> list[int]:
@@ -170,6 +178,10 @@ def _summary(r: SimReport) -> list[tuple[str, str]]:
         ("bytes per update (mean)", f"{sum(ups) / len(ups):,.0f}" if ups else "–"),
         ("dense fp32 update", f"{r.dense_bytes:,}"),
         ("bits per kept entry", f"{8 * sum(ups) / len(ups) / r.kept_entries:.2f}" if ups else "–"),
-        ("honest models identical", "yes" if not r.diverged else f"no: windows {r.diverged}"),
+        (
+            "honest models identical (and the validator's)",
+            "yes" if not r.diverged else f"no: windows {r.diverged}",
+        ),
+        ("honest models finite", "yes" if not r.non_finite else f"no: windows {r.non_finite}"),
     ]
     return rows

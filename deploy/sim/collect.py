@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ class PeerWindow(BaseModel):
 class WindowRow(BaseModel):
     window: int
     baseline_loss: float | None = None
+    validator_fingerprint: str | None = None
     peers: list[PeerWindow]
 
 
@@ -39,6 +41,7 @@ class SimReport(BaseModel):
     windows: list[WindowRow]
     exit_codes: dict[str, int | None]
     diverged: list[int]
+    non_finite: list[int]
     final_weights: dict[str, float]
 
 
@@ -84,7 +87,12 @@ def collect(
                     weight=weights.get(m.uid, 0.0),
                 )
             )
-        rows.append(WindowRow(window=w, baseline_loss=baseline.get(w), peers=peers))
+        fp = scores.get(w, {}).get("fingerprint_end")
+        rows.append(
+            WindowRow(
+                window=w, baseline_loss=baseline.get(w), validator_fingerprint=fp, peers=peers
+            )
+        )
     last = rows[-1].peers if rows else []
     return SimReport(
         run_id=world.run.run_id,
@@ -93,15 +101,30 @@ def collect(
         windows=rows,
         exit_codes=exit_codes,
         diverged=_diverged(rows),
+        non_finite=_non_finite(rows),
         final_weights={p.name: p.weight for p in last},
     )
 
 
 def _diverged(rows: list[WindowRow]) -> list[int]:
-    """Windows where honest peers that finished them hold different models."""
+    """Windows where honest peers that finished them, or the validator, hold different models."""
     out = []
     for row in rows:
         fps = {p.fingerprint for p in row.peers if p.kind == "honest" and p.fingerprint}
+        if row.validator_fingerprint and fps:
+            fps.add(row.validator_fingerprint)
         if len(fps) > 1:
             out.append(row.window)
     return out
+
+
+def _non_finite(rows: list[WindowRow]) -> list[int]:
+    """Windows where an honest peer's model went non-finite (its training loss is NaN or inf)."""
+    return [
+        row.window
+        for row in rows
+        if any(
+            p.kind == "honest" and p.loss is not None and not math.isfinite(p.loss)
+            for p in row.peers
+        )
+    ]

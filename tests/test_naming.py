@@ -59,6 +59,7 @@ def test_every_kind_round_trips() -> None:
         ObjectKind.SCORES: scores_key(RUN, 1, 2, HOTKEY),
         ObjectKind.FINGERPRINT: fingerprint_key(RUN, 1, 2, HOTKEY),
         ObjectKind.MANIFEST: manifest_key(RUN, 1, 2, HOTKEY),
+        ObjectKind.APPLIED: applied_key(RUN, 1, 2, HOTKEY),
     }
     assert set(keys) == set(ObjectKind)
     for kind, key in keys.items():

@@ -16,6 +16,7 @@ from protocol.naming import (
     NamingError,
     ObjectKind,
     aggregate_key,
+    applied_key,
     checkpoint_key,
     fingerprint_key,
     kind_prefix,

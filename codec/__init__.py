@@ -3,7 +3,8 @@
 The public surface other layers use:
 
 * `Compressor` — error-feedback buffers and the SparseLoCo compression step per tensor;
-* `encode_update` / `decode_update` / `read_header` — the wire container (strict on decode);
+* `encode_update` / `decode_update` / `read_header` / `header_digest` — the wire container
+  (strict on decode; `header_digest` is what an update's signature covers);
 * `aggregate` — the deterministic mean of several peers' decoded updates;
 * `DecodeError` — the one exception for bytes that do not decode;
 * `indices.encode` / `indices.decode` — the index coder on its own.

@@ -17,9 +17,13 @@ Index streams are already at entropy and side bytes are near-random, so zstd is 
 it has something to find.
 
 `decode_update` treats its input as hostile: sizes are checked before any allocation, the header
-is parsed with msgpack limits and validated by pydantic (extra fields refused), the tensor table
-must equal the expected spec exactly, the digest must match, and every section is decoded
-strictly. Whatever is wrong surfaces as one `DecodeError`.
+is parsed with msgpack limits, validated by pydantic (extra fields refused) and must be in the
+canonical encoding `encode_update` writes (so the signed header has exactly one byte form), the
+tensor table must equal the expected spec exactly, the digest must match, and every section is
+decoded strictly — including the value cap: no non-finite codebook entry and no chunk level above
+`CodecParams.max_abs_value` (`codec.quantize.validate`). Whatever is wrong surfaces as one
+`DecodeError`. Authentication is the caller's: `node.window.exchange.check_update` reads the
+header, verifies the signature over `header_digest`, and only then calls `decode_update`.
 """
 
 from __future__ import annotations
@@ -231,7 +235,15 @@ def read_header(
         raise DecodeError(f"unsupported update format version {version}")
     if header_len > min(MAX_HEADER_BYTES, len(view) - _PREFIX.size):
         raise DecodeError(f"header length {header_len} is impossible for this object")
-    raw = view[_PREFIX.size : _PREFIX.size + header_len]
+    header = _parse_header(view[_PREFIX.size : _PREFIX.size + header_len])
+    payload = view[_PREFIX.size + header_len :]
+    if len(payload) != header.payload_bytes:
+        raise DecodeError(f"payload is {len(payload)} bytes, header says {header.payload_bytes}")
+    return header, payload
+
+
+def _parse_header(raw: memoryview) -> WireHeader:
+    """The header from its msgpack bytes: bounded parse, strict validation, canonical form only."""
     try:
         obj = msgpack.unpackb(
             raw,
@@ -253,10 +265,9 @@ def read_header(
         header = WireHeader.model_validate(obj)
     except (ValueError, TypeError, msgpack.ExtraData, ValidationError) as exc:
         raise DecodeError(f"malformed update header: {str(exc)[:300]}") from exc
-    payload = view[_PREFIX.size + header_len :]
-    if len(payload) != header.payload_bytes:
-        raise DecodeError(f"payload is {len(payload)} bytes, header says {header.payload_bytes}")
-    return header, payload
+    if bytes(raw) != _pack_header(header):  # one byte form per header: what was signed is sent
+        raise DecodeError("update header is not in canonical form")
+    return header
 
 
 def decode_update(

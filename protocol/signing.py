@@ -7,7 +7,13 @@ The signed message is a fixed binary layout, so two implementations cannot disag
     run id                                16 bytes (the 32-hex run id, decoded)
     window                                u64 big-endian
     uid                                   u16 big-endian
-    u8 len(digest) | digest               payload digest, 16..64 bytes
+    u8 len(digest) | digest               the object's digest, 16..64 bytes
+
+For an update the digest is `codec.wire.header_digest`: BLAKE2b-256 of the framed wire header with
+its ``sig`` field empty. That header holds the payload digest, the tensor table, the codec
+parameters and the meta (run id, window, uid, hotkey), so the signature covers all of them and,
+through the payload digest, every payload byte; a reader verifies it from the header alone,
+before decoding the payload (`node.window.exchange.check_update`).
 
 Verification uses the raw sr25519 check against the public key decoded from the signer's SS58
 hotkey; unlike `Keypair.verify` it does not also accept signatures over the ``<Bytes>...</Bytes>``
@@ -39,7 +45,7 @@ class SignatureError(ValueError):
 
 
 def payload_digest(data: bytes) -> bytes:
-    """BLAKE2b-256 of a payload: the digest peers sign and validators recompute."""
+    """BLAKE2b-256 of a payload: the digest signed for objects other than updates."""
     return hashlib.blake2b(bytes(data), digest_size=32).digest()
 
 
@@ -119,7 +125,7 @@ def verify_object(
 
 
 def sign_update(keypair: Keypair, run_id: str, window: int, uid: int, digest: bytes) -> bytes:
-    """Sign a peer's update for (run, window, uid) and its payload digest."""
+    """Sign a peer's update for (run, window, uid) and its header digest (`codec.wire`)."""
     return sign_object(keypair, ObjectKind.UPDATE, run_id, window, uid, digest)
 
 

@@ -65,6 +65,13 @@ def _cos(a: dict, b: dict) -> float:
     return float(x @ y / (x.norm() * y.norm()))
 
 
+def _victim_uploads(world: tuple, window: int, update: list) -> None:
+    """The honest victim (uid 0) signs and publishes `update` for `window` in its bucket."""
+    keys, _, stores, _ = world
+    data = encode_signed(update, RUN, SPEC, window, 0, keys[0])
+    stores[0].put(update_key(RUN.run_id, window, 0, keys[0].ss58_address), data)
+
+
 @pytest.fixture
 def world(tmp_path: Path):
     """A fast local chain: uid 0 honest victim, uid 1 the adversary, uid 2 a validator."""
@@ -102,12 +109,54 @@ def test_poison_is_as_strong_as_decoders_allow() -> None:
         refused[0].validate(RUN.codec)
 
 
+def test_the_poisoner_uploads_both_variants_against_the_victim(world) -> None:
+    keys, _, _, make = world
+    adv, victim = make("poison"), _honest(11)
+    for window in (0, 1):
+        _victim_uploads(world, window, victim)
+    admitted = _checked(adv, keys, 0, adv_mod._poison(adv, 0))  # even window: it decodes...
+    assert update_norm(admitted) >= 10 * update_norm(victim)
+    assert _cos(_dense(admitted), _dense(victim)) < -0.5  # ...straight against the victim
+    with pytest.raises(DecodeError):  # odd window: 2^100 in the codebook, which decoders refuse
+        _checked(adv, keys, 1, adv_mod._poison(adv, 1))
+
+
 def test_scaled_is_five_times_the_victim() -> None:
     victim = _honest(2)
     five = forge.scaled(victim, 5.0, RUN.codec.max_abs_value)
     a, b = _dense(victim), _dense(five)
     for n in a:
         torch.testing.assert_close(b[n], 5 * a[n], rtol=1e-6, atol=0)
+
+
+def test_the_scaler_uploads_five_times_the_victims_update(world) -> None:
+    keys, _, _, make = world
+    adv, victim = make("scaled"), _honest(12)
+    _victim_uploads(world, 3, victim)
+    uploaded = _checked(adv, keys, 3, adv_mod.FORGERS["scaled"](adv, 3))
+    a, b = _dense(victim), _dense(uploaded)
+    for n in a:
+        torch.testing.assert_close(b[n], 5 * a[n], rtol=1e-6, atol=0)
+
+
+def test_scaled_stops_at_the_cap_decoders_admit() -> None:
+    victim, cap = _honest(13), RUN.codec.max_abs_value
+    top = max(float(_dense(victim)[n].abs().max()) for n in _dense(victim))
+    huge = forge.scaled(victim, 10 * cap / top, cap)  # 10x more than the cap allows
+    for s in huge:
+        s.validate(RUN.codec)  # still decodes
+    a, b = _dense(victim), _dense(huge)
+    assert max(float(b[n].abs().max()) for n in b) == pytest.approx(cap, rel=1e-6)
+    ratio = torch.cat([(b[n] / a[n])[a[n] != 0] for n in a])
+    assert float(ratio.max() - ratio.min()) <= 1e-6 * float(ratio.mean())  # all scaled alike
+    assert float(ratio.mean()) > 1.0
+
+
+def _checked(adv: Adversary, keys: list, window: int, update: list | None) -> list:
+    """`update` as the adversary signs it, through the real wire check every peer runs."""
+    assert update is not None
+    data = adv_mod._signed(adv, window, update)
+    return check_update(data, 1, keys[1].ss58_address, RUN, SPEC, window).tensors
 
 
 def test_sigforge_signs_with_another_key_or_flips_a_byte(world) -> None:
@@ -138,15 +187,36 @@ def test_equivocate_replaces_or_deletes_its_update_while_others_gather(world) ->
 
 def test_recycler_uploads_the_last_aggregate(world) -> None:
     keys, _, stores, make = world
-    ups = {0: _honest(5), 1: _honest(6)}
+    # honest peers train the same model on different data: their updates largely agree
+    common = {t.name: torch.randn(t.shape, generator=torch.Generator().manual_seed(8)) * 1e-3
+              for t in SPEC.tensors}  # fmt: skip
+    ups = {u: _compressed(common, 0.1, 20 + u) for u in (0, 1)}
     data = {u: encode_signed(up, RUN, SPEC, 3, u, keys[u]) for u, up in ups.items()}
     publish_aggregate(stores[2], RUN, 3, 2, keys[2], data)
     recycled = adv_mod._recycled(make("recycler"), 4)
     assert recycled is not None
     mean = window_mean(ups, RUN, SPEC)
-    # Top-k of the mean keeps about half of its ~2k entries per chunk: cosine ~ sqrt(energy kept)
-    assert _cos(_dense(recycled), mean) > 0.6
+    assert _cos(_dense(recycled), mean) > 0.9
     assert abs(_cos(_dense(recycled), _dense(_honest(9)))) < 0.05  # unlike any other update
+
+
+def test_recycler_of_unrelated_updates_keeps_what_top_k_can(world) -> None:
+    keys, _, stores, make = world
+    ups = {0: _honest(5), 1: _honest(6)}
+    data = {u: encode_signed(up, RUN, SPEC, 5, u, keys[u]) for u, up in ups.items()}
+    publish_aggregate(stores[2], RUN, 5, 2, keys[2], data)
+    recycled = adv_mod._recycled(make("recycler"), 6)
+    assert recycled is not None
+    # Top-k of the mean keeps about half of its ~2k entries per chunk: cosine ~ sqrt(energy kept)
+    assert _cos(_dense(recycled), window_mean(ups, RUN, SPEC)) > 0.6
+
+
+def _compressed(common: dict[str, torch.Tensor], noise: float, seed: int) -> list:
+    gen = torch.Generator().manual_seed(seed)
+    dense = {
+        n: v + noise * v.std() * torch.randn(v.shape, generator=gen) for n, v in common.items()
+    }
+    return forge.from_dense(dense, SPEC, RUN)
 
 
 def test_slowdrip_serves_its_bucket_one_byte_per_second(world, tmp_path: Path) -> None:

@@ -101,3 +101,34 @@ def test_the_verdict_fails_a_run_whose_honest_model_went_non_finite(tmp_path: Pa
 
     _write_reports(world, fine, {**same, "validator": ["a", "c"]})  # the validator disagrees
     assert "diverged in windows [1]" in verdict(world, collect(world, codes, 1, 1, {}), codes)
+
+
+def test_the_verdict_fails_a_run_that_saved_a_non_finite_honest_model(tmp_path: Path) -> None:
+    """A finite loss does not hide a model that the last outer step made non-finite: its saved
+    state's fingerprint is the one the peers report."""
+    import torch
+
+    from deploy.sim.cli import verdict
+    from deploy.sim.collect import collect
+    from deploy.sim.layout import build_world
+    from node.model.fingerprint import fingerprint
+    from node.model.llama import build_model
+    from node.runtime.state import PeerState, save_state
+
+    world = build_world(tmp_path, 2, 1.0, 10, 2, ["poison"], "file")
+    codes = {m.name: 0 for m in world.members}
+    model = build_model(world.run.model, world.run.seed)
+    fps = []
+    for w in range(2):  # window 0 ends finite, window 1 ends with an inf weight
+        if w == 1:
+            with torch.no_grad():
+                next(model.parameters())[0, 0] = float("inf")
+        fps.append(fingerprint(model))
+        for m in world.of_kind("honest"):
+            state = PeerState(world.run.run_id, w + 1, model.state_dict(), {}, {}, fps[-1])
+            save_state(m.state_dir, state)
+    losses = {"peer0": [5.0, 4.0], "peer1": [5.1, 4.1], "poison": [1.0, 1.0]}
+    _write_reports(world, losses, {"peer0": fps, "peer1": fps, "poison": fps, "validator": fps})
+    report = collect(world, codes, 1, 1, {})
+    assert report.non_finite == [1]
+    assert "non-finite in windows [1]" in verdict(world, report, codes)

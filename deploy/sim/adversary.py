@@ -7,11 +7,12 @@ reward or a poisoned model:
 * ``noise``: random updates; ``freeloader``: all-zero updates; ``nan``: non-finite values;
 * ``copier``: a perturbed copy of a victim's update; ``stale``: the victim's previous update;
 * ``late``: uploads after the deadline;
-* ``poison``: every value at the largest magnitude decoders admit, against the victim's direction
-  (even windows), or a codebook of 2^100 that decoders must refuse (odd windows);
-* ``scaled``: the victim's update with its values multiplied by 5;
-* ``equivocate``: a copy until the gather point, then, while everyone gathers, another version
-  (even windows) or nothing (odd windows);
+* ``poison``: every value at the largest magnitude decoders admit, at the victim's positions and
+  against its signs (random ones while it has not uploaded) in even windows, or a codebook of
+  2^100 that decoders must refuse in odd windows;
+* ``scaled``: the victim's update with its values multiplied by 5 (less if that passes the cap);
+* ``equivocate``: a random update until the gather point (the deadline plus the skew grace),
+  then, while everyone gathers, another random update (even windows) or nothing (odd windows);
 * ``sigforge``: correct metadata and payload, signed by another key (even windows) or with one
   signature byte flipped (odd windows);
 * ``recycler``: the previous window's published aggregate, re-compressed as its own update;
@@ -131,18 +132,28 @@ def _copy(adv: Adversary, window: int) -> list[SparseTensor] | None:
 
 
 def _recycled(adv: Adversary, window: int) -> list[SparseTensor] | None:
+    """The last window's published aggregate: decoded, averaged, re-compressed as our own."""
+    if window == 0:
+        return None
+    while (mean := _published_mean(adv, window - 1)) is None:
+        if adv.chain.block() >= adv.sched.deadline_block(window) - 1:
+            return None  # nobody published it in time
+        time.sleep(0.5)
+    return forge.from_dense(mean, adv.spec, adv.run)
+
+
+def _published_mean(adv: Adversary, window: int) -> dict[str, torch.Tensor] | None:
+    """The dense mean of the updates a validator published as `window`'s aggregate, if any."""
     from node.window.history import HistoryError, history_sources, read_aggregate
     from node.window.outer_step import window_mean
 
-    if window == 0:
-        return None
     sources, peers = history_sources(adv.chain, adv.local_root)
     for source in sources:
         try:
-            updates = read_aggregate(source, adv.run, adv.spec, window - 1, peers)
+            updates = read_aggregate(source, adv.run, adv.spec, window, peers)
         except (HistoryError, StoreError):
             continue
-        return forge.from_dense(window_mean(updates, adv.run, adv.spec), adv.spec, adv.run)
+        return window_mean(updates, adv.run, adv.spec)
     return None
 
 
@@ -155,7 +166,7 @@ FORGERS: dict[str, Callable[[Adversary, int], list[SparseTensor] | None]] = {
     "scaled": lambda adv, w: (
         forge.scaled(u, 5.0, adv.run.codec.max_abs_value) if (u := _victim_update(adv, w)) else None
     ),
-    "equivocate": _victim_or_noise,
+    "equivocate": _noise,  # what passes a copy check, so only the switch can betray it
     "recycler": _recycled,
 }
 

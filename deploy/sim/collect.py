@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import torch
 from pydantic import BaseModel
 
 from deploy.sim.layout import World
@@ -101,7 +102,7 @@ def collect(
         windows=rows,
         exit_codes=exit_codes,
         diverged=_diverged(rows),
-        non_finite=_non_finite(rows),
+        non_finite=_non_finite(rows, non_finite_fingerprints(world)),
         final_weights={p.name: p.weight for p in last},
     )
 
@@ -118,13 +119,45 @@ def _diverged(rows: list[WindowRow]) -> list[int]:
     return out
 
 
-def _non_finite(rows: list[WindowRow]) -> list[int]:
-    """Windows where an honest peer's model went non-finite (its training loss is NaN or inf)."""
+def _non_finite(rows: list[WindowRow], bad: set[str]) -> list[int]:
+    """Windows where an honest model went non-finite: an honest peer's training loss is NaN or
+    inf, or an honest peer (or the validator) reports the fingerprint of a non-finite model."""
     return [
         row.window
         for row in rows
-        if any(
-            p.kind == "honest" and p.loss is not None and not math.isfinite(p.loss)
+        if row.validator_fingerprint in bad
+        or any(
+            p.kind == "honest"
+            and (p.fingerprint in bad or (p.loss is not None and not math.isfinite(p.loss)))
             for p in row.peers
         )
     ]
+
+
+def non_finite_fingerprints(world: World) -> set[str]:
+    """Fingerprints of the non-finite models among those the honest peers and the validator saved
+    (each keeps its last two states: `state.pt`/`validator.pt` and their `.prev.pt`)."""
+    bad = set()
+    for m in world.members:
+        if m.kind not in ("honest", "validator"):
+            continue
+        for path in sorted(m.state_dir.glob("*.pt")):
+            saved = _saved_model(path)
+            if saved is not None and not all(torch.isfinite(t).all() for t in saved[1].values()):
+                bad.add(saved[0])
+    return bad
+
+
+def _saved_model(path: Path) -> tuple[str, dict[str, torch.Tensor]] | None:
+    """(fingerprint, weights) of a saved peer or validator state, or None for any other file."""
+    try:
+        raw = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # torn, foreign or not a state at all: nothing to judge
+        return None
+    if not isinstance(raw, dict) or not isinstance(raw.get("fingerprint"), str):
+        return None
+    model = raw.get("model")
+    if not isinstance(model, dict):
+        return None
+    weights = {k: v for k, v in model.items() if torch.is_tensor(v) and v.is_floating_point()}
+    return raw["fingerprint"], weights

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -107,17 +108,26 @@ def at_the_cap(update: Sequence[SparseTensor], cap: float) -> list[SparseTensor]
 
 
 def scaled(update: Sequence[SparseTensor], factor: float, cap: float) -> list[SparseTensor]:
-    """`update` with every value multiplied by `factor`, as far as the cap allows."""
+    """`update` with every value multiplied by `factor`, or by less (the same for every value)
+    when that would put a value above `cap`, the largest magnitude a decoder admits."""
+    top = _top_level(update, 1.0)
+    f = min(factor, cap / top) if top > 0 else factor
+    while f > 0 and _top_level(update, f) > cap:  # cap / top may round up by an ulp
+        f = math.nextafter(f, 0.0)
+    return [SparseTensor(s.name, s.shape, s.groups, s.codebook * f) for s in update]
+
+
+def _top_level(update: Sequence[SparseTensor], factor: float) -> float:
+    """The largest magnitude `update` decodes to once its codebooks are multiplied by `factor`."""
     from codec.quantize import chunk_levels
 
-    top = max(
-        float(chunk_levels(g.scales, s.codebook).max())
+    levels = [
+        float(chunk_levels(g.scales, s.codebook * factor).max())
         for s in update
         for g in s.groups
         if g.scales.numel()
-    )
-    f = min(factor, cap / top) if top > 0 else factor
-    return [SparseTensor(s.name, s.shape, s.groups, s.codebook * f) for s in update]
+    ]
+    return max(levels, default=0.0)
 
 
 def from_dense(

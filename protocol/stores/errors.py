@@ -13,6 +13,7 @@ from __future__ import annotations
 
 __all__ = [
     "AccessDenied",
+    "FetchTimeout",
     "InvalidKey",
     "ListingTooLarge",
     "ObjectNotFound",
@@ -20,6 +21,7 @@ __all__ = [
     "ReadOnlyStoreError",
     "StoreError",
     "StoreUnavailable",
+    "TooSlow",
     "sanitize",
 ]
 
@@ -60,6 +62,14 @@ class ObjectTooLarge(StoreError):
 
 class StoreUnavailable(StoreError):
     """The store could not be reached (or kept failing) after all retries."""
+
+
+class FetchTimeout(StoreUnavailable):
+    """The object did not arrive within the caller's wall-clock budget (`fetch_many`)."""
+
+
+class TooSlow(StoreUnavailable):
+    """The transfer fell below the caller's minimum rate after its grace period (`fetch_many`)."""
 
 
 class AccessDenied(StoreError):

@@ -1,92 +1,102 @@
 """Fetching many objects from other nodes' buckets under one hard wall-clock budget.
 
-`fetch_many` is what a window's gather uses. Its guarantees, whatever an endpoint does:
+`fetch_many` is what a window's gather uses. Its guarantees, whatever an endpoint does (drip its
+status line, headers or body, hang after accepting, lie about its length, redirect):
 
-- **budget**: it returns within ``budget_s + MARGIN_S`` of being called, with one result per
-  request: the object (`Got`) or a typed `StoreError`;
-- **minimum rate**: after ``grace_s``, a transfer that has received fewer than
-  ``min_rate_bytes_s · (elapsed − grace_s)`` bytes (or all of them, if fewer) is cancelled
-  (`TooSlow`); a server that drips its status line or headers counts as zero bytes;
-- **byte cap**: an announced ``Content-Length`` above the cap is refused before the body is read,
-  and the body is counted while it streams, so a server cannot push more than the cap;
-- **one request**: one GET per object (no HEAD first), so ETag and Last-Modified describe exactly
-  the bytes returned, and nothing can change between two requests; redirects are refused;
-- **nothing left behind**: every request is an asyncio task cancelled at the budget; S3 requests
-  run on aiohttp in the calling thread's own event loop, and no thread outlives the call.
+- **budget**: it returns within ``budget_s + MARGIN_S`` (0.5 s) of being called, with one result
+  per request: the object (`Got`) or a typed `StoreError` (`ObjectNotFound`, `ObjectTooLarge`,
+  `AccessDenied`, `FetchTimeout`, `TooSlow`, `StoreUnavailable` for an unreachable endpoint). It
+  never raises for a bad endpoint; only bad arguments (a programming error) raise `ValueError`;
+- **minimum rate**: a transfer's clock starts when it gets one of the ``max_connections`` slots
+  (time spent queueing is not charged to it). After ``grace_s`` it must have received
+  ``min_rate_bytes_s`` × its elapsed time on average (or the whole object, if smaller), checked
+  every `TICK_S`, else it is cancelled (`TooSlow`) and frees its slot. Bytes of a dripped status
+  line or header block count as zero;
+- **byte cap**: an announced ``Content-Length`` above ``max_bytes`` is refused before the body is
+  read; the body is counted while it streams and refused at byte ``max_bytes + 1``, so a server
+  that announces no length cannot push more; bytes beyond an announced length are never read;
+- **one request**: one signed GET per object (no HEAD first), so ETag and Last-Modified describe
+  exactly the bytes returned and nothing can change between two requests; a redirect is an error
+  (never followed); responses are taken as stored (``Accept-Encoding: identity``, no decoding);
+- **nothing left behind**: no thread outlives the call. Name lookups and local file reads run in
+  daemon threads (`protocol.stores.fetch_threads`) that are joined before returning; a file read
+  stops at its next 1 MiB chunk when abandoned. The one exception is a thread stuck inside a
+  system call (a DNS lookup the system resolver has not given up on): it is left behind, as a
+  daemon, rather than stretching the budget, and logged.
 
-S3-compatible stores (R2, S3, MinIO, and a hostile peer's own server) are read with aiohttp and
-SigV4 signatures from botocore (`S3Store.signing_target`). Other stores are local (`file://`):
-they are read in a private thread pool that is shut down before returning (local reads finish).
+Why asyncio rather than threads: a worker thread blocked in a socket read cannot be cancelled, and
+socket timeouts bound each read, not the whole request (a server sending one header line per
+second never trips a 2 s read timeout). Every transfer here is an asyncio task on one event loop
+in the calling thread; cancelling it at its deadline closes its connection at once.
 
-Threads could not give the budget guarantee: a blocked socket read in a worker thread cannot be
-cancelled, so a hung endpoint would either hold the gather or leak the thread.
+S3-compatible stores (R2, S3, MinIO, or a hostile peer's own server) are read with aiohttp at
+path-style URLs, signed with botocore's SigV4 signer (`S3Store.signing_target`). `file://` stores
+are read directly (cap checked by fstat first); any other store through its own blocking `get`.
+
+`fetch_many` runs its own event loop: call it from synchronous code (from a coroutine, use
+``await asyncio.to_thread(fetch_many, ...)``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
 import time
-from collections.abc import Hashable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator, Coroutine, Hashable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
-from email.utils import parsedate_to_datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import aiohttp
 
-from protocol.stores.base import ReadableStore
-from protocol.stores.errors import (
-    AccessDenied,
-    ObjectNotFound,
-    ObjectTooLarge,
-    StoreError,
-    StoreUnavailable,
-    sanitize,
-)
+from protocol.stores.base import check_max_bytes
+from protocol.stores.errors import FetchTimeout, StoreError, StoreUnavailable, TooSlow, sanitize
+from protocol.stores.fetch_io import get_s3, read_file, read_other
+from protocol.stores.fetch_threads import DaemonResolver, DaemonThreads
+from protocol.stores.fetch_types import FetchRequest, Got, Progress
+from protocol.stores.file import FileStore
 from protocol.stores.keys import validate_key
 from protocol.stores.s3 import S3Store
 
-__all__ = ["MARGIN_S", "FetchRequest", "FetchTimeout", "Got", "TooSlow", "fetch_many"]
+__all__ = [
+    "MARGIN_S",
+    "MAX_CONNECTIONS",
+    "FetchRequest",
+    "FetchTimeout",
+    "Got",
+    "TooSlow",
+    "fetch_many",
+]
 
 K = TypeVar("K", bound=Hashable)
+T = TypeVar("T")
+
 MARGIN_S = 0.5
-"""The most `fetch_many` may run past its budget (cancellation and bookkeeping)."""
+"""The most `fetch_many` may run past its budget: the sum of the bounds below, with slack."""
 TICK_S = 0.05
-CHUNK = 1 << 16
-CONCURRENCY = 32
-
-
-class FetchTimeout(StoreUnavailable):
-    """The object did not arrive within the gather's budget."""
-
-
-class TooSlow(StoreUnavailable):
-    """The transfer fell below the minimum rate after the grace period."""
+"""How often each transfer's rate is checked (and the last wait past the deadline)."""
+MAX_CONNECTIONS = 32
+"""Transfers in flight at once (the default of `fetch_many`'s ``max_connections``)."""
+_CLOSE_S = 0.1  # closing the connections after the last result
+_TEARDOWN_S = 0.1  # cancelled leftovers and async generators, when the loop is torn down
+_JOIN_S = 0.2  # joining the worker threads
+_RESERVE_S = 0.02  # returning
 
 
 @dataclass(frozen=True)
-class FetchRequest:
-    store: ReadableStore
-    key: str
-    max_bytes: int
+class _Limits:
+    deadline: float  # time.monotonic() / loop.time()
+    min_rate: float
+    grace_s: float
+    max_connections: int
 
 
 @dataclass(frozen=True)
-class Got:
-    """One object as one GET returned it."""
-
-    data: bytes
-    etag: str | None
-    last_modified: datetime | None
-    seconds: float
-
-
-@dataclass
-class _Progress:
-    started: float
-    received: int = 0
-    total: int | None = None
+class _Context:
+    limits: _Limits
+    slots: asyncio.Semaphore
+    session: aiohttp.ClientSession
+    threads: DaemonThreads
 
 
 def fetch_many(
@@ -95,142 +105,156 @@ def fetch_many(
     budget_s: float,
     min_rate_bytes_s: float,
     grace_s: float,
+    max_connections: int = MAX_CONNECTIONS,
 ) -> dict[K, Got | StoreError]:
     """Every request's object or typed error, within ``budget_s + MARGIN_S`` (see module doc)."""
+    _check_limits(budget_s, min_rate_bytes_s, grace_s, max_connections)
+    for req in requests.values():
+        check_max_bytes(req.max_bytes)
     if not requests:
         return {}
-    deadline = time.monotonic() + budget_s
-    local = ThreadPoolExecutor(max_workers=4, thread_name_prefix="fetch-local")
+    started = time.monotonic()
+    limits = _Limits(started + budget_s, min_rate_bytes_s, grace_s, max_connections)
+    threads = DaemonThreads()
     try:
-        return asyncio.run(_fetch_all(requests, deadline, min_rate_bytes_s, grace_s, local))
-    finally:  # local reads finish on their own; never wait for one past the budget
-        local.shutdown(wait=False, cancel_futures=True)
+        return _run_bounded(_fetch_all(requests, limits, threads))
+    finally:
+        hard_end = started + budget_s + MARGIN_S - _RESERVE_S
+        threads.join(min(hard_end, time.monotonic() + _JOIN_S))
+
+
+def _check_limits(budget_s: float, min_rate: float, grace_s: float, connections: int) -> None:
+    for name, value in (
+        ("budget_s", budget_s),
+        ("min_rate_bytes_s", min_rate),
+        ("grace_s", grace_s),
+    ):
+        if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    if isinstance(connections, bool) or not isinstance(connections, int) or connections < 1:
+        raise ValueError(f"max_connections must be an int >= 1, got {connections!r}")
+
+
+def _run_bounded(main: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run`, with a teardown that cannot block (asyncio.run's waits without limit)."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(main)
+    finally:
+        try:
+            leftovers = [task for task in asyncio.all_tasks(loop) if not task.done()]
+            for task in leftovers:
+                task.cancel()
+            _run_briefly(loop, *leftovers, loop.shutdown_asyncgens())
+        finally:
+            loop.close()
+
+
+def _run_briefly(loop: asyncio.AbstractEventLoop, *work: Any) -> None:
+    tasks = [asyncio.ensure_future(w, loop=loop) for w in work]
+    loop.run_until_complete(asyncio.wait(tasks, timeout=_TEARDOWN_S))
 
 
 async def _fetch_all(
-    requests: Mapping[K, FetchRequest],
-    deadline: float,
-    min_rate: float,
-    grace_s: float,
-    local: ThreadPoolExecutor,
+    requests: Mapping[K, FetchRequest], limits: _Limits, threads: DaemonThreads
 ) -> dict[K, Got | StoreError]:
-    connector = aiohttp.TCPConnector(limit=CONCURRENCY, limit_per_host=8)
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=None, sock_read=None)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        keys = list(requests)
-        tasks = [
-            asyncio.create_task(_guarded(session, requests[k], deadline, min_rate, grace_s, local))
-            for k in keys
-        ]
-        results = await asyncio.gather(*tasks)
-    return dict(zip(keys, results, strict=True))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + (limits.deadline - time.monotonic())  # the loop's clock
+    limits = _Limits(deadline, limits.min_rate, limits.grace_s, limits.max_connections)
+    async with _session(threads) as session:
+        ctx = _Context(limits, asyncio.Semaphore(limits.max_connections), session, threads)
+        tasks = {key: asyncio.create_task(_one(req, ctx)) for key, req in requests.items()}
+        await asyncio.wait(tasks.values(), timeout=max(0.0, deadline - loop.time()) + TICK_S)
+        for task in tasks.values():
+            task.cancel()  # only a task that outstayed its own deadline is still running
+    return {key: _outcome(task, requests[key]) for key, task in tasks.items()}
 
 
-async def _guarded(
-    session: aiohttp.ClientSession,
-    req: FetchRequest,
-    deadline: float,
-    min_rate: float,
-    grace_s: float,
-    local: ThreadPoolExecutor,
-) -> Got | StoreError:
-    """One request under the budget and the rate watchdog; never raises."""
-    progress = _Progress(started=time.monotonic())
+@contextlib.asynccontextmanager
+async def _session(threads: DaemonThreads) -> AsyncIterator[aiohttp.ClientSession]:
+    """An aiohttp session with no timeouts of its own (the callers' deadlines rule), no pooled
+    connections, lookups on `threads`; closed within `_CLOSE_S` at the end."""
+    connector = aiohttp.TCPConnector(
+        limit=0, force_close=True, use_dns_cache=False, resolver=DaemonResolver(threads)
+    )
+    no_timeouts = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=None, sock_read=None)
+    session = aiohttp.ClientSession(
+        connector=connector, timeout=no_timeouts, auto_decompress=False, trust_env=False
+    )
+    try:
+        yield session
+    finally:
+        closing = asyncio.ensure_future(_close(session, connector))
+        await asyncio.wait({closing}, timeout=_CLOSE_S)
+
+
+async def _close(session: aiohttp.ClientSession, connector: aiohttp.TCPConnector) -> None:
+    await connector.close(abort_ssl=True)
+    await session.close()
+
+
+def _outcome(task: asyncio.Task[Got | StoreError], req: FetchRequest) -> Got | StoreError:
+    if task.done() and not task.cancelled():
+        return task.result()  # `_one` returns its errors; only BaseExceptions propagate
+    return FetchTimeout(f"{req.key!r} on {sanitize(req.store.location)}: no answer in time")
+
+
+async def _one(req: FetchRequest, ctx: _Context) -> Got | StoreError:
+    """One request under the deadline and the rate watchdog; returns its error, never raises."""
+    scope = asyncio.timeout_at(ctx.limits.deadline)
     try:
         validate_key(req.key)
-        if isinstance(req.store, S3Store):
-            work = asyncio.ensure_future(_get_s3(session, req, progress))
-        else:
-            loop = asyncio.get_running_loop()
-            work = loop.run_in_executor(local, _get_local, req, progress)
-        return await _watch(work, req, progress, deadline, min_rate, grace_s)
+        async with scope, ctx.slots:
+            return await _watched(req, ctx)
     except StoreError as exc:
         return exc
-    except (aiohttp.ClientError, OSError, ValueError) as exc:
-        return StoreUnavailable(f"{req.store.location}: {sanitize(type(exc).__name__)}")
+    except TimeoutError as exc:
+        if scope.expired():
+            return FetchTimeout(f"{req.key!r} on {sanitize(req.store.location)}: no answer in time")
+        return _unavailable(req, exc)
+    except Exception as exc:  # aiohttp.ClientError, OSError, a malformed answer: all the peer's
+        return _unavailable(req, exc)
 
 
-async def _watch(
-    work: asyncio.Future[Got],
-    req: FetchRequest,
-    progress: _Progress,
-    deadline: float,
-    min_rate: float,
-    grace_s: float,
-) -> Got:
-    """Wait for `work`, cancelling it at the deadline or when it falls below the rate."""
+def _unavailable(req: FetchRequest, exc: Exception) -> StoreUnavailable:
+    return StoreUnavailable(
+        f"GET {req.key!r} on {sanitize(req.store.location)}: "
+        f"{type(exc).__name__}: {sanitize(exc, 120)}"
+    )
+
+
+async def _watched(req: FetchRequest, ctx: _Context) -> Got:
+    """Run the transfer; cancel it once it falls below the minimum rate."""
+    progress = Progress(started=time.monotonic())
+    work = asyncio.ensure_future(_transfer(req, ctx, progress))
     try:
         while True:
-            now = time.monotonic()
-            if now >= deadline:
-                raise FetchTimeout(f"{req.key!r} on {req.store.location}: no answer in time")
-            done, _ = await asyncio.wait({work}, timeout=min(TICK_S, deadline - now))
+            done, _ = await asyncio.wait({work}, timeout=TICK_S)
             if done:
                 return work.result()
-            elapsed = time.monotonic() - progress.started
-            owed = min_rate * (elapsed - grace_s)
-            whole = progress.total if progress.total is not None else req.max_bytes
-            if elapsed > grace_s and progress.received < min(owed, whole):
-                raise TooSlow(
-                    f"{req.key!r} on {req.store.location}: {progress.received} bytes in "
-                    f"{elapsed:.1f}s, below {min_rate:.0f} B/s"
-                )
+            _check_rate(req, progress, ctx.limits)
     finally:
+        progress.cancelled.set()  # a file read stops at its next chunk
         work.cancel()
 
 
-def _get_local(req: FetchRequest, progress: _Progress) -> Got:
-    info = req.store.head(req.key)
-    if info.size > req.max_bytes:
-        raise ObjectTooLarge(req.key, req.max_bytes, info.size)
-    data = req.store.get(req.key, req.max_bytes)
-    progress.received = len(data)
-    return Got(data, None, info.last_modified, time.monotonic() - progress.started)
-
-
-async def _get_s3(session: aiohttp.ClientSession, req: FetchRequest, progress: _Progress) -> Got:
-    store = req.store
-    assert isinstance(store, S3Store)
-    url, headers = store.signing_target().signed_get(req.key)
-    async with session.get(url, headers=headers, allow_redirects=False) as resp:
-        _check_status(resp.status, req, store)
-        total = resp.content_length
-        if total is not None and total > req.max_bytes:
-            raise ObjectTooLarge(req.key, req.max_bytes, total)
-        progress.total = total
-        body = bytearray()
-        async for chunk in resp.content.iter_chunked(CHUNK):
-            body += chunk
-            progress.received = len(body)
-            if len(body) > req.max_bytes:
-                raise ObjectTooLarge(req.key, req.max_bytes)
-        if total is not None and len(body) != total:
-            raise StoreUnavailable(f"{req.key!r}: {len(body)} of {total} bytes arrived")
-        return Got(
-            bytes(body),
-            resp.headers.get("ETag"),
-            _http_date(resp.headers.get("Last-Modified")),
-            time.monotonic() - progress.started,
+def _check_rate(req: FetchRequest, progress: Progress, limits: _Limits) -> None:
+    elapsed = time.monotonic() - progress.started
+    if elapsed <= limits.grace_s or limits.min_rate <= 0:
+        return
+    whole = progress.total if progress.total is not None else req.max_bytes
+    owed = min(limits.min_rate * elapsed, max(whole, 1))
+    if progress.received < owed:
+        raise TooSlow(
+            f"{req.key!r} on {sanitize(req.store.location)}: {progress.received} bytes in "
+            f"{elapsed:.1f} s, below {limits.min_rate:.0f} B/s"
         )
 
 
-def _check_status(status: int, req: FetchRequest, store: S3Store) -> None:
-    if status == 200:
-        return
-    if status == 404:
-        raise ObjectNotFound(req.key, store.location)
-    if status == 403:
-        raise AccessDenied(f"access denied to {req.key!r} on {store.location}")
-    if 300 <= status < 400:
-        raise StoreUnavailable(f"{store.location} answered a redirect (HTTP {status}): refused")
-    raise StoreUnavailable(f"GET {req.key!r} on {store.location}: HTTP {status}")
-
-
-def _http_date(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    try:
-        parsed = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return parsed if parsed.tzinfo is not None else None
+async def _transfer(req: FetchRequest, ctx: _Context, progress: Progress) -> Got:
+    store = req.store
+    if isinstance(store, S3Store):
+        return await get_s3(ctx.session, store, req.key, req.max_bytes, progress)
+    if isinstance(store, FileStore):
+        return await ctx.threads.run(read_file, store, req.key, req.max_bytes, progress)
+    return await ctx.threads.run(read_other, store, req.key, req.max_bytes, progress)

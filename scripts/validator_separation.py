@@ -5,12 +5,15 @@ aggregate, the tiny preset with the end-to-end test's timing) for W windows and,
 scores with `validator.scoring.LossProbe`:
 
 * each honest update (its own uid);
-* a noise update (`tests/adversaries.noise_update`) scaled to the honest median norm;
+* a noise update (`deploy.sim.forgeries.noise_update`) scaled to the honest median norm;
 * a stale update: each honest peer's update of the previous window, replayed;
 * a copy: honest peer 0's update claimed by another uid (whose own assignment it never saw);
 
 and measures the pooled index Jaccard (`validator.copies`) between honest peers of a window,
-of one peer across consecutive windows, and of a perturbed copy with its original.
+of one peer across consecutive windows, and of a perturbed copy with its original. The probe
+draws its samples from a fresh secret each window (`validator.reveal`); the honest updates are
+the accepted ones (they set the median norm and the own-data test's consensus covariate).
+`scripts/validator_fairness.py` measures the own-data test's false negatives and the pay.
 
     python scripts/validator_separation.py [--peers 4] [--windows 6] [--n 64]
 """
@@ -18,6 +21,7 @@ of one peer across consecutive windows, and of a perturbed copy with its origina
 from __future__ import annotations
 
 import argparse
+import secrets
 import statistics
 import sys
 import time
@@ -25,18 +29,19 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from adversaries import noise_update, perturbed_copy
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from codec.aggregate import aggregate, update_norm
 from codec.compress import Compressor
 from codec.spec import ModelSpec
+from deploy.sim.forgeries import noise_update, perturbed_copy
 from node.data.batches import assigned_batches, open_run_dataset
 from node.model.llama import build_model
 from node.model.train import make_optimizer, train_window
 from protocol.runconfig import RunConfig
+from validator.config import ValidatorConfig
 from validator.copies import overlap, sketch
+from validator.reveal import reveal_for
 from validator.scoring import LossProbe
 
 
@@ -81,25 +86,30 @@ def main() -> None:
                 )
                 for t in spec.tensors
             ]
-        probe = LossProbe(glob, run, dataset, w, a.n, a.n, 0.2, cpu)
-        median = statistics.median(update_norm(u) for u in updates.values())
+        norms = {u: update_norm(x) for u, x in updates.items()}
+        reveal = reveal_for(dataset, run.run_id, w, secrets.token_bytes(32), a.n, a.n)
+        cfg = ValidatorConfig(n_random=a.n, n_own=a.n)
+        probe = LossProbe(glob, run, dataset, w, reveal, updates, norms, cfg, cpu)
+        median = statistics.median(norms.values())
+        add("honest norm max/median", max(norms.values()) / median)
         unit = noise_update(spec, run, 1.0, gen)
         noise = noise_update(spec, run, median / update_norm(unit), gen)
         for uid, u in updates.items():
-            h = probe.score(uid, u)
+            h = probe.score(uid, u, norms[uid])
             add("honest s", h.score)
             add("honest indicator", h.indicator)
-            add("honest own-random margin", h.own_gain - h.score)
-            n = probe.score(uid, noise)
+            add("honest own_z", h.own.z)
+            n = probe.score(uid, noise, update_norm(noise))
             add("noise s", n.score)
             add("noise indicator", n.indicator)
             if uid in prev:
-                st = probe.score(uid, prev[uid])
+                st = probe.score(uid, prev[uid], update_norm(prev[uid]))
                 add("stale s", st.score)
                 add("stale indicator", st.indicator)
-                add("stale own-random margin", st.own_gain - st.score)
-        c = probe.score(a.peers, updates[0])
+                add("stale own_z", st.own.z)
+        c = probe.score(a.peers, updates[0], norms[0])
         add("copy indicator", c.indicator)
+        add("copy own_z", c.own.z)
         sk = {
             u: sketch(u, w, bytes([u]) * 32, upd, spec, run.codec, 1 << 16, 1)
             for u, upd in updates.items()
@@ -121,7 +131,7 @@ def main() -> None:
         with torch.no_grad():
             for name, prm in glob.named_parameters():
                 prm.sub_(mean[name], alpha=run.outer.alpha)
-        print(f"window {w} done ({time.time() - t0:.0f}s), loss {probe.before_random:.4f}")
+        print(f"window {w} done ({time.time() - t0:.0f}s), loss {probe.before_random.mean():.4f}")
     print(f"\n{a.peers} peers, {a.windows} windows, n = {a.n} samples per probe\n")
     for key, vals in rows.items():
         print(

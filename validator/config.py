@@ -6,7 +6,7 @@ Every figure below is documented where it is used; the defaults are the ones mea
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class ValidatorConfig(BaseModel):
@@ -22,12 +22,29 @@ class ValidatorConfig(BaseModel):
     sketch_size: int = Field(1 << 16, ge=256, description="sampled index positions per update")
     history_windows: int = Field(4, ge=0, le=64, description="earlier windows checked for replays")
     # loss scoring (see `validator.scoring`)
-    score_scale: float = Field(0.2, gt=0, le=1, description="probe step = score_scale * alpha")
-    n_random: int = Field(64, ge=1, description="random (held-out) samples per window")
-    n_own: int = Field(64, ge=1, description="samples of the peer's own assignment")
+    score_scale: float = Field(
+        0.2, gt=0, le=1, description="probe step = score_scale * alpha * median norm (normalised)"
+    )
+    n_random: int = Field(64, ge=2, description="random training samples per window")
+    n_own: int = Field(64, ge=2, description="samples of the peer's own assignment")
+    norm_band: float = Field(
+        2.0, gt=1, description="a norm outside [median/band, band*median] lowers the score"
+    )
+    own_z_pass: float = Field(
+        2.0, gt=0, description="own-data gain over random gain, in standard errors, that passes"
+    )
+    own_z_full: float = Field(
+        3.0, gt=0, description="own_z worth full evidence: e = clip(own_z / own_z_full, 0, 1)"
+    )
     max_scored: int = Field(0, ge=0, description="peers scored per window (0: all)")
     # ratings and weights (see `validator.ratings`)
     ema_rate: float = Field(0.3, gt=0, le=1, description="weight of the newest window in EMAs")
+    own_pay_low: float = Field(
+        0.4, ge=0, lt=1, description="own-data evidence EMA at or below which a peer earns nothing"
+    )
+    own_pay_full: float = Field(
+        0.55, gt=0, le=1, description="own-data evidence EMA from which a peer earns fully"
+    )
     penalty_decay: float = Field(0.5, ge=0, lt=1, description="penalty kept per clean window")
     penalty_missing: float = Field(0.5, ge=0, le=1)
     penalty_late: float = Field(0.5, ge=0, le=1)
@@ -36,3 +53,9 @@ class ValidatorConfig(BaseModel):
     # cadence
     weights_every: int = Field(1, ge=1, description="set weights every M windows")
     checkpoint_every: int = Field(10, ge=1, description="publish a checkpoint every N windows")
+
+    @model_validator(mode="after")
+    def _ramp(self) -> ValidatorConfig:
+        if self.own_pay_full <= self.own_pay_low:
+            raise ValueError("own_pay_full must exceed own_pay_low")
+        return self

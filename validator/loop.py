@@ -7,11 +7,13 @@
 3. agree on the window's set (`agreement`): the lead validator publishes the aggregate bytes and
    the signed manifest of exactly the selected updates that passed; any other validator follows
    the lead's manifest (resyncing first if it forked), as peers do;
-4. score the updates that passed against the model at the start of the window (`scoring`);
+4. score the updates that passed against the model at the start of the window (`scoring`), on
+   samples drawn from the window's secret, committed to before the window (`reveal`);
 5. update ratings, EMAs and penalties (`ratings`);
 6. take the window's one outer step (`node.window.outer_step`) and publish our fingerprint;
 7. every M windows set weights on chain (`weights`);
-8. publish the score report, and every N windows a checkpoint and the run config;
+8. publish the score report (revealing the window's secret), the commitment of a later window,
+   and every N windows a checkpoint and the run config;
 9. save the whole state atomically.
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import secrets
 import time
 from collections.abc import Mapping
@@ -54,6 +57,15 @@ from validator.copies import SketchHistory
 from validator.fetching import Upload, fetch_uploads
 from validator.ratings import Book, WindowOutcome
 from validator.reports import ScoreReport, WindowResult, build_report
+from validator.reveal import (
+    COMMIT_AHEAD,
+    SampleReveal,
+    commit_key,
+    new_reveal_key,
+    reveal_for,
+    signed_commit,
+    window_secret,
+)
 from validator.scoring import LossProbe, LossScore, pick_scored
 from validator.state import ValidatorState, load_state, save_state
 from validator.weights import normalise, set_weights
@@ -94,6 +106,7 @@ class Validator:
         if uid is None:
             raise NotRegistered(keypair.ss58_address, chain.netuid, "register it as a validator")
         self.uid = uid
+        self._reveal: SampleReveal | None = None  # the secret of the window being scored
         self._restore()
 
     # -- the window --------------------------------------------------------------------------
@@ -181,18 +194,32 @@ class Validator:
         return agreed
 
     def _score(self, window: int, checks: Mapping[int, PeerCheck]) -> dict[int, LossScore]:
+        """Loss scores on the samples of the window's secret (`validator.reveal`), every update
+        at the median norm of the accepted ones (`validator.scoring`)."""
+        self._reveal = None
         candidates = [u for u, c in checks.items() if c.verdict in SCORABLE]
         if not candidates or window < self.current_window() - 1:  # catching up: no scoring
             return {}
+        secret = window_secret(self.reveal_key, self.run.run_id, window)
+        self._reveal = reveal_for(
+            self.dataset, self.run.run_id, window, secret, self.cfg.n_random, self.cfg.n_own
+        )
+        accepted = {
+            u: c.upload.fetched.update.tensors  # type: ignore[union-attr]
+            for u, c in checks.items()
+            if c.ok and c.norm is not None and math.isfinite(c.norm)
+        }
+        consensus = self.book.consensus({u: checks[u].hotkey for u in accepted})
         probe = LossProbe(
-            self.model, self.run, self.dataset, window, self.cfg.n_random, self.cfg.n_own,
-            self.cfg.score_scale, self.device,
+            self.model, self.run, self.dataset, window, self._reveal,
+            {u: accepted[u] for u in consensus}, {u: checks[u].norm for u in accepted},  # type: ignore[misc]
+            self.cfg, self.device,
         )  # fmt: skip
         out: dict[int, LossScore] = {}
         for uid in pick_scored(self.run.run_id, window, candidates, self.cfg.max_scored):
             update = checks[uid].upload.fetched.update  # type: ignore[union-attr]
             try:
-                out[uid] = probe.score(uid, update.tensors)  # type: ignore[union-attr]
+                out[uid] = probe.score(uid, update.tensors, checks[uid].norm or 0.0)  # type: ignore[union-attr]
             except Exception:  # one bad peer never stops the window
                 log.exception("window %d: scoring uid %d failed", window, uid)
         return out
@@ -219,6 +246,7 @@ class Validator:
             validator_hotkey=self.keypair.ss58_address, fingerprint_start=start_fp,
             fingerprint_end=self.fingerprint, selected=selected, aggregated=applied,
             weights=weights, weights_status=status, config=self.cfg,
+            samples=self._reveal,
         )  # fmt: skip
 
     def _publish(self, window: int, report: ScoreReport) -> None:
@@ -230,6 +258,8 @@ class Validator:
             ("scores", lambda: self.store.put(
                 scores_key(run_id, window, uid, hk), report.model_dump_json().encode())),
         ]  # fmt: skip
+        ahead = window + 1 + COMMIT_AHEAD
+        steps.append(("commitment", lambda: self._publish_commits(range(ahead, ahead + 1))))
         if (window + 1) % self.cfg.checkpoint_every == 0:
             steps.append(("run config", self._publish_run_config))
             steps.append(("checkpoint", lambda: publish_checkpoint(
@@ -242,6 +272,16 @@ class Validator:
 
     def _publish_run_config(self) -> None:
         self.store.put(run_manifest_key(self.run.run_id), self.run.canonical_json())
+
+    def _publish_commits(self, windows: range) -> None:
+        """Publish the signed commitment of each window's secret (`validator.reveal`), never
+        overwriting one already there: its time of upload is part of the evidence."""
+        hk = self.keypair.ss58_address
+        for w in windows:
+            key = commit_key(self.run.run_id, w, self.uid, hk)
+            if not self.store.exists(key):
+                record = signed_commit(self.keypair, self.run.run_id, w, self.uid, self.reveal_key)
+                self.store.put(key, record.model_dump_json().encode())
 
     # -- state -------------------------------------------------------------------------------
 
@@ -257,6 +297,7 @@ class Validator:
                 salt=self.salt,
                 records=self.book.records,
                 sketches=self.history.entries(),
+                reveal_key=self.reveal_key,
             ),
         )
 
@@ -279,10 +320,13 @@ class Validator:
             self.salt = secrets.randbits(63)
             self.book = Book(self.cfg)
             self.history = SketchHistory(self.cfg.history_windows)
+            self.reveal_key = new_reveal_key()
+            self._save(self.next_window)  # the key is on disk before any commitment is out
             try:
                 self._publish_run_config()
             except StoreError as exc:
                 log.error("publishing the run config failed: %s", exc)
+            self._commit_ahead()
             return
         self.model.load_state_dict(state.model)
         if fingerprint(self.model) != state.fingerprint:
@@ -290,7 +334,21 @@ class Validator:
         self.next_window, self.fingerprint, self.salt = state.window, state.fingerprint, state.salt
         self.book = Book(self.cfg, state.records)
         self.history = SketchHistory(self.cfg.history_windows, state.sketches)
+        self.reveal_key = state.reveal_key
+        if not self.reveal_key:  # a state from before commit-reveal
+            self.reveal_key = new_reveal_key()
+            self._save(self.next_window)
+        self._commit_ahead()
         log.info("resumed at window %d (fingerprint %s)", state.window, state.fingerprint[:12])
+
+    def _commit_ahead(self) -> None:
+        """At start-up: commitments for every window we may still score, up to `COMMIT_AHEAD`
+        windows past the current one (later ones follow with each window's report)."""
+        now = self.current_window()
+        try:
+            self._publish_commits(range(max(self.next_window, now - 1), now + COMMIT_AHEAD + 1))
+        except StoreError as exc:
+            log.error("publishing the sample commitments failed: %s", exc)
 
 
 def _outcomes(
@@ -303,6 +361,7 @@ def _outcomes(
             in_sync=c.in_sync,
             score=losses[uid].score if uid in losses else None,
             indicator=losses[uid].indicator if uid in losses else None,
+            evidence=losses[uid].evidence if uid in losses else None,
         )
         for uid, c in checks.items()
     }

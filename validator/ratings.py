@@ -1,35 +1,49 @@
-"""Per-peer standing across windows: OpenSkill rating, EMAs, penalties, and the final score.
+"""Per-peer standing across windows: EMAs, penalties, an OpenSkill rating, and the final score.
 
 State per peer (`PeerRecord`, reset when a uid changes hotkey):
 
-* rating ``(μ, σ)``: OpenSkill Plackett–Luce, starting at the model defaults (μ0 = 25, σ0 = 25/3).
-  Each window, the peers whose update passed every check and was scored are ranked by their
-  score ``s`` (`validator.scoring`) and rated as one free-for-all game (skipped with < 2 peers);
-  ``ordinal = μ - 3σ``;
-* ``indicator_ema``: EMA of the own-data indicator (±1), start 0;
-* ``gain_ema``: EMA of ``s``, start 0;
+* ``gain_ema``: EMA of the window's score ``s`` (`validator.scoring`: relative improvement on
+  random data at the common, norm-fair step), start 0;
+* ``indicator_ema``: EMA of the window's own-data evidence ``e = clip(own_z / own_z_pass, 0, 1)``
+  (`LossScore.evidence`), start 0;
 * ``sync_ema``: EMA of "its fingerprint for w-1 equals ours" (windows where it published none
   leave it unchanged), start 1;
 * ``penalty`` p in [0, 1], start 0. A window with an offence of severity ``c`` (config:
   missing/unreachable 0.5, late 0.5, invalid/malformed/non-finite/norm outlier 1, copy/replay 1)
   sets ``p <- min(1, p + c)``; a clean window sets ``p <- ρ p`` (ρ = ``penalty_decay``, 0.5). One
   missed window halves the score, two in a row zero it; after that every clean window halves p,
-  so a peer that behaves again is back above 90 % of its score after four windows.
+  so a peer that behaves again is back above 90 % of its score after four windows;
+* rating ``(μ, σ)``: OpenSkill Plackett–Luce over the window's ``s`` ranking (peers whose update
+  passed every check; skipped with < 2 peers), reported as ``ordinal = μ - 3σ``. It is
+  information only (see below).
 
 Every EMA is ``x <- (1 - r) x + r x_new`` with ``r = ema_rate`` (0.3).
 
 Final score of peer i::
 
-    final_i = (ordinal_i - floor) * max(0, indicator_ema_i) * sync_ema_i * (1 - p_i) * [gain_ema_i > g]
+    final_i = max(0, gain_ema_i) * own_i * sync_ema_i * (1 - p_i) * [gain_ema_i > g]
+    own_i   = clip((indicator_ema_i - own_pay_low) / (own_pay_full - own_pay_low), 0, 1)
 
-``floor`` is the lowest ordinal among rated peers minus `FLOOR_MARGIN` (OpenSkill's default
-σ), so the shifted ordinal is >= `FLOOR_MARGIN` > 0 for every rated peer: rank decides *how
-much* an honest peer earns, while the gates (indicator, gain, penalty) decide *whether* it earns —
-in a population of only honest peers the last-ranked one still earns. Unrated peers (never
-scored) score 0. The gain gate ``[gain_ema > g]``, with
-``g = max(0, GAIN_FRACTION * median gain_ema)``, zeroes a peer whose updates do not, on average,
-lower the loss on random data by at least `GAIN_FRACTION` of the median rated peer's gain (a noise
-uploader, whose gain is ~1 % of an honest one's) whatever its rank among few peers.
+**Why the gain and not the rank.** Pay linear in the OpenSkill ordinal (shifted to the lowest
+rated peer) splits peers doing identical work by ±40–60 % in every window (synthetic equal
+peers, 3–4 of them, windows 3–12): the ranking among equals is a coin toss each window, and
+OpenSkill turns it into persistent ordinal gaps of 8–16 points. The gain EMA of equal peers
+differs by the noise of ``s`` averaged over ~6 windows (a few percent), and a scaled update
+cannot raise it (`validator.scoring` probes every update at the same norm).
+
+**Why a ramp on the evidence.** The old factor ``max(0, EMA(±1))`` cut an honest peer's pay
+tenfold on one unlucky window (an own-data indicator of −1 on a difference of 5e-6). Now one
+window moves the evidence EMA by at most ``r`` = 0.3 (``e`` is bounded in [0, 1]): an honest
+peer at its steady level (≈ 0.9) that shows no evidence at all in one window drops to ≈ 0.63,
+still above ``own_pay_full`` (0.6), so it keeps its full pay. A null update (copy, replay,
+recycled aggregate, noise) has ``e`` ≈ 0.13 on average (its ``own_z`` is ~N(0, 1)), so its EMA
+stays near 0.13 and far under ``own_pay_low`` (0.4). A new honest peer reaches full pay in its
+fourth scored window (EMA 1 - 0.7^4 = 0.76 at e = 1).
+
+The gain gate ``[gain_ema > g]``, with ``g = max(0, GAIN_FRACTION * median gain_ema)`` over rated
+peers, zeroes a peer whose updates do not, on average, lower the loss on random data by at least
+`GAIN_FRACTION` of the median rated peer's gain: a noise uploader (~1 % of an honest gain) or a
+freeloader (an all-zero update: exactly 0), whatever its evidence.
 """
 
 from __future__ import annotations
@@ -45,10 +59,6 @@ from validator.config import ValidatorConfig
 
 MODEL = PlackettLuce()
 MU0, SIGMA0 = MODEL.mu, MODEL.sigma
-
-
-FLOOR_MARGIN = 25.0 / 3.0
-"""Base of the shifted ordinal: OpenSkill's default sigma."""
 
 GAIN_FRACTION = 0.1
 """A peer earns only if its gain EMA exceeds this fraction of the median rated peer's."""
@@ -80,7 +90,15 @@ class WindowOutcome(BaseModel):
     verdict: Verdict
     in_sync: bool | None = None
     score: float | None = None  # s, when scored
-    indicator: int | None = None
+    indicator: int | None = None  # ±1 (used when no evidence is given: +1 -> 1, -1 -> 0)
+    evidence: float | None = None  # own-data evidence in [0, 1] (`LossScore.evidence`)
+
+    def own_evidence(self) -> float | None:
+        if self.evidence is not None:
+            return min(1.0, max(0.0, self.evidence))
+        if self.indicator is not None:
+            return 1.0 if self.indicator > 0 else 0.0
+        return None
 
 
 def severity(verdict: Verdict, cfg: ValidatorConfig) -> float:
@@ -121,8 +139,9 @@ class Book:
             )
             if o.in_sync is not None:
                 rec.sync_ema = _ema(rec.sync_ema, 1.0 if o.in_sync else 0.0, r)
-            if o.score is not None and o.indicator is not None:
-                rec.indicator_ema = _ema(rec.indicator_ema, float(o.indicator), r)
+            evidence = o.own_evidence()
+            if o.score is not None and evidence is not None and math.isfinite(o.score):
+                rec.indicator_ema = _ema(rec.indicator_ema, evidence, r)
                 rec.gain_ema = _ema(rec.gain_ema, o.score, r)
         self._rate(
             {
@@ -142,10 +161,6 @@ class Book:
             rec = self.records[uid]
             rec.mu, rec.sigma, rec.rated = float(new.mu), float(new.sigma), True
 
-    def floor(self) -> float:
-        ords = [rec.ordinal for rec in self.records.values() if rec.rated]
-        return min(ords) - FLOOR_MARGIN if ords else 0.0
-
     def gain_floor(self) -> float:
         """The gain a peer must beat to earn: `GAIN_FRACTION` of the median rated peer's gain EMA
         (and never below 0). Noise moves the loss by ~1 % of what an honest update does, so
@@ -155,18 +170,35 @@ class Book:
             return 0.0
         return max(0.0, GAIN_FRACTION * gains[len(gains) // 2])
 
+    def consensus(self, hotkeys: Mapping[int, str]) -> set[int]:
+        """Of the peers `hotkeys` (uid -> hotkey, this window's accepted updates), those whose
+        own-data evidence already earns (`own_factor` > 0): their mean direction is the own-data
+        test's covariate (`validator.scoring`). All of them while fewer than two qualify."""
+        known = {
+            u for u, hk in hotkeys.items()
+            if (rec := self.records.get(u)) is not None and rec.hotkey == hk
+            and self.own_factor(rec) > 0
+        }  # fmt: skip
+        return known if len(known) >= 2 else set(hotkeys)
+
+    def own_factor(self, rec: PeerRecord) -> float:
+        """``own_i``: the ramp of the own-data evidence EMA between low (0) and full (1)."""
+        lo, hi = self.cfg.own_pay_low, self.cfg.own_pay_full
+        return min(1.0, max(0.0, (rec.indicator_ema - lo) / (hi - lo)))
+
     def breakdown(self, uid: int) -> dict[str, float]:
         """Every factor of the final score of `uid` (all zero for an unknown uid)."""
         rec = self.records.get(uid)
         if rec is None:
-            return {"ordinal": 0.0, "shifted_ordinal": 0.0, "final": 0.0}
-        shifted = max(0.0, rec.ordinal - self.floor()) if rec.rated else 0.0
+            return {"ordinal": 0.0, "gain_factor": 0.0, "final": 0.0}
+        gain = max(0.0, rec.gain_ema)
         gate = 1.0 if rec.gain_ema > self.gain_floor() else 0.0
-        final = shifted * max(0.0, rec.indicator_ema) * rec.sync_ema * (1.0 - rec.penalty) * gate
+        own = self.own_factor(rec)
+        final = gain * own * rec.sync_ema * (1.0 - rec.penalty) * gate
         return {
             "ordinal": rec.ordinal,
-            "shifted_ordinal": shifted,
-            "indicator_factor": max(0.0, rec.indicator_ema),
+            "gain_factor": gain,
+            "indicator_factor": own,
             "sync_factor": rec.sync_ema,
             "penalty_factor": 1.0 - rec.penalty,
             "gain_gate": gate,

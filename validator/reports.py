@@ -1,21 +1,43 @@
 """The per-window score report the validator publishes (`protocol.naming.scores_key`).
 
 Everything that went into every peer's score is in it, so anyone holding the same model (the
-published checkpoints and aggregates) can recompute the loss scores, the ratings and the weights.
+published checkpoints and aggregates) can recompute the loss scores, the ratings and the weights:
+the window's revealed sample secret (`samples`, checked by `verify_report_samples`), every loss
+and statistic, and every factor of the final score.
+
+Each peer's ``rule`` names what decided its weight, first match wins (``rules`` lists every rule
+that lowered it):
+
+* this window's verdict when it is not ``ok``: ``missing``, ``unreachable``, ``late``,
+  ``invalid``, ``malformed``, ``non_finite``, ``norm_outlier``, ``copy``, ``replay``;
+* ``unscored`` (no record: never scored), ``penalty`` (earlier offences: p = 1),
+  ``gain gate`` (gain EMA under the gate), ``indicator`` (own-data evidence EMA at or under
+  ``own_pay_low``), ``out of sync`` (sync EMA 0);
+* for a peer that earns: ``indicator (partial)``, ``norm band`` (this window's norm outside the
+  band cut its score), ``penalty (decaying)``, ``sync (partial)``, else ``ok``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict
 
+from node.data.dataset import Dataset
+from protocol.runconfig import RunConfig
 from validator.checks import Verdict
 from validator.classify import PeerCheck
 from validator.config import ValidatorConfig
 from validator.copies import Match
 from validator.ratings import Book
+from validator.reveal import (
+    CommitRecord,
+    RevealError,
+    SampleReveal,
+    verify_commit_record,
+    verify_own_slots,
+    verify_reveal,
+)
 from validator.scoring import LossScore
 
 
@@ -36,9 +58,19 @@ class LossReport(_Model):
     loss_after_own: float
     n_random: int
     n_own: int
-    score: float
+    norm: float
+    target_norm: float  # T: the median norm of the window's accepted updates
+    norm_factor: float  # q: 1 inside the norm band
+    direction_score: float  # s at the common step, before q
+    score: float  # s
     own_gain: float
+    own_z: float
+    own_diff: float
+    own_se: float
+    own_method: str
     indicator: int
+    evidence: float
+    own_slots: list[int]
 
 
 class StandingReport(_Model):
@@ -46,9 +78,9 @@ class StandingReport(_Model):
 
     mu: float
     sigma: float
-    ordinal: float
-    shifted_ordinal: float
+    ordinal: float  # information only: pay does not depend on it (`validator.ratings`)
     indicator_ema: float
+    indicator_factor: float
     gain_ema: float
     sync_ema: float
     penalty: float
@@ -61,6 +93,8 @@ class PeerReport(_Model):
     uid: int
     hotkey: str
     verdict: Verdict
+    rule: str  # what decided the weight (module docstring)
+    rules: list[str]  # every rule that lowered it
     detail: str
     fetch: str  # `node.window.exchange.fetch`'s reason
     n_bytes: int = 0
@@ -90,6 +124,7 @@ class ScoreReport(_Model):
     weights: dict[int, float]
     weights_status: str
     config: ValidatorConfig
+    samples: SampleReveal | None = None  # the window's revealed secret (None: nothing scored)
     peers: list[PeerReport]
 
 
@@ -103,8 +138,14 @@ def _loss(s: LossScore | None) -> LossReport | None:
     if s is None:
         return None
     return LossReport(
-        **dataclasses.asdict(s), score=s.score, own_gain=s.own_gain, indicator=s.indicator
-    )
+        loss_before_random=s.loss_before_random, loss_after_random=s.loss_after_random,
+        loss_before_own=s.loss_before_own, loss_after_own=s.loss_after_own,
+        n_random=s.n_random, n_own=s.n_own, norm=s.norm, target_norm=s.target_norm,
+        norm_factor=s.norm_factor, direction_score=s.direction_score, score=s.score,
+        own_gain=s.own_gain, own_z=s.own.z, own_diff=s.own.diff, own_se=s.own.se,
+        own_method=s.own.method, indicator=s.indicator, evidence=s.evidence,
+        own_slots=list(s.own_slots),
+    )  # fmt: skip
 
 
 def _standing(book: Book, uid: int, weight: float) -> StandingReport | None:
@@ -113,20 +154,43 @@ def _standing(book: Book, uid: int, weight: float) -> StandingReport | None:
         return None
     b = book.breakdown(uid)
     return StandingReport(
-        mu=rec.mu, sigma=rec.sigma, ordinal=rec.ordinal, shifted_ordinal=b["shifted_ordinal"],
-        indicator_ema=rec.indicator_ema, gain_ema=rec.gain_ema, sync_ema=rec.sync_ema,
+        mu=rec.mu, sigma=rec.sigma, ordinal=rec.ordinal, indicator_ema=rec.indicator_ema,
+        indicator_factor=b["indicator_factor"], gain_ema=rec.gain_ema, sync_ema=rec.sync_ema,
         penalty=rec.penalty, gain_gate=b["gain_gate"], final=b["final"], weight=weight,
     )  # fmt: skip
+
+
+def weight_rules(verdict: Verdict, loss: LossScore | None, book: Book, uid: int) -> list[str]:
+    """Every rule that lowered the peer's weight this window, the decisive one first."""
+    rules = [] if verdict is Verdict.OK else [verdict.value]
+    if uid not in book.records:
+        return rules or ["unscored"]
+    b = book.breakdown(uid)
+    zeroing = [
+        ("penalty", b["penalty_factor"]), ("gain gate", b["gain_gate"]),
+        ("indicator", b["indicator_factor"]), ("out of sync", b["sync_factor"]),
+    ]  # fmt: skip
+    rules += [name for name, factor in zeroing if factor <= 0.0]
+    partial = [
+        ("indicator (partial)", b["indicator_factor"]),
+        ("norm band", loss.norm_factor if loss is not None else 1.0),
+        ("penalty (decaying)", b["penalty_factor"]), ("sync (partial)", b["sync_factor"]),
+    ]  # fmt: skip
+    rules += [name for name, factor in partial if 0.0 < factor < 1.0]
+    return rules or ["ok"]
 
 
 def peer_report(
     c: PeerCheck, loss: LossScore | None, book: Book, selected: bool, applied: bool, weight: float
 ) -> PeerReport:
     up = c.upload
+    rules = weight_rules(c.verdict, loss, book, c.uid)
     return PeerReport(
         uid=c.uid,
         hotkey=c.hotkey,
         verdict=c.verdict,
+        rule=rules[0],
+        rules=rules,
         detail=c.detail,
         fetch=up.fetched.reason if up is not None else c.detail,
         n_bytes=up.fetched.n_bytes if up is not None else 0,
@@ -161,6 +225,7 @@ class WindowResult(BaseModel):
     weights: dict[int, float]
     weights_status: str
     config: ValidatorConfig
+    samples: SampleReveal | None = None
 
 
 def build_report(
@@ -181,3 +246,32 @@ def build_report(
         for uid, c in sorted(checks.items())
     ]
     return ScoreReport(**result.model_dump(), peers=peers)
+
+
+def verify_report_samples(
+    report: ScoreReport, dataset: Dataset, run: RunConfig, record: CommitRecord | None = None
+) -> dict[int, list[int]]:
+    """Recompute every sample a published report scored on, from its revealed secret; returns the
+    own slots by uid. Raises `RevealError` when the secret does not match its commitment (the
+    one in `record`, the signed `CommitRecord` published before the window, when given) or when
+    any listed slot does not follow from it."""
+    if report.samples is None:
+        if any(p.loss is not None for p in report.peers):
+            raise RevealError(f"window {report.window}: losses without a revealed secret")
+        return {}
+    if record is not None:
+        verify_commit_record(record)
+        if (record.run_id, record.window, record.validator_hotkey) != (
+            report.run_id, report.window, report.validator_hotkey,
+        ):  # fmt: skip
+            raise RevealError(f"window {report.window}: the commitment is for another window")
+    commit = record.commit if record is not None else None
+    verify_reveal(report.samples, dataset, report.run_id, report.window, commit)
+    out: dict[int, list[int]] = {}
+    for peer in report.peers:
+        if peer.loss is not None:
+            verify_own_slots(
+                report.samples, dataset, run, report.window, peer.uid, peer.loss.own_slots
+            )
+            out[peer.uid] = peer.loss.own_slots
+    return out

@@ -1,48 +1,76 @@
-"""LossScore: how much one peer's update helps the validator's current model.
+"""LossScore: how much one peer's update helps the validator's current model, at a common step size.
 
 For window ``w`` the validator holds ``θ``, the model at the start of ``w`` (the weights every
-peer's update of ``w`` was computed against). For a peer's decoded update ``Δ̂``:
+peer's update of ``w`` was computed against). The samples come from the window's revealed secret
+(`validator.reveal`): ``R``, ``n_random`` random training slots (the same for every peer), and
+``O_i``, ``n_own`` of the slots assigned to peer ``i`` for ``w``; nobody knows either set before
+the upload deadline.
 
-    θ' = θ - η Δ̂,   η = score_scale * α   (0.2 α: a small probe step, in the update's own units)
-    s    = (L(θ; R) - L(θ'; R)) / L(θ; R)        R: ``n_random`` random training samples
-                                                 (`eval_batch`, split "train", drawn per window,
-                                                 the same for every peer)
-    own  = (L(θ; O) - L(θ'; O)) / L(θ; O)        O: up to ``n_own`` of the samples assigned to the
-                                                 peer for ``w`` (`assigned_slots`, evenly spread)
-    indicator = +1 if own > s else -1
+**Norm-fair step.** ``T`` is the median norm of the window's accepted (verdict ``ok``) updates
+(`reference_norm`). Every update ``Δ̂_i`` (norm ``n_i``) is probed at the same step length::
 
-``s`` is the score (does the update make the model better on data nobody chose?); the indicator
-checks the update was trained on the peer's own assignment: an honest update fits its own data
-better than random data, while a copied, stale (replayed from another window) or random update
-has no reason to. R comes from the training split, the distribution the peers' own samples come
-from: against held-out text (a different slice of the corpus) even a copied update looked better
-on "its own" data. ``L`` is `node.model.train.lm_loss`, evaluated without gradients in micro-batches.
-The probe runs on a copy of the weights that is restored (bit for bit) after every peer.
+    θ_i' = θ - η (T / n_i) Δ̂_i,    η = score_scale * α
 
-How many samples: `scripts/validator_separation.py` measures it. Tiny preset, 3 peers x 4
-windows, 64 samples: honest s in [+0.00086, +0.00318] vs noise s in [-0.00010, +0.00005] (12/12
-honest above every noise update, margin > 15x); honest indicator +1 in 12/12 (own-random margin
->= +0.0004). A stale (replayed) update still has a positive s and its indicator is +1 in 6/9
-(margin -0.00007..+0.00024): at this scale the indicator alone does not catch replays — replay
-detection by index overlap does (own previous update: overlap <= 0.34, threshold 0.5).
+so only its direction counts: ``c·Δ̂`` gives the same probe as ``Δ̂`` for any ``c > 0`` (up to
+float rounding). Per sample ``x``, ``g_i(x) = (L(θ; x) - L(θ_i'; x)) / mean L(θ; batch)``.
+
+* direction score ``s_dir = mean_R g_i`` (relative improvement on random data);
+* the norm is judged separately: with ``r = n_i / T`` and ``b = norm_band`` (2), the score is
+  ``s = q s_dir`` when ``s_dir >= 0`` and ``s = (2 - q) s_dir`` otherwise, where
+  ``q = min(1, b min(r, 1/r))``. Honest norms are within a few percent of the median (measured
+  max/median < 1.01 in `scripts/validator_separation.py`), so ``q = 1`` for them; an update
+  scaled by ``c`` outside ``[1/b, b]`` loses score (``q = 0.4`` at ``c = 5`` or ``0.2``). Hence
+  **scaling never raises a score or a rank**: inside the band it changes nothing, outside it
+  only lowers ``s``. (The outer step clips every update to the median norm anyway.)
+
+**Own-data test.** An honest update fits its own samples better than random ones; a copied,
+replayed, recycled or random update has no reason to. The test compares ``g_i`` on ``O_i`` with
+``g_i`` on ``R`` by a regression (ANCOVA) ``g = a + b [x in O_i] + θ c(x) + ε`` whose covariate
+``c(x)`` is the gain of the *other* accepted updates' mean direction on the same sample (the
+leave-one-out consensus, `LossProbe`): most of a sample's gain is shared by every update
+(correlation ~0.86), so removing it shrinks the standard error about twofold (honest z 4.4 vs
+2.4 for a plain Welch test on the same 64 + 64 samples, measured). ``own_z = b / SE(b)``; with
+fewer than two accepted updates there is no consensus and the test is Welch's. Per window:
+
+    indicator = +1 if own_z >= own_z_pass (3) else -1       (evidence e = clip(own_z / 3, 0, 1))
+
+A null update (nothing trained on ``O_i``) has ``own_z ~ N(0, 1)``: it passes 0.1 % of windows.
+Honest false negatives and the pay rule built on ``e`` are in `validator.ratings`;
+`scripts/validator_separation.py` measures both.
+
+``L`` is `node.model.train.lm_loss`'s next-token cross-entropy, per sample, without gradients.
+The probe runs on the validator's model and restores it bit for bit after every step.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+import math
+import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from codec.compress import SparseTensor, scatter_add
 from node.data.dataset import Dataset
-from node.data.sampling import assigned_slots, eval_batch
-from node.model.train import lm_loss
 from protocol.runconfig import RunConfig
+from validator.config import ValidatorConfig
+from validator.reveal import SampleReveal, own_slots
 
-RANDOM_PURPOSE = "validator-random"
+Update = Sequence[SparseTensor]
+
+
+@dataclass(frozen=True)
+class OwnTest:
+    """The own-data statistic of one update: ``z = diff / se``."""
+
+    z: float
+    diff: float  # estimated own-data advantage (relative gain, adjusted for the covariate)
+    se: float
+    method: str  # "ancova" | "welch"
 
 
 @dataclass(frozen=True)
@@ -55,11 +83,32 @@ class LossScore:
     loss_after_own: float
     n_random: int
     n_own: int
+    norm: float
+    target_norm: float
+    norm_band: float
+    own: OwnTest
+    z_pass: float
+    z_full: float
+    own_slots: tuple[int, ...] = ()
+
+    @property
+    def direction_score(self) -> float:
+        """Relative improvement on random data at the common step (`s_dir`)."""
+        return (self.loss_before_random - self.loss_after_random) / self.loss_before_random
+
+    @property
+    def norm_factor(self) -> float:
+        """``q``: 1 inside the band around the median norm, lower outside it."""
+        if self.target_norm <= 0 or not math.isfinite(self.norm):
+            return 1.0
+        r = self.norm / self.target_norm
+        return min(1.0, self.norm_band * min(r, 1.0 / r)) if r > 0 else 0.0
 
     @property
     def score(self) -> float:
-        """Relative improvement on random data (`s`)."""
-        return (self.loss_before_random - self.loss_after_random) / self.loss_before_random
+        """``s``: the direction score, lowered (never raised) by a norm outside the band."""
+        s, q = self.direction_score, self.norm_factor
+        return s * q if s >= 0 else s * (2.0 - q)
 
     @property
     def own_gain(self) -> float:
@@ -67,27 +116,71 @@ class LossScore:
 
     @property
     def indicator(self) -> int:
-        return 1 if self.own_gain > self.score else -1
+        return 1 if self.own.z >= self.z_pass else -1
+
+    @property
+    def evidence(self) -> float:
+        """The window's own-data evidence in [0, 1] (what `validator.ratings` averages)."""
+        return min(1.0, max(0.0, self.own.z / self.z_full)) if math.isfinite(self.own.z) else 0.0
 
 
-def mean_loss(
+# -- statistics ------------------------------------------------------------------------------------
+
+
+def welch(own: np.ndarray, rand: np.ndarray) -> OwnTest:
+    """Difference of means over its standard error (unequal variances)."""
+    if own.size < 2 or rand.size < 2:
+        return OwnTest(0.0, 0.0, 0.0, "welch")
+    diff = float(own.mean() - rand.mean())
+    se = math.sqrt(float(own.var(ddof=1)) / own.size + float(rand.var(ddof=1)) / rand.size)
+    return OwnTest(diff / se if se > 0 else 0.0, diff, se, "welch")
+
+
+def ancova(own: np.ndarray, rand: np.ndarray, c_own: np.ndarray, c_rand: np.ndarray) -> OwnTest:
+    """The own-data effect ``b`` of ``g = a + b [own] + θ c + ε`` (OLS), over its standard error.
+    Falls back to `welch` when the covariate carries no information."""
+    y = np.concatenate([own, rand])
+    c = np.concatenate([c_own, c_rand])
+    n = y.size
+    if n < 5 or not np.all(np.isfinite(c)) or float(c.std()) <= 1e-12 * (abs(float(c.mean())) + 1):
+        return welch(own, rand)
+    x = np.column_stack([np.ones(n), np.r_[np.ones(own.size), np.zeros(rand.size)], c])
+    xtx = x.T @ x
+    if np.linalg.cond(xtx) > 1e12:
+        return welch(own, rand)
+    inv = np.linalg.inv(xtx)
+    beta = inv @ (x.T @ y)
+    res = y - x @ beta
+    var_b = float(res @ res) / (n - 3) * float(inv[1, 1])
+    se = math.sqrt(var_b) if var_b > 0 else 0.0
+    b = float(beta[1])
+    return OwnTest(b / se if se > 0 else 0.0, b, se, "ancova")
+
+
+def reference_norm(norms: Mapping[int, float]) -> float:
+    """``T``: the (low) median of the finite, positive norms (0 when there are none). The low
+    median keeps one outsized update out of ``T`` even among two."""
+    ok = [n for n in norms.values() if math.isfinite(n) and n > 0]
+    return float(statistics.median_low(ok)) if ok else 0.0
+
+
+# -- the probe -------------------------------------------------------------------------------------
+
+
+def row_losses(
     model: torch.nn.Module, batch: torch.Tensor, micro: int, device: torch.device
-) -> float:
-    """Mean next-token loss of `batch` (rows weighted equally), without gradients."""
-    total, rows = 0.0, 0
+) -> np.ndarray:
+    """Per-sample mean next-token loss of `batch` (float64), without gradients."""
+    out = []
     with torch.no_grad():
         for part in batch.split(micro):
-            total += float(lm_loss(model, part.to(device))) * part.shape[0]
-            rows += part.shape[0]
-    return total / rows
-
-
-def own_batch(dataset: Dataset, run: RunConfig, uid: int, window: int, n: int) -> torch.Tensor:
-    """Up to `n` of the samples peer `uid` was assigned in `window`, evenly spread over its steps."""
-    m = run.inner_steps * run.batch_size
-    slots = assigned_slots(dataset.n_train_slots, run.run_id, uid, window, m)
-    pick = np.linspace(0, m - 1, num=min(n, m)).round().astype(np.int64)
-    return dataset.read_slots(slots[np.unique(pick)])
+            part = part.to(device)
+            logits = model(part[:, :-1]).float()
+            loss = F.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), part[:, 1:].reshape(-1), reduction="none"
+            )
+            out.append(loss.view(part.shape[0], -1).mean(1).double().cpu())
+    return torch.cat(out).numpy() if out else np.zeros(0)
 
 
 def pick_scored(run_id: str, window: int, uids: Sequence[int], limit: int) -> list[int]:
@@ -102,7 +195,17 @@ def pick_scored(run_id: str, window: int, uids: Sequence[int], limit: int) -> li
 
 
 class LossProbe:
-    """Scores updates of one window against the model at the start of that window."""
+    """Scores updates of one window against the model at the start of that window.
+
+    `norms` holds the norms of the window's accepted updates (they set ``T``); `reference` the
+    updates of the consensus direction ``ref = mean_j (T / n_j) Δ̂_j`` (the accepted updates of
+    peers with established own-data evidence, `validator.ratings.Book.consensus`), whose
+    per-sample gain ``r(x)`` is measured once on ``R`` and once per peer on ``O_i``. To first order in the (small) probe step
+    the gain of a mean is the mean of the gains, so the leave-one-out covariate of a reference
+    member ``i`` scored on its own reference update (the same object) is
+    ``(N r(x) - g_i(x)) / (N - 1)``; for anything else it is ``r(x)`` (an update that is in the
+    consensus at weight 1/N only makes its own test more conservative).
+    """
 
     def __init__(
         self,
@@ -110,41 +213,109 @@ class LossProbe:
         run: RunConfig,
         dataset: Dataset,
         window: int,
-        n_random: int,
-        n_own: int,
-        scale: float,
+        reveal: SampleReveal,
+        reference: Mapping[int, Update],
+        norms: Mapping[int, float],
+        cfg: ValidatorConfig,
         device: torch.device,
     ) -> None:
         self.model, self.run, self.dataset, self.window = model, run, dataset, window
-        self.n_own, self.device = n_own, device
-        self.step = scale * run.outer.alpha
-        n = min(n_random, dataset.n_train_slots)
-        self.random = eval_batch(dataset, run.run_id, window, RANDOM_PURPOSE, n, split="train")
+        self.reveal, self.cfg, self.device = reveal, cfg, device
+        self.eta = cfg.score_scale * run.outer.alpha
+        self.target = reference_norm(norms)
+        self.members = [
+            u for u in sorted(reference) if u in norms and math.isfinite(norms[u]) and norms[u] > 0
+        ]
+        self.reference = reference
         self.start = {k: p.detach().clone() for k, p in model.named_parameters()}
         model.eval()
-        self.before_random = self._loss(self.random)
+        self.random = dataset.read_slots(np.asarray(reveal.random_slots, dtype=np.int64))
+        self.before_random = self._rows(self.random)
+        self.ref = self._consensus(reference, norms)
+        self.ref_random = self._gain(self.before_random, self._stepped(self.ref, [self.random])[0])
 
-    def _loss(self, batch: torch.Tensor) -> float:
-        return mean_loss(self.model, batch, self.run.micro_batch_size, self.device)
+    def _rows(self, batch: torch.Tensor) -> np.ndarray:
+        return row_losses(self.model, batch, self.run.micro_batch_size, self.device)
 
-    def score(self, uid: int, update: Sequence[SparseTensor]) -> LossScore:
-        own = own_batch(self.dataset, self.run, uid, self.window, self.n_own)
-        before_own = self._loss(own)
+    @staticmethod
+    def _gain(before: np.ndarray, after: np.ndarray) -> np.ndarray:
+        return (before - after) / before.mean() if before.size else before
+
+    def _factor(self, norm: float) -> float:
+        """The step multiplier that brings an update of `norm` to ``η T``."""
+        if self.target <= 0 or norm <= 0 or not math.isfinite(norm):
+            return self.eta if norm > 0 and math.isfinite(norm) else 0.0
+        return self.eta * self.target / norm
+
+    def _consensus(
+        self, reference: Mapping[int, Update], norms: Mapping[int, float]
+    ) -> dict[str, torch.Tensor] | None:
+        if not self.members:
+            return None
+        params = dict(self.model.named_parameters())
+        ref = {k: torch.zeros_like(p) for k, p in params.items()}
+        for uid in self.members:
+            f = self._factor(norms[uid]) / len(self.members)
+            for sparse in reference[uid]:
+                scatter_add(ref[sparse.name], sparse, self.run.codec, f)
+        return ref
+
+    def _stepped(
+        self, step: dict[str, torch.Tensor] | Update | None, batches: list[torch.Tensor],
+        factor: float = 1.0,
+    ) -> list[np.ndarray]:  # fmt: skip
+        """Per-sample losses of `batches` at ``θ - factor * step``, then ``θ`` restored exactly."""
         params = dict(self.model.named_parameters())
         try:
             with torch.no_grad():
-                for sparse in update:
-                    scatter_add(params[sparse.name].data, sparse, self.run.codec, -self.step)
-            after_random, after_own = self._loss(self.random), self._loss(own)
+                if isinstance(step, dict):
+                    for name, delta in step.items():
+                        params[name].sub_(delta)
+                elif step is not None:
+                    for sparse in step:
+                        scatter_add(params[sparse.name].data, sparse, self.run.codec, -factor)
+            return [self._rows(b) for b in batches]
         finally:
             with torch.no_grad():
                 for name, p in params.items():
                     p.copy_(self.start[name])
+
+    def _covariate(
+        self, uid: int, update: Update, g: np.ndarray, r: np.ndarray
+    ) -> np.ndarray | None:
+        n = len(self.members)
+        if uid not in self.members or self.reference[uid] is not update:
+            return r if n >= 1 else None
+        return (n * r - g) / (n - 1) if n >= 2 else None
+
+    def score(self, uid: int, update: Update, norm: float) -> LossScore:
+        slots = own_slots(
+            self.dataset, self.run, uid, self.window, self.reveal.seed, self.cfg.n_own
+        )
+        own = self.dataset.read_slots(slots)
+        before_own = self._rows(own)
+        after_random, after_own = self._stepped(update, [self.random, own], self._factor(norm))
+        g_rand = self._gain(self.before_random, after_random)
+        g_own = self._gain(before_own, after_own)
+        test = welch(g_own, g_rand)
+        if self.ref is not None:
+            ref_own = self._gain(before_own, self._stepped(self.ref, [own])[0])
+            c_own = self._covariate(uid, update, g_own, ref_own)
+            c_rand = self._covariate(uid, update, g_rand, self.ref_random)
+            if c_own is not None and c_rand is not None:
+                test = ancova(g_own, g_rand, c_own, c_rand)
         return LossScore(
-            loss_before_random=self.before_random,
-            loss_after_random=after_random,
-            loss_before_own=before_own,
-            loss_after_own=after_own,
+            loss_before_random=float(self.before_random.mean()),
+            loss_after_random=float(after_random.mean()),
+            loss_before_own=float(before_own.mean()),
+            loss_after_own=float(after_own.mean()),
             n_random=int(self.random.shape[0]),
             n_own=int(own.shape[0]),
+            norm=float(norm),
+            target_norm=self.target,
+            norm_band=self.cfg.norm_band,
+            own=test,
+            z_pass=self.cfg.own_z_pass,
+            z_full=self.cfg.own_z_full,
+            own_slots=tuple(int(s) for s in slots),
         )

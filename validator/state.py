@@ -2,7 +2,8 @@
 
 One file, ``validator.pt`` (the previous one kept as ``validator.prev.pt``): the model at the start
 of the next window and its fingerprint, the per-peer records (`validator.ratings.PeerRecord`, as
-JSON), the copy-detection history and its secret salt. Written to a temporary file, fsynced and
+JSON), the copy-detection history and its secret salt, and the key the evaluation secrets are
+derived from (`validator.reveal`: a restart must reveal the secrets it committed to). Written to a temporary file, fsynced and
 renamed (`node.runtime.atomic_files`), so a crash leaves the old state or the new one.
 """
 
@@ -33,6 +34,7 @@ class ValidatorState:
     salt: int
     records: dict[int, PeerRecord] = field(default_factory=dict)
     sketches: list[Sketch] = field(default_factory=list)
+    reveal_key: bytes = b""  # empty in states written before commit-reveal
 
 
 def _encode(state: ValidatorState) -> dict[str, Any]:
@@ -43,6 +45,7 @@ def _encode(state: ValidatorState) -> dict[str, Any]:
         "model": state.model,
         "fingerprint": state.fingerprint,
         "salt": str(state.salt),
+        "reveal_key": state.reveal_key.hex(),
         "records": json.dumps({str(u): r.model_dump() for u, r in state.records.items()}),
         "sketches": [
             {
@@ -63,6 +66,7 @@ def _decode(raw: dict) -> ValidatorState:
         model=raw["model"],
         fingerprint=raw["fingerprint"],
         salt=int(raw["salt"]),
+        reveal_key=bytes.fromhex(raw.get("reveal_key", "")),
         records={int(u): PeerRecord(**r) for u, r in json.loads(raw["records"]).items()},
         sketches=[
             Sketch(

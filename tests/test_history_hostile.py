@@ -40,7 +40,7 @@ from protocol.keys import create_hotkey
 from protocol.naming import ObjectKind, aggregate_key, checkpoint_key, manifest_key
 from protocol.runconfig import RunConfig
 from protocol.signing import payload_digest, sign_object
-from protocol.stores import S3Store, open_store
+from protocol.stores import FileStore, S3Store, open_store
 
 RUN = RunConfig.preset("tiny", name="hostile-history")
 WINDOWS = 3
@@ -63,20 +63,13 @@ class World:
         self.raw: dict[int, dict[int, bytes]] = {}
         self.fingerprints = {0: fingerprint(model)}
         for w in range(WINDOWS):
-            self.raw[w] = {
-                uid: encode_signed(
-                    [
-                        comps[uid].compress(n, torch.randn(p.shape, generator=gen) * 1e-3, 0.95)
-                        for n, p in model.named_parameters()
-                    ],
-                    RUN,
-                    self.spec,
-                    w,
-                    uid,
-                    self.keys[uid],
-                )  # fmt: skip
-                for uid in range(2)
-            }
+            self.raw[w] = {}
+            for uid in range(2):
+                sparse = [
+                    comps[uid].compress(n, torch.randn(p.shape, generator=gen) * 1e-3, 0.95)
+                    for n, p in model.named_parameters()
+                ]
+                self.raw[w][uid] = encode_signed(sparse, RUN, self.spec, w, uid, self.keys[uid])
             publish_aggregate(self.good.store, RUN, w, 2, self.keys[2], self.raw[w])  # type: ignore[arg-type]
             catch_up(model, RUN, self.spec, self.good, self.peers, w, w + 1)
             self.fingerprints[w + 1] = fingerprint(model)
@@ -84,7 +77,7 @@ class World:
     def source(self, uid: int, bucket: str) -> Source:
         return Source(uid, self.keys[uid].ss58_address, self.store(bucket))
 
-    def store(self, bucket: str):  # noqa: ANN201 - the file store of one bucket
+    def store(self, bucket: str) -> FileStore:
         return open_store(f"file://{self.root}?bucket={bucket}")
 
     def evil(self, bucket: str = "evil") -> Source:

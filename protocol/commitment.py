@@ -101,6 +101,14 @@ class Provider(IntEnum):
     LOCAL = 6
     """The embedded `file://` store of a simulation on one machine (refused outside local mode)."""
 
+    @property
+    def keeps_clock(self) -> bool:
+        """Whether an object's Last-Modified comes from a clock the uploader does not control:
+        Cloudflare R2 and AWS S3 stamp objects with their own clock on every PUT, and the
+        embedded store of a simulation is the simulation's own file system. A self-hosted
+        ``https``/``http`` endpoint answers whatever its owner wants (docs/incentives.md)."""
+        return self in (Provider.R2, Provider.R2_EU, Provider.S3, Provider.LOCAL)
+
 
 _R2 = (Provider.R2, Provider.R2_EU)
 _ENDPOINT = (Provider.HTTPS, Provider.HTTP)

@@ -27,7 +27,7 @@ from protocol.stores import S3Store, open_store
 from protocol.stores.fetch import MARGIN_S
 from validator.checks import Verdict, classify_fetch, in_sync, norm_verdicts
 from validator.config import ValidatorConfig
-from validator.copies import SketchHistory, find_copies, overlap, sketch
+from validator.copies import SketchHistory, Stamp, explain, explain_window, overlap, sketch
 from validator.fetching import fetch_uploads
 from validator.ratings import Book, PeerRecord, WindowOutcome
 from validator.state import ValidatorState, load_state, save_state
@@ -70,6 +70,7 @@ def test_fetch_verdicts(tmp_path: Path, keys: list, update: list) -> None:
     )[0]
     assert verdict(now + 60) is Verdict.MISSING
     _put(store, encode_signed(update, RUN, SPEC, WINDOW, 0, a), 0, a.ss58_address)
+    now = time.time()  # the object's time is at most this (however loaded the machine is)
     assert verdict(now + 60) is Verdict.OK
     # stored 100 s after the deadline: late whatever its content (tolerance 1 s in the tiny run)
     assert verdict(now - 100) is Verdict.LATE
@@ -128,10 +129,30 @@ def test_perturbed_copy_is_caught_and_the_later_upload_is_the_copier(update: lis
     assert overlap(sk[0], sk[1]) > 0.9  # values jittered, 30 % of chunks with an index moved
     assert overlap(sk[0], sk[2]) < 0.05  # independent Top-k sets: ~k/C
     t = datetime(2026, 1, 1, tzinfo=UTC)
-    copies = find_copies(sk, {0: t + timedelta(seconds=5), 1: t, 2: t}, 0.5)
-    assert set(copies) == {0} and copies[0].other_uid == 1  # uid 0 uploaded later
-    copies = find_copies(sk, {0: t, 1: t, 2: t}, 0.5)  # tie: the higher uid is the copier
-    assert set(copies) == {1} and copies[1].other_uid == 0
+    hist = SketchHistory(4)
+
+    def explained(stamps: dict[int, Stamp]) -> dict[int, tuple[float, tuple]]:
+        return {u: (d.share, d.sources) for u, d in explain_window(sk, stamps, hist).items()}
+
+    later0 = explained(
+        {0: Stamp(t + timedelta(seconds=5), True), 1: Stamp(t, True), 2: Stamp(t, True)}
+    )
+    assert later0[0][0] > 0.9 and later0[0][1][0] == (1, WINDOW)  # uid 0 uploaded later
+    assert later0[1][0] < 0.05 and later0[2][0] < 0.05
+    tie = explained({u: Stamp(t, True) for u in sk})  # tie: the higher uid is the copier
+    assert tie[1][0] > 0.9 and tie[0][0] < 0.05
+    # a copier whose own server keeps the clock cannot claim to be first
+    forged = explained(
+        {
+            0: Stamp(t + timedelta(seconds=5), True),
+            1: Stamp(t - timedelta(hours=1), False),
+            2: Stamp(t, True),
+        }
+    )
+    assert forged[1][0] > 0.9 and forged[0][0] < 0.05
+    # between two untrusted clocks the order is unknown: each explains the other
+    both = explained({u: Stamp(t, False) for u in sk})
+    assert both[0][0] > 0.9 and both[1][0] > 0.9 and both[2][0] < 0.05
 
 
 def test_identical_digest_is_a_copy_and_sampled_sketches_agree(update: list) -> None:
@@ -152,10 +173,11 @@ def test_identical_digest_is_a_copy_and_sampled_sketches_agree(update: list) -> 
 def test_replay_of_an_older_window_is_detected_and_history_is_bounded(update: list) -> None:
     hist = SketchHistory(windows=2)
     hist.add(1, [_sk(0, 1, update)])
-    replay = hist.find_replay(_sk(2, 2, perturbed_copy(update, RUN.codec, torch.Generator())), 0.5)
-    assert replay is not None and (replay.other_uid, replay.other_window) == (0, 1)
+    replay = _sk(2, 2, perturbed_copy(update, RUN.codec, torch.Generator()))
+    d = explain_window({2: replay}, {}, hist)[2]
+    assert d.share > 0.9 and d.sources[0] == (0, 1)
     fresh = noise_update(SPEC, RUN, 0.01, torch.Generator().manual_seed(9))
-    assert hist.find_replay(_sk(2, 2, fresh), 0.5) is None
+    assert explain(_sk(2, 2, fresh), hist.entries()).share < 0.05
     hist.add(3, [])
     hist.add(4, [])
     assert hist.entries() == []  # window 1 fell out of the last 2 windows
@@ -164,8 +186,8 @@ def test_replay_of_an_older_window_is_detected_and_history_is_bounded(update: li
 # -- ratings, penalties, weights -----------------------------------------------------------------
 
 
-def _ok(hk: str, score: float, ind: int = 1) -> WindowOutcome:
-    return WindowOutcome(hotkey=hk, verdict=Verdict.OK, in_sync=True, score=score, indicator=ind)
+def _ok(hk: str, score: float, own_z: float = 4.0) -> WindowOutcome:
+    return WindowOutcome(hotkey=hk, verdict=Verdict.OK, in_sync=True, score=score, own_z=own_z)
 
 
 def test_rating_maths_noise_zero_honest_positive() -> None:
@@ -176,21 +198,21 @@ def test_rating_maths_noise_zero_honest_positive() -> None:
             {
                 0: _ok("a", 0.02),
                 1: _ok("b", 0.01),
-                2: _ok("n", -0.001, ind=-1),  # noise: hurts random data, no own-data signal
+                2: _ok("n", -0.001, own_z=0.0),  # noise: hurts random data, no own-data signal
                 3: WindowOutcome(hotkey="m", verdict=Verdict.MISSING),
-                4: WindowOutcome(hotkey="c", verdict=Verdict.COPY, score=0.02, indicator=-1),
+                4: WindowOutcome(hotkey="c", verdict=Verdict.COPY, score=0.02, own_z=0.0),
             }
         )
     final = book.final_scores()
     assert final[0] > final[1] > 0
     assert final[2] == final[3] == final[4] == 0.0
     rec = book.records[0]
-    # EMA after four +1 indicators from 0: 1 - 0.7**4
-    assert rec.indicator_ema == pytest.approx(1 - 0.7**4)
+    # four windows at z = 4 pool to Z = 16 / 2 = 8: past own_z_full, so the own factor is 1
+    assert rec.own_pooled == pytest.approx(8.0)
     b = book.breakdown(0)
-    assert b["final"] == pytest.approx(
-        (rec.ordinal - book.floor()) * rec.indicator_ema * rec.sync_ema * (1 - rec.penalty)
-    )
+    assert b["indicator_factor"] == 1.0
+    gain = 0.02 * (1 - 0.7**4)  # the gain EMA after four windows from 0
+    assert b["final"] == pytest.approx(gain * rec.sync_ema * (1 - rec.penalty))
     assert book.records[3].penalty == 1.0  # 0.5 per missed window, capped at 1
 
 

@@ -15,15 +15,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from honest_updates import train_update
 
 from codec.aggregate import update_norm
-from codec.compress import Compressor, SparseTensor
+from codec.compress import SparseTensor
 from codec.spec import ModelSpec
 from deploy.sim.forgeries import noise_update
-from node.data.batches import assigned_batches, open_run_dataset
+from node.data.batches import open_run_dataset
 from node.data.sampling import eval_slots
 from node.model.llama import build_model
-from node.model.train import make_optimizer, train_window
 from protocol.keys import create_hotkey
 from protocol.runconfig import RunConfig
 from validator.checks import Verdict
@@ -64,22 +64,10 @@ class World:
         _, self.dataset = open_run_dataset(RUN)
         self.model = build_model(RUN.model, RUN.seed)
         self.spec = ModelSpec.from_module(self.model)
-        self.updates = {uid: self._train(uid) for uid in range(3)}
+        self.updates = {
+            uid: train_update(RUN, self.dataset, self.model, uid, WINDOW) for uid in range(3)
+        }
         self.norms = {u: update_norm(x) for u, x in self.updates.items()}
-
-    def _train(self, uid: int) -> list[SparseTensor]:
-        peer = build_model(RUN.model, RUN.seed)
-        opt = make_optimizer(peer, RUN)
-        batches = assigned_batches(
-            self.dataset, RUN.run_id, uid, WINDOW, RUN.inner_steps, RUN.batch_size
-        )
-        train_window(peer, opt, batches, RUN, WINDOW, CPU)
-        comp = Compressor(self.spec, RUN.codec)
-        start, params = dict(self.model.named_parameters()), dict(peer.named_parameters())
-        return [
-            comp.compress(t.name, (start[t.name] - params[t.name]).detach(), RUN.outer.beta, True)
-            for t in self.spec.tensors
-        ]
 
     def probe(self, key: bytes, reference: dict | None = None) -> LossProbe:
         reveal = reveal_for(self.dataset, RUN.run_id, WINDOW, key, N, N)
@@ -125,7 +113,7 @@ def _report(world: World, window_key: bytes, losses: dict[int, LossScore]) -> Sc
     reveal = reveal_for(world.dataset, RUN.run_id, WINDOW, window_key, N, N)
     checks = {u: PeerCheck(u, f"hk{u}", None, Verdict.OK, "ok", norm=1.0) for u in losses}
     book = Book(CFG)
-    book.update({u: _outcome(f"hk{u}", s.score, s.evidence) for u, s in losses.items()})
+    book.update({u: _outcome(f"hk{u}", s.score, s.own.z) for u, s in losses.items()})
     result = WindowResult(
         run_id=RUN.run_id, window=WINDOW, validator_uid=9, validator_hotkey="val",
         fingerprint_start="a", fingerprint_end="b", selected=[], aggregated=[], weights={},
@@ -211,8 +199,8 @@ def test_a_scaled_peer_earns_less_than_the_same_work_unscaled(world: World) -> N
     for _ in range(6):
         book.update(
             {
-                0: _outcome("a", honest.score, honest.evidence),
-                1: _outcome("b", big.score, big.evidence),
+                0: _outcome("a", honest.score, honest.own.z),
+                1: _outcome("b", big.score, big.own.z),
             }
         )
     final = book.final_scores()
@@ -228,13 +216,13 @@ def test_own_data_test_passes_honest_updates_and_not_copies(world: World) -> Non
     welch_probe = world.probe(secret(10), reference={})
     for uid, up in world.updates.items():
         s = probe.score(uid, up, world.norms[uid])
-        assert s.own.method == "ancova" and s.indicator == 1 and s.evidence == 1.0
+        assert s.own.method == "ancova" and s.indicator == 1
         w = welch_probe.score(uid, up, world.norms[uid])
         assert w.own.method == "welch" and s.own.z > w.own.z  # the covariate sharpens the test
     honest_z = [probe.score(u, up, world.norms[u]).own.z for u, up in world.updates.items()]
     for claimed, copied in ((7, 0), (8, 1), (9, 2)):  # copies, under uids whose data they never saw
         s = probe.score(claimed, world.updates[copied], world.norms[copied])
-        assert s.indicator == -1 and s.evidence < 0.7 and s.own.z < min(honest_z) - 2
+        assert s.indicator == -1 and s.own.z < min(honest_z) - 2
     honest = probe.score(2, world.updates[2], world.norms[2])
     noise_z = []
     for seed in (3, 4, 5):  # a noise uploader, uid 10
@@ -248,15 +236,8 @@ def test_own_data_test_passes_honest_updates_and_not_copies(world: World) -> Non
 # -- pay -------------------------------------------------------------------------------------------
 
 
-def _outcome(hk: str, score: float, evidence: float) -> WindowOutcome:
-    return WindowOutcome(
-        hotkey=hk, verdict=Verdict.OK, in_sync=True, score=score, evidence=evidence,
-        indicator=1 if evidence >= 1 else -1,
-    )  # fmt: skip
-
-
-def _evidence(z: float) -> float:
-    return min(1.0, max(0.0, z / CFG.own_z_pass))
+def _outcome(hk: str, score: float, own_z: float) -> WindowOutcome:
+    return WindowOutcome(hotkey=hk, verdict=Verdict.OK, in_sync=True, score=score, own_z=own_z)
 
 
 def _spread(weights: dict[int, float], uids: list[int]) -> float:
@@ -280,12 +261,12 @@ def test_equal_work_equal_pay_and_nothing_for_nulls() -> None:
     for w in range(14):
         mu = 0.01 * 0.85**w
         outcomes = {
-            u: _outcome(f"h{u}", mu * (1 + 0.14 * rng.gauss(0, 1)), _evidence(rng.gauss(4.4, 1.8)))
+            u: _outcome(f"h{u}", mu * (1 + 0.14 * rng.gauss(0, 1)), rng.gauss(4.4, 1.8))
             for u in honest
         }
-        outcomes[10] = _outcome("copy", mu, _evidence(rng.gauss(0, 1)))
+        outcomes[10] = _outcome("copy", mu, rng.gauss(0, 1))
         outcomes[11] = _outcome("freeloader", 0.0, 0.0)
-        outcomes[12] = _outcome("noise", mu * 0.01 * rng.gauss(0, 1), _evidence(rng.gauss(0, 1)))
+        outcomes[12] = _outcome("noise", mu * 0.01 * rng.gauss(0, 1), rng.gauss(0, 1))
         book.update(outcomes)
         weights = _weights(book)
         if w >= 3:
@@ -300,13 +281,13 @@ def test_one_noisy_window_does_not_cut_an_honest_peer() -> None:
     book = Book(CFG)
     for w in range(10):
         bad = w == 6
-        book.update({u: _outcome(f"h{u}", 0.01, 0.0 if bad and u == 0 else 1.0) for u in range(3)})
+        book.update({u: _outcome(f"h{u}", 0.01, 0.0 if bad and u == 0 else 4.0) for u in range(3)})
         weights = _weights(book)
         if w >= 3:
             assert _spread(weights, [0, 1, 2]) <= 0.2, (w, weights)
     assert book.own_factor(book.records[0]) == 1.0
-    for _ in range(3):  # three windows in a row without evidence: not honest work any more
-        book.update({u: _outcome(f"h{u}", 0.01, 0.0 if u == 0 else 1.0) for u in range(3)})
+    for _ in range(CFG.own_windows):  # a whole pool without evidence: not honest work any more
+        book.update({u: _outcome(f"h{u}", 0.01, 0.0 if u == 0 else 4.0) for u in range(3)})
     assert book.final_scores()[0] == 0.0
 
 
@@ -338,7 +319,7 @@ def test_report_names_the_rule_that_decided_each_weight(world: World) -> None:
                     verdict=c.verdict,
                     in_sync=True,
                     score=losses[u].score if u in losses else None,
-                    evidence=losses[u].evidence if u in losses else None,
+                    own_z=losses[u].own.z if u in losses else None,
                 )
                 for u, c in checks.items()
             }

@@ -1,8 +1,9 @@
 """Step 2 of the window: every peer's verdict, from the fetch to copies and replays.
 
 Order: the fetch verdict (`checks.classify_fetch`); for the decoded updates the norm filters
-against the population's median (`checks.norm_verdicts`); then, among the updates still OK, copies
-within the window and replays of the last few windows (`copies`). Sync is recorded for everyone
+against the population's median (`checks.norm_verdicts`); then, among the updates still OK, the
+ones that other updates of the window, earlier updates or earlier aggregates explain (`copies`:
+``copy`` and ``replay``). Sync is recorded for everyone
 who published a fingerprint. A crash while checking one peer marks that peer ``malformed`` and
 never stops the others.
 """
@@ -18,7 +19,16 @@ from codec.spec import ModelSpec
 from protocol.runconfig import RunConfig
 from validator.checks import Verdict, classify_fetch, in_sync, norm_verdicts
 from validator.config import ValidatorConfig
-from validator.copies import Match, Sketch, SketchHistory, best_matches, find_copies, sketch
+from validator.copies import (
+    Derivation,
+    Match,
+    Sketch,
+    SketchHistory,
+    Stamp,
+    best_matches,
+    explain_window,
+    sketch,
+)
 from validator.fetching import Upload
 
 log = logging.getLogger(__name__)
@@ -37,8 +47,7 @@ class PeerCheck:
     in_sync: bool | None = None
     sketch: Sketch | None = None
     closest: Match | None = None
-    copy_of: Match | None = None
-    replay_of: Match | None = None
+    derived: Derivation | None = None
 
     @property
     def ok(self) -> bool:
@@ -88,22 +97,19 @@ def check_window(
 def _copies_and_replays(
     checks: dict[int, PeerCheck], history: SketchHistory, cfg: ValidatorConfig
 ) -> None:
+    """`validator.copies.find_derived` over the updates still OK: ``copy`` when a source of
+    this window explains the update, ``replay`` when only earlier windows do."""
     sketches = {u: c.sketch for u, c in checks.items() if c.ok and c.sketch is not None}
     for uid, match in best_matches(sketches).items():
         checks[uid].closest = match
-    times = {u: checks[u].upload.last_modified for u in sketches}  # type: ignore[union-attr]
-    for uid, match in find_copies(sketches, times, cfg.copy_threshold).items():
+    stamps = {
+        u: Stamp(checks[u].upload.last_modified, checks[u].upload.keeps_clock)  # type: ignore[union-attr]
+        for u in sketches
+    }
+    for uid, d in explain_window(sketches, stamps, history).items():
         c = checks[uid]
-        c.copy_of, c.verdict = match, Verdict.COPY
-        c.detail = f"index overlap {match.overlap:.3f} with uid {match.other_uid}, uploaded earlier"
-    for uid, s in sketches.items():
-        replay = history.find_replay(s, cfg.copy_threshold)
-        if replay is not None:
-            c = checks[uid]
-            c.replay_of = replay
-            if c.ok:
-                c.verdict = Verdict.REPLAY
-                c.detail = (
-                    f"index overlap {replay.overlap:.3f} with uid {replay.other_uid}'s update "
-                    f"of window {replay.other_window}"
-                )
+        c.derived = d
+        if d.share >= cfg.copy_threshold:
+            same_window = any(w == sketches[uid].window for _, w in d.sources)
+            c.verdict = Verdict.COPY if same_window else Verdict.REPLAY
+            c.detail = d.detail()

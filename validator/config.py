@@ -31,19 +31,17 @@ class ValidatorConfig(BaseModel):
         2.0, gt=1, description="a norm outside [median/band, band*median] lowers the score"
     )
     own_z_pass: float = Field(
-        2.0, gt=0, description="own-data gain over random gain, in standard errors, that passes"
-    )
-    own_z_full: float = Field(
-        3.0, gt=0, description="own_z worth full evidence: e = clip(own_z / own_z_full, 0, 1)"
+        2.0, gt=0, description="one window's own_z that the report calls a pass (information)"
     )
     max_scored: int = Field(0, ge=0, description="peers scored per window (0: all)")
     # ratings and weights (see `validator.ratings`)
     ema_rate: float = Field(0.3, gt=0, le=1, description="weight of the newest window in EMAs")
-    own_pay_low: float = Field(
-        0.4, ge=0, lt=1, description="own-data evidence EMA at or below which a peer earns nothing"
+    own_windows: int = Field(6, ge=1, le=64, description="scored windows pooled in own_z")
+    own_z_low: float = Field(
+        3.5, gt=0, description="pooled own-data statistic at or below which a peer earns nothing"
     )
-    own_pay_full: float = Field(
-        0.55, gt=0, le=1, description="own-data evidence EMA from which a peer earns fully"
+    own_z_full: float = Field(
+        5.0, gt=0, description="pooled own-data statistic from which a peer earns fully"
     )
     penalty_decay: float = Field(0.5, ge=0, lt=1, description="penalty kept per clean window")
     penalty_missing: float = Field(0.5, ge=0, le=1)
@@ -56,6 +54,6 @@ class ValidatorConfig(BaseModel):
 
     @model_validator(mode="after")
     def _ramp(self) -> ValidatorConfig:
-        if self.own_pay_full <= self.own_pay_low:
-            raise ValueError("own_pay_full must exceed own_pay_low")
+        if self.own_z_full <= self.own_z_low:
+            raise ValueError("own_z_full must exceed own_z_low")
         return self

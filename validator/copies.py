@@ -1,28 +1,43 @@
-"""Copy and replay detection from the Top-k index sets of decoded updates.
+"""Copy, mix, replay and recycling detection on decoded updates: index sets *and* values.
 
 A *sketch* of an update is the sorted array of the global positions it keeps (tensor offset in
-spec order + flat position inside the tensor), consistently sub-sampled when the update keeps more
-than ``sketch_size`` positions: a position is kept iff ``mix(position, salt) < rate * 2**64``, with
-one rate for all tensors and the same salt for every peer, so the sampled Jaccard of two sketches
-is an unbiased estimate of the pooled Jaccard of the full index sets (the tiny preset keeps ~20k
-positions: its sketches are exact). The salt is random per validator and kept secret, so a copier
-cannot learn which positions are sampled and move exactly those.
+spec order + flat position inside the tensor) with the dequantized value at each, consistently
+sub-sampled when the update keeps more than ``sketch_size`` positions: a position is kept iff
+``mix(position, salt) < rate * 2**64``, with one rate for all tensors and the same salt for every
+peer, so two sketches sample the same global positions (the tiny preset keeps ~20k positions: its
+sketches are exact). The salt is random per validator and kept secret, so a copier cannot learn
+which positions are sampled and alter exactly those.
 
-The overlap of two updates is the *pooled* index-set Jaccard ``sum_t |A_t & B_t| / sum_t |A_t |
-B_t|`` over tensors (dominated by the large matrices; the few-entry 1-D tensors would add noise).
-Equal payload digests count as overlap 1.
+**The attack.** A derivative update is built from updates the attacker did not compute: a copy,
+a copy with its values re-quantised or jittered, a chunk-by-chunk (or entry-by-entry) mix of two
+or more peers, the Top-k of a sum of peers, the window's published aggregate re-compressed
+(*recycled*), or a peer's own or another's update of an earlier window (*replay*). Index overlap
+alone misses most of these: a 50/50 chunk mix overlaps each source by a Jaccard of ~0.33, the Top-k
+of a sum by ~0.3, a recycled aggregate by ~0.3 (all measured on the tiny preset).
 
-* A copier that jitters the 2-bit values and moves a few indices keeps almost every position:
-  moving m of K positions leaves Jaccard ``(K-m)/(K+m)`` (>= 0.8 for m <= K/9).
-* Honest peers share a model but train on disjoint data; their Top-k sets overlap far less.
-  Measured (`scripts/validator_separation.py`, tiny preset, 3 peers x 4 windows): honest peers of
-  one window 0.014-0.129, one peer's update against its own previous one 0.14-0.34, a perturbed
-  copy (30 % of values jittered, 10 % of chunks with an index moved) 0.996-0.997. The default
-  threshold 0.5 sits with margin on both sides.
+**The statistic: explained share.** For a suspect ``x`` (its sampled values) and a candidate
+source ``a``, ``a|x`` is ``a`` restricted to the positions ``x`` keeps (0 elsewhere). The
+explained share of ``x`` by sources ``a_1..a_m`` is the R² of the least-squares fit
+``x ≈ Σ c_j a_j|x``. Every derivative above is, position by position, a combination of its
+sources' values at the positions it keeps: a chunk mix is ``A|x + B|x`` exactly (share ≈ 1 at any
+mixing ratio or granularity), the Top-k of ``A + B`` is ``A|x + B|x`` up to quantisation, a
+re-quantised or scaled copy is ``c·A|x``. An honest update shares with another peer only the
+positions both selected (the large, common gradient entries), and its values there agree only as
+far as the two peers' gradients do. The sources are chosen greedily (`MAX_SOURCES` at most, each
+one the candidate that explains most of what is left), from every *eligible* candidate:
 
-Within a window, a pair above ``threshold`` is a copy: the later upload (object LastModified, tie
--> higher uid) is the copier. A decoded update whose sketch matches, by digest or overlap, any
-update (its own or another peer's) of the last ``history_windows`` windows is a replay.
+* the other updates of the window that were provably uploaded earlier (`Stamp`, `may_copy`):
+  a source's time counts only when its bucket's provider keeps the clock (`Stamp.trusted`), and
+  an uploader whose clock is not trusted is never the earlier one — so a copier on a self-hosted
+  server cannot claim to be first. Between two untrusted clocks the order is unknown and each may
+  explain the other (documented in docs/incentives.md: honest peers never explain each other);
+* every update of the last ``history_windows`` windows, the suspect's own included (replays);
+* the aggregate each of those windows applied (`aggregate_sketch`: recycling).
+
+An update whose explained share is at least ``copy_threshold`` is a ``copy`` when a source of
+the same window is among those that explain it, else a ``replay``. Equal payload digests are
+explained fully. The separation (honest shares against derivatives) is measured by
+`scripts/validator_separation.py` and stated in the README.
 """
 
 from __future__ import annotations
@@ -53,14 +68,23 @@ def _mix(x: np.ndarray, salt: int) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
+AGGREGATE_UID = -1
+"""The uid under which a window's applied aggregate is kept in the history."""
+MAX_SOURCES = 4
+"""Most sources one explanation may combine."""
+_SHORTLIST = 12
+"""Candidates (best alone) that the greedy fit considers."""
+
+
 @dataclass(frozen=True)
 class Sketch:
-    """What copy detection remembers of one update."""
+    """What copy detection remembers of one update (or of one window's aggregate)."""
 
     uid: int
     window: int
     digest: bytes
     positions: np.ndarray  # sorted unique uint64 global positions (sampled)
+    values: np.ndarray  # float32 dequantized value at each position
 
 
 def kept_per_update(spec: ModelSpec, params: CodecParams) -> int:
@@ -78,27 +102,45 @@ def sketch(
     size: int,
     salt: int,
 ) -> Sketch:
-    """The (sub-sampled) global index set of one decoded update."""
+    """The (sub-sampled) global positions and values of one decoded update."""
     offsets, off = {}, 0
     for t in spec.tensors:
         offsets[t.name] = off
         off += t.numel
     rate = min(1.0, size / max(1, kept_per_update(spec, params)))
-    parts = []
+    pos_parts, val_parts = [], []
     for sparse in update:
         layout = sparse.layout(params)
-        for gi, g in enumerate(sparse.groups):
+        for gi, (g, vals) in enumerate(zip(sparse.groups, sparse.values(), strict=True)):
             flat = layout.flat_positions(gi, g.idx).reshape(-1).numpy().astype(np.uint64)
-            parts.append(flat + np.uint64(offsets[sparse.name]))
-    pos = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.uint64)
+            pos_parts.append(flat + np.uint64(offsets[sparse.name]))
+            val_parts.append(vals.reshape(-1).float().numpy())
+    pos = np.concatenate(pos_parts) if pos_parts else np.zeros(0, np.uint64)
+    val = np.concatenate(val_parts) if val_parts else np.zeros(0, np.float32)
     if rate < 1.0:
-        pos = pos[_mix(pos, salt) < np.uint64(int(rate * float(2**64 - 1)))]
-    return Sketch(uid=uid, window=window, digest=bytes(digest), positions=pos)
+        keep = _mix(pos, salt) < np.uint64(int(rate * float(2**64 - 1)))
+        pos, val = pos[keep], val[keep]
+    order = np.argsort(pos, kind="stable")
+    return Sketch(uid, window, bytes(digest), pos[order], val[order].astype(np.float32))
+
+
+def aggregate_sketch(window: int, members: Sequence[Sketch], factors: Sequence[float]) -> Sketch:
+    """The sketch of ``Σ factors[i] · members[i]`` (a window's applied mean: the factors are the
+    clip factors over the number of updates); sampling is consistent, so this is exact."""
+    if not members:
+        return Sketch(AGGREGATE_UID, window, b"", np.zeros(0, np.uint64), np.zeros(0, np.float32))
+    pos = np.concatenate([m.positions for m in members])
+    val = np.concatenate(
+        [m.values.astype(np.float64) * f for m, f in zip(members, factors, strict=True)]
+    )
+    uniq, inverse = np.unique(pos, return_inverse=True)
+    summed = np.bincount(inverse, weights=val, minlength=uniq.size)
+    return Sketch(AGGREGATE_UID, window, b"", uniq, summed.astype(np.float32))
 
 
 def overlap(a: Sketch, b: Sketch) -> float:
-    """Pooled Jaccard of two sketches (1.0 for equal payload digests)."""
-    if a.digest == b.digest:
+    """Pooled index Jaccard of two sketches (1.0 for equal payload digests): information only."""
+    if a.digest and a.digest == b.digest:
         return 1.0
     inter = np.intersect1d(a.positions, b.positions, assume_unique=True).size
     union = a.positions.size + b.positions.size - inter
@@ -107,7 +149,7 @@ def overlap(a: Sketch, b: Sketch) -> float:
 
 @dataclass(frozen=True)
 class Match:
-    """The strongest overlap a sketch has with another one (and whom it is with)."""
+    """The strongest index overlap a sketch has with another one (and whom it is with)."""
 
     other_uid: int
     other_window: int
@@ -127,31 +169,113 @@ def best_matches(sketches: Mapping[int, Sketch]) -> dict[int, Match]:
     return best
 
 
-def find_copies(
-    sketches: Mapping[int, Sketch], times: Mapping[int, datetime | None], threshold: float
-) -> dict[int, Match]:
-    """Copiers -> the earlier upload they copied: for every pair at or above `threshold`, the
-    later one (LastModified; tie or unknown time -> higher uid)."""
-    uids = sorted(sketches)
-    copiers: dict[int, Match] = {}
+# -- explained share -------------------------------------------------------------------------------
 
-    def order(uid: int) -> tuple[float, int]:
-        t = times.get(uid)
-        return (t.timestamp() if t is not None else float("inf"), uid)
 
-    for i, a in enumerate(uids):
-        for b in uids[i + 1 :]:
-            o = overlap(sketches[a], sketches[b])
-            if o < threshold:
+@dataclass(frozen=True)
+class Derivation:
+    """How much of an update its best sources explain, and which ones (uid, window)."""
+
+    share: float
+    sources: tuple[tuple[int, int], ...]
+
+    def detail(self) -> str:
+        names = ", ".join(
+            f"the aggregate of window {w}" if u == AGGREGATE_UID else f"uid {u} (window {w})"
+            for u, w in self.sources
+        )
+        return f"{self.share:.3f} of its energy is explained by {names}"
+
+
+def _masked(x: Sketch, source: Sketch) -> np.ndarray:
+    """``source|x``: the source's values at the positions `x` keeps (float64, 0 elsewhere)."""
+    out = np.zeros(x.positions.size, np.float64)
+    _, ix, isrc = np.intersect1d(x.positions, source.positions, True, return_indices=True)
+    out[ix] = source.values[isrc]
+    return out
+
+
+def explain(x: Sketch, pool: Sequence[Sketch], max_sources: int = MAX_SOURCES) -> Derivation:
+    """The explained share of `x` by at most `max_sources` sources from `pool` (greedy:
+    orthogonal matching pursuit over the `_SHORTLIST` candidates that explain most alone)."""
+    target = x.values.astype(np.float64)
+    energy = float(target @ target)
+    if energy <= 0 or not np.isfinite(energy):
+        return Derivation(0.0, ())
+    for s in pool:
+        if x.digest and s.digest == x.digest:
+            return Derivation(1.0, ((s.uid, s.window),))
+    cols, alone = [], []
+    for s in pool:
+        a = _masked(x, s)
+        na = float(a @ a)
+        if na > 0:
+            cols.append((s, a))
+            alone.append(float(target @ a) ** 2 / (na * energy))
+    short = [cols[i] for i in np.argsort(alone)[::-1][:_SHORTLIST]]
+    residual, basis, chosen = target.copy(), [], []
+    for _ in range(min(max_sources, len(short))):
+        best, best_gain, best_dir = None, 0.0, None
+        for j, (_, a) in enumerate(short):
+            if j in chosen:
                 continue
-            first, later = sorted((a, b), key=order)
-            if later not in copiers or o > copiers[later].overlap:
-                copiers[later] = Match(first, sketches[first].window, o)
-    return copiers
+            d = a.copy()
+            for q in basis:  # orthogonal to what is already chosen
+                d -= (q @ d) * q
+            nd = float(np.sqrt(d @ d))
+            if nd <= 1e-12 * np.sqrt(float(a @ a)):
+                continue
+            d /= nd
+            gain = float(residual @ d) ** 2
+            if gain > best_gain:
+                best, best_gain, best_dir = j, gain, d
+        if best is None or best_gain <= 1e-6 * energy:
+            break
+        chosen.append(best)
+        basis.append(best_dir)
+        residual -= (residual @ best_dir) * best_dir
+    share = 1.0 - float(residual @ residual) / energy
+    return Derivation(max(0.0, share), tuple((short[j][0].uid, short[j][0].window) for j in chosen))
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """When an update was stored, and whether that time comes from a clock its uploader does not
+    control (the provider's own: `protocol.commitment.Provider.keeps_clock`)."""
+
+    time: datetime | None
+    trusted: bool
+
+
+def may_copy(source: int, suspect: int, stamps: Mapping[int, Stamp]) -> bool:
+    """Whether `source`'s update of this window can have been copied by `suspect`: the source's
+    trusted time is earlier (ties: lower uid), or the suspect's clock is not trusted, or neither
+    clock is (the order is unknown)."""
+    s, x = stamps.get(source), stamps.get(suspect)
+    s_ok = s is not None and s.trusted and s.time is not None
+    x_ok = x is not None and x.trusted and x.time is not None
+    if not s_ok:
+        return not x_ok
+    if not x_ok:
+        return True
+    return (s.time, source) < (x.time, suspect)  # type: ignore[union-attr,operator]
+
+
+def explain_window(
+    sketches: Mapping[int, Sketch], stamps: Mapping[int, Stamp], history: SketchHistory
+) -> dict[int, Derivation]:
+    """Every update's explained share by its eligible sources: this window's updates that
+    `may_copy` allows, and everything in `history` from earlier windows."""
+    earlier = history.entries()
+    out = {}
+    for uid, x in sorted(sketches.items()):
+        pool = [s for u, s in sketches.items() if u != uid and may_copy(u, uid, stamps)]
+        out[uid] = explain(x, pool + [s for s in earlier if s.window < x.window])
+    return out
 
 
 class SketchHistory:
-    """The sketches of the last few windows, for replay detection (bounded)."""
+    """The sketches (updates and applied aggregates) of the last few windows (bounded)."""
 
     def __init__(self, windows: int, entries: Iterable[Sketch] = ()) -> None:
         self.windows = windows
@@ -170,14 +294,3 @@ class SketchHistory:
 
     def entries(self) -> list[Sketch]:
         return [s for _, items in self._by_window for s in items]
-
-    def find_replay(self, s: Sketch, threshold: float) -> Match | None:
-        """The best earlier-window match at or above `threshold`, if any."""
-        best: Match | None = None
-        for old in self.entries():
-            if old.window >= s.window or old.window < s.window - self.windows:
-                continue
-            o = overlap(s, old)
-            if o >= threshold and (best is None or o > best.overlap):
-                best = Match(old.uid, old.window, o)
-        return best

@@ -36,6 +36,7 @@ class Upload:
     hotkey: str
     fetched: Fetched
     fingerprint: str | None  # the peer's published fingerprint for window - 1, if any
+    keeps_clock: bool = False  # its provider stamps objects with its own clock
 
     @property
     def data(self) -> bytes | None:
@@ -80,6 +81,7 @@ def fetch_uploads(
             p.hotkey,
             checked(p.uid, p.hotkey, got[(p.uid, "update")], run, spec, window, deadline_s),
             parse_fingerprint(got.get((p.uid, "fingerprint")), run, window - 1, p.uid),
+            p.keeps_clock,
         )
         for p in peers
     }

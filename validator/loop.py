@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 from substrateinterface import Keypair
 
+from codec.aggregate import clip_factors, update_norm
 from codec.spec import ModelSpec
 from node.data.batches import open_run_dataset
 from node.model.fingerprint import fingerprint
@@ -53,7 +54,7 @@ from validator.agreement import follow, lead_agreement, lead_manifest, publish_d
 from validator.checks import Verdict
 from validator.classify import PeerCheck, check_window
 from validator.config import ValidatorConfig
-from validator.copies import SketchHistory
+from validator.copies import Sketch, SketchHistory, aggregate_sketch, sketch
 from validator.fetching import Upload, fetch_uploads
 from validator.ratings import Book, WindowOutcome
 from validator.reports import ScoreReport, WindowResult, build_report
@@ -126,7 +127,8 @@ class Validator:
         agreed = self._agree(window, roster, uploads, checks, begun)
         losses = self._score(window, checks)
         self.book.update(_outcomes(checks, losses))
-        self.history.add(window, [c.sketch for c in checks.values() if c.sketch is not None])
+        sketches = [c.sketch for c in checks.values() if c.sketch is not None]
+        self.history.add(window, [*sketches, self._aggregate_sketch(window, agreed, checks)])
         start_fp = self.fingerprint
         self._outer_step(agreed)
         weights = normalise(self.book.final_scores(), set(hotkeys))
@@ -223,6 +225,23 @@ class Validator:
             except Exception:  # one bad peer never stops the window
                 log.exception("window %d: scoring uid %d failed", window, uid)
         return out
+
+    def _aggregate_sketch(
+        self, window: int, agreed: Agreement, checks: Mapping[int, PeerCheck]
+    ) -> Sketch:
+        """The sketch of the mean this window applies (what a recycler would re-upload)."""
+        uids = sorted(agreed.updates)
+        members = []
+        for u in uids:
+            up, mine = agreed.updates[u], checks[u].sketch if u in checks else None
+            if mine is None or mine.digest != up.digest:  # the lead's copy, not ours
+                mine = sketch(
+                    u, window, up.digest, up.tensors, self.spec, self.run.codec,
+                    self.cfg.sketch_size, self.salt,
+                )  # fmt: skip
+            members.append(mine)
+        factors = clip_factors([update_norm(agreed.updates[u].tensors) for u in uids])
+        return aggregate_sketch(window, members, [f / len(uids) for f in factors])
 
     def _outer_step(self, agreed: Agreement) -> None:
         """The window's one outer step (`node.window.outer_step`), as every peer takes it."""
@@ -360,8 +379,7 @@ def _outcomes(
             verdict=c.verdict,
             in_sync=c.in_sync,
             score=losses[uid].score if uid in losses else None,
-            indicator=losses[uid].indicator if uid in losses else None,
-            evidence=losses[uid].evidence if uid in losses else None,
+            own_z=losses[uid].own.z if uid in losses else None,
         )
         for uid, c in checks.items()
     }

@@ -11,8 +11,8 @@ that lowered it):
 * this window's verdict when it is not ``ok``: ``missing``, ``unreachable``, ``late``,
   ``invalid``, ``malformed``, ``non_finite``, ``norm_outlier``, ``copy``, ``replay``;
 * ``unscored`` (no record: never scored), ``penalty`` (earlier offences: p = 1),
-  ``gain gate`` (gain EMA under the gate), ``indicator`` (own-data evidence EMA at or under
-  ``own_pay_low``), ``out of sync`` (sync EMA 0);
+  ``gain gate`` (gain EMA under the gate), ``indicator`` (pooled own-data statistic at or under
+  ``own_z_low``), ``out of sync`` (sync EMA 0);
 * for a peer that earns: ``indicator (partial)``, ``norm band`` (this window's norm outside the
   band cut its score), ``penalty (decaying)``, ``sync (partial)``, else ``ok``.
 """
@@ -28,7 +28,7 @@ from protocol.runconfig import RunConfig
 from validator.checks import Verdict
 from validator.classify import PeerCheck
 from validator.config import ValidatorConfig
-from validator.copies import Match
+from validator.copies import Derivation, Match
 from validator.ratings import Book
 from validator.reveal import (
     CommitRecord,
@@ -51,6 +51,11 @@ class OverlapReport(_Model):
     overlap: float
 
 
+class ExplainedReport(_Model):
+    share: float  # R² of the update on its sources, at its own positions
+    sources: list[tuple[int, int]]  # (uid, window); uid -1: that window's applied aggregate
+
+
 class LossReport(_Model):
     loss_before_random: float
     loss_after_random: float
@@ -69,7 +74,6 @@ class LossReport(_Model):
     own_se: float
     own_method: str
     indicator: int
-    evidence: float
     own_slots: list[int]
 
 
@@ -79,7 +83,8 @@ class StandingReport(_Model):
     mu: float
     sigma: float
     ordinal: float  # information only: pay does not depend on it (`validator.ratings`)
-    indicator_ema: float
+    own_z: list[float]  # the last windows' own-data statistics
+    own_pooled: float  # Z = Σ z / sqrt(n)
     indicator_factor: float
     gain_ema: float
     sync_ema: float
@@ -106,8 +111,7 @@ class PeerReport(_Model):
     selected: bool = False
     aggregated: bool = False
     closest: OverlapReport | None = None  # highest same-window index overlap with another peer
-    copy_of: OverlapReport | None = None
-    replay_of: OverlapReport | None = None
+    explained: ExplainedReport | None = None  # `validator.copies.explain`: copy / replay evidence
     loss: LossReport | None = None
     standing: StandingReport | None = None
 
@@ -134,6 +138,10 @@ def _overlap(m: Match | None) -> OverlapReport | None:
     return OverlapReport(other_uid=m.other_uid, other_window=m.other_window, overlap=m.overlap)
 
 
+def _explained(d: Derivation | None) -> ExplainedReport | None:
+    return ExplainedReport(share=d.share, sources=list(d.sources)) if d is not None else None
+
+
 def _loss(s: LossScore | None) -> LossReport | None:
     if s is None:
         return None
@@ -143,7 +151,7 @@ def _loss(s: LossScore | None) -> LossReport | None:
         n_random=s.n_random, n_own=s.n_own, norm=s.norm, target_norm=s.target_norm,
         norm_factor=s.norm_factor, direction_score=s.direction_score, score=s.score,
         own_gain=s.own_gain, own_z=s.own.z, own_diff=s.own.diff, own_se=s.own.se,
-        own_method=s.own.method, indicator=s.indicator, evidence=s.evidence,
+        own_method=s.own.method, indicator=s.indicator,
         own_slots=list(s.own_slots),
     )  # fmt: skip
 
@@ -154,7 +162,7 @@ def _standing(book: Book, uid: int, weight: float) -> StandingReport | None:
         return None
     b = book.breakdown(uid)
     return StandingReport(
-        mu=rec.mu, sigma=rec.sigma, ordinal=rec.ordinal, indicator_ema=rec.indicator_ema,
+        mu=rec.mu, sigma=rec.sigma, ordinal=rec.ordinal, own_z=rec.own_z, own_pooled=rec.own_pooled,
         indicator_factor=b["indicator_factor"], gain_ema=rec.gain_ema, sync_ema=rec.sync_ema,
         penalty=rec.penalty, gain_gate=b["gain_gate"], final=b["final"], weight=weight,
     )  # fmt: skip
@@ -202,8 +210,7 @@ def peer_report(
         selected=selected,
         aggregated=applied,
         closest=_overlap(c.closest),
-        copy_of=_overlap(c.copy_of),
-        replay_of=_overlap(c.replay_of),
+        explained=_explained(c.derived),
         loss=_loss(loss),
         standing=_standing(book, c.uid, weight),
     )

@@ -32,7 +32,7 @@ leave-one-out consensus, `LossProbe`): most of a sample's gain is shared by ever
 2.4 for a plain Welch test on the same 64 + 64 samples, measured). ``own_z = b / SE(b)``; with
 fewer than two accepted updates there is no consensus and the test is Welch's. Per window:
 
-    indicator = +1 if own_z >= own_z_pass (3) else -1       (evidence e = clip(own_z / 3, 0, 1))
+    indicator = +1 if own_z >= own_z_pass (2) else -1       (information: the report's pass/fail)
 
 A null update (nothing trained on ``O_i``) has ``own_z ~ N(0, 1)``: it passes 0.1 % of windows.
 Honest false negatives and the pay rule built on ``e`` are in `validator.ratings`;
@@ -88,7 +88,6 @@ class LossScore:
     norm_band: float
     own: OwnTest
     z_pass: float
-    z_full: float
     own_slots: tuple[int, ...] = ()
 
     @property
@@ -117,11 +116,6 @@ class LossScore:
     @property
     def indicator(self) -> int:
         return 1 if self.own.z >= self.z_pass else -1
-
-    @property
-    def evidence(self) -> float:
-        """The window's own-data evidence in [0, 1] (what `validator.ratings` averages)."""
-        return min(1.0, max(0.0, self.own.z / self.z_full)) if math.isfinite(self.own.z) else 0.0
 
 
 # -- statistics ------------------------------------------------------------------------------------
@@ -316,6 +310,5 @@ class LossProbe:
             norm_band=self.cfg.norm_band,
             own=test,
             z_pass=self.cfg.own_z_pass,
-            z_full=self.cfg.own_z_full,
             own_slots=tuple(int(s) for s in slots),
         )

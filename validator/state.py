@@ -53,6 +53,7 @@ def _encode(state: ValidatorState) -> dict[str, Any]:
                 "window": s.window,
                 "digest": s.digest.hex(),
                 "positions": torch.from_numpy(s.positions.astype(np.int64)),
+                "values": torch.from_numpy(s.values.astype(np.float32)),
             }
             for s in state.sketches
         ],
@@ -74,6 +75,7 @@ def _decode(raw: dict) -> ValidatorState:
                 window=int(s["window"]),
                 digest=bytes.fromhex(s["digest"]),
                 positions=s["positions"].numpy().astype(np.uint64),
+                values=s["values"].numpy().astype(np.float32),
             )
             for s in raw["sketches"]
         ],

@@ -22,6 +22,7 @@ class PeerBucket:
     uid: int
     hotkey: str
     store: ReadableStore
+    keeps_clock: bool = False  # `Provider.keeps_clock`: its Last-Modified can be trusted
 
 
 def store_for(commitment: BucketCommitment, local_root: Path | None) -> ReadableStore:
@@ -64,7 +65,10 @@ def buckets_from(
             parsed = parse_commitment(
                 c.data, allow_private_endpoints=allow_private or local_root is not None
             )
-            found[neuron.uid] = PeerBucket(neuron.uid, neuron.hotkey, store_for(parsed, local_root))
+            found[neuron.uid] = PeerBucket(
+                neuron.uid, neuron.hotkey, store_for(parsed, local_root),
+                parsed.provider.keeps_clock,
+            )  # fmt: skip
         except (CommitmentError, StoreError, ValueError) as exc:
             problems[neuron.uid] = f"bad commitment: {exc}"
     return found, problems

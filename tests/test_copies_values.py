@@ -1,0 +1,177 @@
+"""Value-aware copy detection on real updates: every derivative an attacker can build from other
+peers' updates is explained by them; honest updates trained on disjoint data are not.
+
+Four honest peers of the tiny preset train window 0 on their own assignments from the same
+start (`honest_updates`); the derivatives are built from them with the real codec.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import torch
+
+from codec.aggregate import clip_factors, update_norm
+from codec.compress import SparseGroup, SparseTensor, densify, scatter_add
+from codec.spec import ModelSpec
+from deploy.sim.forgeries import from_dense
+from node.data.batches import open_run_dataset
+from node.model.llama import build_model
+from node.window.outer_step import apply_mean
+from protocol.runconfig import RunConfig
+from validator.config import ValidatorConfig
+from validator.copies import (
+    Sketch,
+    SketchHistory,
+    Stamp,
+    aggregate_sketch,
+    explain,
+    explain_window,
+    sketch,
+)
+
+RUN = RunConfig.preset("tiny", name="values", inner_steps=4, optimizer={"warmup_steps": 4})
+THRESHOLD = ValidatorConfig().copy_threshold
+HONEST = (0, 1, 2, 3)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+Update = list[SparseTensor]
+
+
+class World:
+    def __init__(self) -> None:
+        from honest_updates import train_update
+
+        _, dataset = open_run_dataset(RUN)
+        model = build_model(RUN.model, RUN.seed)
+        self.spec = ModelSpec.from_module(model)
+        self.updates = {u: train_update(RUN, dataset, model, u, 0) for u in HONEST}
+        ups = [self.updates[u] for u in HONEST]
+        self.factors = [f / len(ups) for f in clip_factors([update_norm(u) for u in ups])]
+        self.mean = {t.name: torch.zeros(t.shape) for t in self.spec.tensors}
+        for f, up in zip(self.factors, ups, strict=True):
+            for s in up:
+                scatter_add(self.mean[s.name], s, RUN.codec, f)
+        apply_mean(model, self.mean, RUN)  # window 1 starts from the applied mean
+        self.next = {u: train_update(RUN, dataset, model, u, 1) for u in HONEST}
+
+    def sk(self, uid: int, update: Update, window: int = 0) -> Sketch:
+        return sketch(uid, window, bytes([uid, window]) * 16, update, self.spec, RUN.codec, 1 << 16, 7)
+
+    def window0(self) -> list[Sketch]:
+        return [self.sk(u, self.updates[u]) for u in HONEST]
+
+    def aggregate0(self) -> Sketch:
+        return aggregate_sketch(0, self.window0(), self.factors)
+
+    def dense(self, update: Update) -> dict[str, torch.Tensor]:
+        return {s.name: densify(s, RUN.codec) for s in update}
+
+
+@pytest.fixture(scope="module")
+def world() -> World:
+    return World()
+
+
+def chunk_mix(a: Update, b: Update, share_a: float, gen: torch.Generator) -> Update:
+    """Each chunk of `a` with probability `share_a`, else the same chunk of `b`."""
+    out = []
+    for sa, sb in zip(a, b, strict=True):
+        groups = []
+        for ga, gb in zip(sa.groups, sb.groups, strict=True):
+            pick = torch.rand(ga.idx.shape[0], generator=gen) < share_a
+            groups.append(
+                SparseGroup(
+                    idx=torch.where(pick[:, None], ga.idx, gb.idx),
+                    codes=torch.where(pick[:, None], ga.codes, gb.codes),
+                    scales=torch.where(pick, ga.scales, gb.scales),
+                )
+            )
+        # one codebook per tensor: the mix re-quantises through it (values differ a little)
+        out.append(SparseTensor(sa.name, sa.shape, groups, sa.codebook.clone()))
+    return out
+
+
+def jittered_requantised(world: World, a: Update, gen: torch.Generator) -> Update:
+    """Same positions and signs, every magnitude scaled by a random factor in [0.5, 1.5], then
+    compressed again by the real compressor."""
+    dense = world.dense(a)
+    return from_dense(
+        {n: d * (0.5 + torch.rand(d.shape, generator=gen)) for n, d in dense.items()},
+        world.spec, RUN,
+    )  # fmt: skip
+
+
+def _share(world: World, suspect: Update, sources: dict[int, Update], history=()) -> float:
+    x = world.sk(9, suspect)
+    pool = [world.sk(u, up) for u, up in sources.items()] + list(history)
+    return explain(x, pool).share
+
+
+def test_honest_updates_do_not_explain_each_other(world: World) -> None:
+    sketches = {u: world.sk(u, world.updates[u]) for u in HONEST}
+    stamps = {u: Stamp(T0, False) for u in HONEST}  # unknown order: everyone is a candidate
+    shares = {u: d.share for u, d in explain_window(sketches, stamps, SketchHistory(4)).items()}
+    assert max(shares.values()) < THRESHOLD / 2, shares
+
+
+@pytest.mark.parametrize("share_a", [0.5, 0.6])
+def test_chunk_mixes_are_explained(world: World, share_a: float) -> None:
+    gen = torch.Generator().manual_seed(int(share_a * 10))
+    a, b = world.updates[0], world.updates[1]
+    mix = chunk_mix(a, b, share_a, gen)
+    others = {u: world.updates[u] for u in HONEST}
+    assert _share(world, mix, others) >= THRESHOLD
+
+
+def test_top_k_of_a_sum_is_explained(world: World) -> None:
+    da, db = world.dense(world.updates[0]), world.dense(world.updates[1])
+    summed = from_dense({n: da[n] + db[n] for n in da}, world.spec, RUN)
+    assert _share(world, summed, {u: world.updates[u] for u in HONEST}) >= THRESHOLD
+
+
+def test_a_sign_preserving_requantised_copy_is_explained(world: World) -> None:
+    copy = jittered_requantised(world, world.updates[2], torch.Generator().manual_seed(3))
+    assert _share(world, copy, {u: world.updates[u] for u in HONEST}) >= THRESHOLD
+
+
+def test_a_scaled_copy_is_explained(world: World) -> None:
+    big = [SparseTensor(s.name, s.shape, s.groups, s.codebook * 5) for s in world.updates[3]]
+    assert _share(world, big, {3: world.updates[3]}) >= 0.99
+
+
+def test_a_recycled_aggregate_is_explained_by_the_history(world: World) -> None:
+    """The previous window's applied mean, re-compressed and uploaded as the next window's
+    update: explained by that window's aggregate sketch."""
+    recycled = from_dense(world.mean, world.spec, RUN)
+    x = world.sk(9, recycled, window=1)
+    d = explain(x, [*world.window0(), world.aggregate0()])
+    assert d.share >= THRESHOLD and (-1, 0) in d.sources
+
+
+def test_next_window_honest_updates_are_not_explained_by_the_history(world: World) -> None:
+    """An honest update of window 1 against every update of window 0 (its own included) and the
+    aggregate window 0 applied, and against the other honest updates of window 1."""
+    history = SketchHistory(4)
+    history.add(0, [*world.window0(), world.aggregate0()])
+    sketches = {u: world.sk(u, world.next[u], window=1) for u in HONEST}
+    stamps = {u: Stamp(T0, False) for u in HONEST}
+    shares = {u: d.share for u, d in explain_window(sketches, stamps, history).items()}
+    assert max(shares.values()) < THRESHOLD, shares
+
+
+def test_the_copier_is_the_later_upload_and_an_untrusted_clock_never_wins(world: World) -> None:
+    copy = jittered_requantised(world, world.updates[0], torch.Generator().manual_seed(5))
+    sketches = {0: world.sk(0, world.updates[0]), 5: world.sk(5, copy)}
+    later = T0 + timedelta(seconds=3)
+    cases = {
+        "copier later": ({0: Stamp(T0, True), 5: Stamp(later, True)}, 5),
+        "copier claims an early time on its own server": (
+            {0: Stamp(later, True), 5: Stamp(T0 - timedelta(hours=1), False)}, 5
+        ),
+    }  # fmt: skip
+    for name, (stamps, copier) in cases.items():
+        shares = {u: d.share for u, d in explain_window(sketches, stamps, SketchHistory(4)).items()}
+        assert shares[copier] >= THRESHOLD, name
+        assert shares[0] < THRESHOLD, name

@@ -57,7 +57,9 @@ class World:
         self.next = {u: train_update(RUN, dataset, model, u, 1) for u in HONEST}
 
     def sk(self, uid: int, update: Update, window: int = 0) -> Sketch:
-        return sketch(uid, window, bytes([uid, window]) * 16, update, self.spec, RUN.codec, 1 << 16, 7)
+        return sketch(
+            uid, window, bytes([uid, window]) * 16, update, self.spec, RUN.codec, 1 << 16, 7
+        )
 
     def window0(self) -> list[Sketch]:
         return [self.sk(u, self.updates[u]) for u in HONEST]

@@ -25,24 +25,64 @@ import secrets
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from codec.aggregate import aggregate, update_norm
-from codec.compress import Compressor
+from codec.aggregate import aggregate, clip_factors, update_norm
+from codec.compress import Compressor, densify
 from codec.spec import ModelSpec
-from deploy.sim.forgeries import noise_update, perturbed_copy
+from deploy.sim.forgeries import chunk_mix, from_dense, noise_update, perturbed_copy, requantised
 from node.data.batches import assigned_batches, open_run_dataset
 from node.model.llama import build_model
 from node.model.train import make_optimizer, train_window
 from protocol.runconfig import RunConfig
 from validator.config import ValidatorConfig
-from validator.copies import overlap, sketch
+from validator.copies import (
+    Sketch,
+    SketchHistory,
+    Stamp,
+    aggregate_sketch,
+    explain,
+    explain_window,
+    overlap,
+    sketch,
+)
 from validator.reveal import reveal_for
 from validator.scoring import LossProbe
+
+
+def share_measurements(
+    w: int, updates: dict, history: SketchHistory, last_mean: dict | None, spec: ModelSpec,
+    run: RunConfig, gen: torch.Generator, add: Callable[[str, float], None],
+) -> None:  # fmt: skip
+    """Explained shares (`validator.copies.explain`) of the honest updates of window `w` against
+    each other (order unknown: everyone a candidate) and the history, and of each derivative."""
+
+    def sk(uid: int, upd: list) -> Sketch:
+        return sketch(uid, w, bytes([uid, w]) * 16, upd, spec, run.codec, 1 << 16, 1)
+
+    honest = {u: sk(u, upd) for u, upd in updates.items()}
+    stamps = {u: Stamp(None, False) for u in honest}
+    for d in explain_window(honest, stamps, history).values():
+        add("honest explained share", d.share)
+    pool = [*honest.values(), *history.entries()]
+    a, b = updates[0], updates[1]
+    da, db = ({s.name: densify(s, run.codec) for s in u} for u in (a, b))
+    derived = {
+        "copy (perturbed)": perturbed_copy(a, run.codec, gen),
+        "copy (re-quantised)": requantised(a, spec, run, gen),
+        "mix 50/50": chunk_mix(a, b, 0.5, gen),
+        "mix 60/40": chunk_mix(a, b, 0.6, gen),
+        "Top-k of a sum": from_dense({n: da[n] + db[n] for n in da}, spec, run),
+    }
+    if last_mean is not None:
+        derived["recycled aggregate"] = from_dense(last_mean, spec, run)
+    for name, upd in derived.items():
+        add(f"{name} explained share", explain(sk(99, upd), pool).share)
 
 
 def main() -> None:
@@ -66,6 +106,8 @@ def main() -> None:
     gen = torch.Generator().manual_seed(7)
     rows: dict[str, list[float]] = {}
     prev: dict[int, list] = {}
+    history = SketchHistory(4)  # as the validator keeps it: updates and applied aggregates
+    last_mean: dict[str, torch.Tensor] | None = None
     t0 = time.time()
 
     def add(key: str, value: float) -> None:
@@ -121,13 +163,23 @@ def main() -> None:
             if i in prev:
                 old = sketch(i, w - 1, b"\xff" * 32, prev[i], spec, run.codec, 1 << 16, 1)
                 add("honest self overlap (w-1)", overlap(sk[i], old))
+        share_measurements(w, updates, history, last_mean, spec, run, gen, add)
         cp = perturbed_copy(updates[0], run.codec, gen)
         add(
             "perturbed copy overlap",
             overlap(sk[0], sketch(9, w, b"\1" * 32, cp, spec, run.codec, 1 << 16, 1)),
         )
         prev = updates
-        mean = aggregate(updates, spec, run.codec)
+        mean = aggregate(updates, spec, run.codec, clip_to_median=True)
+        factors = clip_factors([norms[u] for u in sorted(updates)])
+        history.add(
+            w,
+            [
+                *sk.values(),
+                aggregate_sketch(w, [sk[u] for u in sorted(sk)], [f / len(sk) for f in factors]),
+            ],
+        )
+        last_mean = mean
         with torch.no_grad():
             for name, prm in glob.named_parameters():
                 prm.sub_(mean[name], alpha=run.outer.alpha)

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from codec.aggregate import clip_factors, update_norm
-from codec.compress import SparseGroup, SparseTensor, densify, scatter_add
+from codec.compress import SparseTensor, densify, scatter_add
 from codec.spec import ModelSpec
-from deploy.sim.forgeries import from_dense
+from deploy.sim.forgeries import chunk_mix, from_dense, requantised
 from node.data.batches import open_run_dataset
 from node.model.llama import build_model
 from node.window.outer_step import apply_mean
@@ -76,35 +76,6 @@ def world() -> World:
     return World()
 
 
-def chunk_mix(a: Update, b: Update, share_a: float, gen: torch.Generator) -> Update:
-    """Each chunk of `a` with probability `share_a`, else the same chunk of `b`."""
-    out = []
-    for sa, sb in zip(a, b, strict=True):
-        groups = []
-        for ga, gb in zip(sa.groups, sb.groups, strict=True):
-            pick = torch.rand(ga.idx.shape[0], generator=gen) < share_a
-            groups.append(
-                SparseGroup(
-                    idx=torch.where(pick[:, None], ga.idx, gb.idx),
-                    codes=torch.where(pick[:, None], ga.codes, gb.codes),
-                    scales=torch.where(pick, ga.scales, gb.scales),
-                )
-            )
-        # one codebook per tensor: the mix re-quantises through it (values differ a little)
-        out.append(SparseTensor(sa.name, sa.shape, groups, sa.codebook.clone()))
-    return out
-
-
-def jittered_requantised(world: World, a: Update, gen: torch.Generator) -> Update:
-    """Same positions and signs, every magnitude scaled by a random factor in [0.5, 1.5], then
-    compressed again by the real compressor."""
-    dense = world.dense(a)
-    return from_dense(
-        {n: d * (0.5 + torch.rand(d.shape, generator=gen)) for n, d in dense.items()},
-        world.spec, RUN,
-    )  # fmt: skip
-
-
 def _share(world: World, suspect: Update, sources: dict[int, Update], history=()) -> float:
     x = world.sk(9, suspect)
     pool = [world.sk(u, up) for u, up in sources.items()] + list(history)
@@ -134,7 +105,7 @@ def test_top_k_of_a_sum_is_explained(world: World) -> None:
 
 
 def test_a_sign_preserving_requantised_copy_is_explained(world: World) -> None:
-    copy = jittered_requantised(world, world.updates[2], torch.Generator().manual_seed(3))
+    copy = requantised(world.updates[2], world.spec, RUN, torch.Generator().manual_seed(3))
     assert _share(world, copy, {u: world.updates[u] for u in HONEST}) >= THRESHOLD
 
 
@@ -164,7 +135,7 @@ def test_next_window_honest_updates_are_not_explained_by_the_history(world: Worl
 
 
 def test_the_copier_is_the_later_upload_and_an_untrusted_clock_never_wins(world: World) -> None:
-    copy = jittered_requantised(world, world.updates[0], torch.Generator().manual_seed(5))
+    copy = requantised(world.updates[0], world.spec, RUN, torch.Generator().manual_seed(5))
     sketches = {0: world.sk(0, world.updates[0]), 5: world.sk(5, copy)}
     later = T0 + timedelta(seconds=3)
     cases = {

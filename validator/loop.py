@@ -218,7 +218,12 @@ class Validator:
             self.cfg, self.device,
         )  # fmt: skip
         out: dict[int, LossScore] = {}
+        until = self._scoring_deadline(window)
         for uid in pick_scored(self.run.run_id, window, candidates, self.cfg.max_scored):
+            if time.monotonic() > until:
+                log.warning("window %d: out of time, %d peers left unscored", window,
+                            len(candidates) - len(out))  # fmt: skip
+                break
             update = checks[uid].upload.fetched.update  # type: ignore[union-attr]
             try:
                 out[uid] = probe.score(uid, update.tensors, checks[uid].norm or 0.0)  # type: ignore[union-attr]
@@ -242,6 +247,12 @@ class Validator:
             members.append(mine)
         factors = clip_factors([update_norm(agreed.updates[u].tensors) for u in uids])
         return aggregate_sketch(window, members, [f / len(uids) for f in factors])
+
+    def _scoring_deadline(self, window: int) -> float:
+        """When scoring `window` must stop (monotonic seconds): at the next window's gather
+        block, so that its agreement, which every peer waits for, never waits for our scores."""
+        blocks = self.clock.gather_block(window + 1) - self.chain.block()
+        return time.monotonic() + blocks * self.run.timing.block_time_s
 
     def _outer_step(self, agreed: Agreement) -> None:
         """The window's one outer step (`node.window.outer_step`), as every peer takes it."""

@@ -178,14 +178,15 @@ def row_losses(
 
 
 def pick_scored(run_id: str, window: int, uids: Sequence[int], limit: int) -> list[int]:
-    """The peers scored this window: all of them, or `limit` drawn by a hash of (run, window)."""
-    if limit <= 0 or len(uids) <= limit:
-        return sorted(uids)
+    """The peers scored this window, in the order they are scored: all of them (or the first
+    `limit`) in an order drawn by a hash of (run, window), so that when time runs out
+    (`validator.loop`) no uid is always the one left unscored."""
 
     def draw(uid: int) -> bytes:
         return hashlib.blake2b(f"score/{run_id}/{window}/{uid}".encode(), digest_size=8).digest()
 
-    return sorted(sorted(uids, key=draw)[:limit])
+    ordered = sorted(uids, key=draw)
+    return ordered if limit <= 0 else ordered[:limit]
 
 
 class LossProbe:

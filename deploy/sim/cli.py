@@ -150,7 +150,7 @@ def _windows_done(world: World) -> list[int]:
 
 
 def _summary(r: SimReport) -> list[tuple[str, str]]:
-    weights = r.final_weights
+    weights, rules = r.final_weights, r.final_rules()
     honest = sum(w for n, w in weights.items() if n.startswith("peer"))
     total = sum(weights.values()) or 1.0
     trained = [w for w in r.windows if any(p.kind == "honest" and p.loss for p in w.peers)]
@@ -166,9 +166,17 @@ def _summary(r: SimReport) -> list[tuple[str, str]]:
         ("windows trained", str(len(trained))),
         ("honest weight share", f"{honest / total:.1%}"),
         (
-            "adversary weights",
-            ", ".join(f"{n}={w:.3f}" for n, w in weights.items() if not n.startswith("peer"))
+            "adversary weights (rule)",
+            ", ".join(
+                f"{n}={w:.3f} ({rules.get(n, '–')})"
+                for n, w in weights.items()
+                if not n.startswith("peer")
+            )
             or "–",
+        ),
+        (
+            "honest weight spread, window 3 on",
+            f"±{spread:.1%}" if (spread := r.honest_spread()) is not None else "–",
         ),
         ("final honest loss (mean)", f"{sum(losses) / len(losses):.4f}" if losses else "–"),
         (

@@ -23,6 +23,7 @@ class PeerWindow(BaseModel):
     upload_bytes: int | None = None
     fingerprint: str | None = None
     verdict: str | None = None
+    rule: str | None = None  # what decided its weight (`validator.reports`)
     detail: str | None = None
     score: float | None = None
     weight: float = 0.0
@@ -43,7 +44,25 @@ class SimReport(BaseModel):
     exit_codes: dict[str, int | None]
     diverged: list[int]
     non_finite: list[int]
-    final_weights: dict[str, float]
+    final_weights: dict[str, float]  # the validator's weights after the last trained window
+
+    def final_rules(self) -> dict[str, str]:
+        """Each member's deciding rule in the last trained window."""
+        trained = [r for r in self.windows if any(p.kind == "honest" and p.loss for p in r.peers)]
+        rows = trained or self.windows
+        return {p.name: p.rule or "–" for p in rows[-1].peers} if rows else {}
+
+    def honest_spread(self, first_window: int = 3) -> float | None:
+        """The largest relative deviation of an honest peer's weight from the honest mean, over
+        the windows from `first_window` on that paid honest peers anything."""
+        worst = None
+        for row in self.windows:
+            ws = [p.weight for p in row.peers if p.kind == "honest"]
+            mean = sum(ws) / len(ws) if ws else 0.0
+            if row.window >= first_window and mean > 0:
+                dev = max(abs(w / mean - 1) for w in ws)
+                worst = dev if worst is None else max(worst, dev)
+        return worst
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
@@ -83,6 +102,7 @@ def collect(
                     upload_bytes=own.get("upload_bytes") or seen.get("n_bytes"),
                     fingerprint=own.get("fingerprint"),
                     verdict=seen.get("verdict"),
+                    rule=seen.get("rule"),
                     detail=seen.get("detail"),
                     score=loss.get("score"),
                     weight=weights.get(m.uid, 0.0),
@@ -94,7 +114,8 @@ def collect(
                 window=w, baseline_loss=baseline.get(w), validator_fingerprint=fp, peers=peers
             )
         )
-    last = rows[-1].peers if rows else []
+    trained = [r for r in rows if any(p.kind == "honest" and p.loss for p in r.peers)]
+    last = (trained or rows)[-1].peers if rows else []
     return SimReport(
         run_id=world.run.run_id,
         dense_bytes=dense_bytes,

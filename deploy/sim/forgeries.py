@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from codec.compress import Compressor, SparseGroup, SparseTensor
+from codec.compress import Compressor, SparseGroup, SparseTensor, scatter_add
 from codec.spec import CodecParams, ModelSpec
 from protocol.runconfig import RunConfig
 
@@ -136,3 +136,37 @@ def from_dense(
     """A dense update compressed by the real compressor (no error feedback)."""
     comp = Compressor(spec, run.codec)
     return [comp.compress(t.name, dense[t.name], 0.0, freeze=True) for t in spec.tensors]
+
+
+def chunk_mix(
+    a: Sequence[SparseTensor], b: Sequence[SparseTensor], share_a: float, gen: torch.Generator
+) -> list[SparseTensor]:
+    """Each chunk of `a` with probability `share_a`, else the same chunk of `b` (through `a`'s
+    codebook, so values differ a little from `b`'s)."""
+    out = []
+    for sa, sb in zip(a, b, strict=True):
+        groups = []
+        for ga, gb in zip(sa.groups, sb.groups, strict=True):
+            pick = torch.rand(ga.idx.shape[0], generator=gen) < share_a
+            groups.append(
+                SparseGroup(
+                    idx=torch.where(pick[:, None], ga.idx, gb.idx),
+                    codes=torch.where(pick[:, None], ga.codes, gb.codes),
+                    scales=torch.where(pick, ga.scales, gb.scales),
+                )
+            )
+        out.append(SparseTensor(sa.name, sa.shape, groups, sa.codebook.clone()))
+    return out
+
+
+def requantised(
+    update: Sequence[SparseTensor], spec: ModelSpec, run: RunConfig, gen: torch.Generator
+) -> list[SparseTensor]:
+    """A sign-preserving re-quantised copy: the same positions and signs, each magnitude scaled
+    by a random factor in [0.5, 1.5], compressed again by the real compressor."""
+    dense = {}
+    for s in update:
+        d = torch.zeros(s.shape)
+        scatter_add(d, s, run.codec)
+        dense[s.name] = d * (0.5 + torch.rand(d.shape, generator=gen))
+    return from_dense(dense, spec, run)

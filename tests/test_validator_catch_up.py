@@ -1,0 +1,97 @@
+"""A validator started mid-run rebuilds the model from published history instead of starting from
+the initial weights (a real SQLite chain, file buckets, the real `Validator` start-up)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from substrateinterface import Keypair
+
+from codec.compress import Compressor
+from codec.spec import ModelSpec
+from node.model.fingerprint import fingerprint
+from node.model.llama import build_model
+from node.runtime.commit import commitment_for
+from node.window.exchange import encode_signed
+from node.window.history import Source, catch_up, publish_aggregate
+from protocol.chain.local import LocalChain
+from protocol.chain.local_db import LocalChainDB, create_local_chain
+from protocol.commitment import render_commitment
+from protocol.runconfig import RunConfig
+from protocol.stores import open_store
+from validator.loop import Validator
+
+NETUID = 3
+BLOCK_TIME = 12.0
+GENESIS = 2_000_000.0
+RUN = RunConfig.preset(
+    "tiny",
+    name="validator-catch-up",
+    timing={"blocks_per_window": 10, "upload_deadline_blocks": 2, "start_block": 0},
+)
+KEYS = [Keypair.create_from_uri(f"//vcatch{i}") for i in range(4)]  # 0, 1: validators; 2, 3: peers
+PUBLISHED = 3  # validator 0 published the aggregates of windows 0, 1, 2
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = GENESIS
+
+    def __call__(self) -> float:
+        return self.now
+
+    def at(self, block: int) -> None:
+        self.now = GENESIS + (block + 0.5) * BLOCK_TIME
+
+
+def _history(root: Path) -> dict[int, str]:
+    """Validator 0's published aggregates of the first windows; the fingerprint after each."""
+    store = open_store(f"file://{root}?bucket=bucket0")
+    model = build_model(RUN.model, RUN.seed)
+    spec = ModelSpec.from_module(model)
+    comps = {uid: Compressor(spec, RUN.codec) for uid in (2, 3)}
+    hotkeys = {i: k.ss58_address for i, k in enumerate(KEYS)}
+    source = Source(0, hotkeys[0], store)
+    gen = torch.Generator().manual_seed(0)
+    fps = {0: fingerprint(model)}
+    for w in range(PUBLISHED):
+        raw = {}
+        for uid, comp in comps.items():
+            sparse = [
+                comp.compress(n, torch.randn(p.shape, generator=gen) * 1e-3, 0.95)
+                for n, p in model.named_parameters()
+            ]
+            raw[uid] = encode_signed(sparse, RUN, spec, w, uid, KEYS[uid])
+        publish_aggregate(store, RUN, w, 0, KEYS[0], raw)
+        catch_up(model, RUN, spec, source, hotkeys, w, w + 1)
+        fps[w + 1] = fingerprint(model)
+    return fps
+
+
+def test_a_validator_started_mid_run_catches_up_from_published_history(tmp_path: Path) -> None:
+    clock = Clock()
+    path = tmp_path / "chain.db"
+    create_local_chain(path, NETUID, block_time=BLOCK_TIME, clock=clock)
+    admin = LocalChainDB(path, clock=clock)
+    for i, key in enumerate(KEYS):
+        admin.register(
+            NETUID, key.ss58_address, validator=i < 2, stake=100.0 - 50 * i if i < 2 else 0.0
+        )
+    chain = LocalChain(path, NETUID, clock=clock)
+    clock.at(1)
+    for i, key in enumerate(KEYS):
+        chain.commit(key, render_commitment(commitment_for(f"file://{tmp_path}?bucket=bucket{i}")))
+    fps = _history(tmp_path)
+    clock.at(PUBLISHED * RUN.timing.blocks_per_window + 5)  # in the middle of window 3
+
+    store = open_store(f"file://{tmp_path}?bucket=bucket1")
+    late = Validator(RUN, KEYS[1], chain, store, tmp_path / "state1", local_root=tmp_path)
+    assert late.next_window == PUBLISHED
+    assert late.fingerprint == fps[PUBLISHED] != fps[0]
+
+    # a restart resumes from its own saved state, at the same place
+    again = Validator(RUN, KEYS[1], chain, store, tmp_path / "state1", local_root=tmp_path)
+    assert (again.next_window, again.fingerprint) == (PUBLISHED, fps[PUBLISHED])
+    chain.close()
+    admin.close()

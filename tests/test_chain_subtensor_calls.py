@@ -139,9 +139,6 @@ def test_metagraph_reads_one_block_of_subtensor_module_storage(
         }
         for item in ("Keys", "BlockAtRegistration")
     ]
-    assert fake.named("get_metadata_storage_function") == [
-        {"module_name": "SubtensorModule", "storage_name": "TotalHotkeyAlpha", "block_hash": HEAD}
-    ]
     assert [k["params"] for k in fake.named("create_storage_key")] == [
         [ALICE.ss58_address, NETUID],
         [BOB.ss58_address, NETUID],
@@ -149,15 +146,6 @@ def test_metagraph_reads_one_block_of_subtensor_module_storage(
     ]
     assert {k["storage_function"] for k in fake.named("create_storage_key")} == {"TotalHotkeyAlpha"}
     assert [q["block_hash"] for q in fake.named("query_multi")] == [HEAD]
-
-
-def test_metagraph_falls_back_to_total_hotkey_stake(fake: FakeSubstrate) -> None:
-    fake.stake_items = ()
-    seed_subnet(fake, NETUID)
-    fake.storage[("SubtensorModule", "TotalHotkeyStake", (BOB.ss58_address,))] = 3_000_000_000
-    chain = SubtensorChain("ws://127.0.0.1:9944", NETUID, substrate=fake)
-    assert [n.stake for n in chain.metagraph().neurons] == [0.0, 3.0, 0.0]
-    assert [k["params"] for k in fake.named("create_storage_key")][1] == [BOB.ss58_address]
 
 
 def test_metagraph_refuses_a_missing_subnet_and_lying_sizes(
@@ -257,7 +245,6 @@ def test_commit_empty_and_full(chain: SubtensorChain, fake: FakeSubstrate) -> No
     ("error", "expected"),
     [
         ("SpaceLimitExceeded", RateLimited),
-        ("CommitmentSetRateLimitExceeded", RateLimited),
         ("AccountNotAllowedCommit", NotRegistered),
         ("TooManyFieldsInCommitmentInfo", ChainError),
     ],
@@ -383,11 +370,27 @@ def test_set_weights_failures_map_to_typed_errors(
         chain.set_weights(ALICE, [1], [1.0], 1)
 
 
-def test_pool_rejections_map_to_typed_errors(chain: SubtensorChain, fake: FakeSubstrate) -> None:
-    rejection = {"code": 1010, "message": "Invalid Transaction", "data": "Custom error: 6"}
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ("Custom error: 6", RateLimited),  # the classic text of a node's 1010 rejection
+        ("Invalid transaction with custom error: 1", PermissionDenied),  # stake below threshold
+        ({"Custom": 10}, NotRegistered),  # the structured form
+        ("custom error: 19", NotRegistered),
+    ],
+)
+def test_pool_rejections_map_to_typed_errors(
+    chain: SubtensorChain, fake: FakeSubstrate, data: object, expected: type[Exception]
+) -> None:
+    rejection = {"code": 1010, "message": "Invalid Transaction", "data": data}
     fake.submit_error = SubstrateRequestException(rejection)
-    with pytest.raises(RateLimited):
+    with pytest.raises(expected):
         chain.set_weights(ALICE, [1], [1.0], 1)
+
+
+def test_unknown_pool_rejections_surface_verbatim(
+    chain: SubtensorChain, fake: FakeSubstrate
+) -> None:
     fake.submit_error = SubstrateRequestException({"code": 1010, "data": "Custom error: 99"})
     with pytest.raises(ChainError, match="Custom error: 99"):
         chain.set_weights(ALICE, [1], [1.0], 1)

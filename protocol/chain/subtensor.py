@@ -32,7 +32,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import ValidationError
 from substrateinterface import Keypair
-from substrateinterface.exceptions import ConfigurationError, SubstrateRequestException
+from substrateinterface.exceptions import (
+    ConfigurationError,
+    StorageFunctionNotFound,
+    SubstrateRequestException,
+)
 
 from protocol.chain.base import Chain
 from protocol.chain.errors import (
@@ -68,6 +72,9 @@ ARCHIVE_URL = "wss://archive.chain.opentensor.ai:443"
 PRUNED_STATE_MARKERS = ("State already discarded", "UnknownBlock", "unknown Block")
 """What a node says when asked for state it no longer keeps (non-archive nodes prune it)."""
 
+# Error names, each a module error of the spec-343 runtime metadata (tests/test_chain_metadata.py
+# checks that against tests/data/subtensor/), a `DispatchError` variant (`BadOrigin`), or a name of
+# subtensor's `CustomTransactionError` (`RateLimitExceeded`).
 NOT_REGISTERED_ERRORS = frozenset(
     {
         "AccountNotAllowedCommit",
@@ -75,25 +82,13 @@ NOT_REGISTERED_ERRORS = frozenset(
         "HotKeyNotRegisteredInNetwork",
         "HotKeyAccountNotExists",
         "NotRegistered",
-        "UidNotFound",
     }
 )
 RATE_LIMIT_ERRORS = frozenset(
-    {
-        "SpaceLimitExceeded",
-        "CommitmentSetRateLimitExceeded",
-        "RateLimitExceeded",
-        "SettingWeightsTooFast",
-        "TxRateLimitExceeded",
-    }
+    {"SpaceLimitExceeded", "RateLimitExceeded", "SettingWeightsTooFast", "TxRateLimitExceeded"}
 )
 PERMISSION_ERRORS = frozenset(
-    {
-        "NeuronNoValidatorPermit",
-        "NotEnoughStakeToSetWeights",
-        "BadOrigin",
-        "ValidatorWithoutPermission",
-    }
+    {"NeuronNoValidatorPermit", "NotEnoughStakeToSetWeights", "BadOrigin"}
 )
 WEIGHT_ERRORS = frozenset(
     {
@@ -103,7 +98,6 @@ WEIGHT_ERRORS = frozenset(
         "WeightVecLengthIsLow",
         "MaxWeightExceeded",
         "UidsLengthExceedUidsInSubNet",
-        "InvalidUid",
     }
 )
 HINTS = {
@@ -113,9 +107,18 @@ HINTS = {
     "MechanismDoesNotExist": "the subnet does not exist",
     "SubnetNotExists": "the subnet does not exist",
 }
-# `InvalidTransaction::Custom(n)` codes of subtensor's transaction extension that we can act on
-# (stable numbering per subtensor's CustomTransactionError; other codes surface verbatim).
-CUSTOM_TX_ERRORS = {6: "RateLimitExceeded", 10: "HotKeyNotRegisteredInNetwork"}
+# `InvalidTransaction::Custom(n)` codes of subtensor's transaction extension that we can act on,
+# as numbered by `CustomTransactionError` (subtensor common/src/transaction_error.rs): 1 is
+# `StakeAmountTooLow`, what `set_weights` gets below the stake threshold; 19 is `UidNotFound`.
+# Other codes surface verbatim.
+CUSTOM_TX_ERRORS = {
+    1: "NotEnoughStakeToSetWeights",
+    6: "RateLimitExceeded",
+    10: "HotKeyNotRegisteredInNetwork",
+    19: "HotKeyNotRegisteredInSubNet",
+}
+_CUSTOM_CODE = re.compile(r"custom(?: error)?['\"]?:\s*(\d+)", re.IGNORECASE)
+"""A pool rejection's code: `Custom error: 6`, `...with custom error: 6` or `{'Custom': 6}`."""
 
 
 def redact_url(url: str) -> str:
@@ -393,7 +396,7 @@ class SubtensorChain(Chain):
 
 def _request_error_name(text: str) -> str | None:
     """The error name inside a node's transaction-pool rejection, when we can tell."""
-    custom = re.search(r"Custom error: (\d+)\b", text)
+    custom = _CUSTOM_CODE.search(text)
     if custom is not None:
         return CUSTOM_TX_ERRORS.get(int(custom.group(1)))
     for name in (*NOT_REGISTERED_ERRORS, *RATE_LIMIT_ERRORS, *PERMISSION_ERRORS, *HINTS):
@@ -416,6 +419,8 @@ def _rpc(url: str) -> Iterator[None]:
         raise
     except (OSError, TimeoutError) as exc:
         raise ChainUnavailable(f"cannot reach {url}: {exc}") from exc
+    except StorageFunctionNotFound as exc:
+        raise ChainError(f"{url} runs a runtime this client does not support: {exc}") from exc
     except Exception as exc:
         kind = type(exc).__name__
         if "WebSocket" in kind or "Connection" in kind:

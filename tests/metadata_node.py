@@ -109,11 +109,15 @@ class MetadataNode:
         self.storage[key] = value
 
     def end_block(self, number: int) -> None:
-        """Record the current storage as the state after block `number`."""
+        """Record the current storage as the state after block `number` (below the head): a
+        query at a block below the head answers from the newest state recorded at or before it,
+        a query at the head from the current storage."""
         self.history[number] = copy.deepcopy(self.storage)
 
     def _state(self, hash_: str | None) -> dict[str, str]:
         number = self._number(hash_) if hash_ else self.head
+        if number >= self.head:
+            return self.storage
         if number < self.pruned_below:
             raise _RpcError(4003, f"Client error: State already discarded for {hash_}")
         recorded = [b for b in self.history if b <= number]

@@ -31,6 +31,11 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import ValidationError
+from scalecodec.exceptions import (
+    InvalidScaleTypeValueException,
+    MetadataCallFunctionNotFound,
+    RemainingScaleBytesNotEmptyException,
+)
 from substrateinterface import Keypair
 from substrateinterface.exceptions import (
     ConfigurationError,
@@ -412,15 +417,24 @@ def _check_block(block: int) -> None:
 
 @contextmanager
 def _rpc(url: str) -> Iterator[None]:
-    """Turn transport failures into `ChainUnavailable`; let our own errors through."""
+    """Transport failures as `ChainUnavailable`; a runtime without an item or call we use, or bytes
+    that do not decode with the runtime's types, as `ChainError`; our own errors pass through."""
     try:
         yield
     except ChainError:
         raise
     except (OSError, TimeoutError) as exc:
         raise ChainUnavailable(f"cannot reach {url}: {exc}") from exc
-    except StorageFunctionNotFound as exc:
+    except (StorageFunctionNotFound, MetadataCallFunctionNotFound) as exc:
         raise ChainError(f"{url} runs a runtime this client does not support: {exc}") from exc
+    except (
+        RemainingScaleBytesNotEmptyException,
+        InvalidScaleTypeValueException,
+        ValueError,
+    ) as exc:
+        raise ChainError(
+            f"{url} sent data that does not decode with its runtime metadata: {str(exc)[:300]}"
+        ) from exc
     except Exception as exc:
         kind = type(exc).__name__
         if "WebSocket" in kind or "Connection" in kind:

@@ -86,7 +86,6 @@ NOT_REGISTERED_ERRORS = frozenset(
         "HotKeyNotRegisteredInSubNet",
         "HotKeyNotRegisteredInNetwork",
         "HotKeyAccountNotExists",
-        "NotRegistered",
     }
 )
 RATE_LIMIT_ERRORS = frozenset(

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+import yaml
 from metadata_node import DATA, METADATA_FILE, SPEC_VERSION, MetadataNode, block_hash, failure
 from substrateinterface import Keypair
 
@@ -72,6 +73,16 @@ def test_the_metadata_is_the_published_finney_runtime(node: MetadataNode) -> Non
     version = node.library.get_constant("System", "Version").value
     assert (version["spec_name"], version["spec_version"]) == ("node-subtensor", SPEC_VERSION)
     assert node.library.ss58_format == 42
+
+
+def test_the_localnet_profile_runs_this_runtime() -> None:
+    """The compose `localnet` image is the subtensor release of the metadata checked here."""
+    compose = yaml.safe_load((DATA.parents[2] / "docker" / "compose.yml").read_text())
+    localnet = compose["services"]["localnet"]
+    assert localnet["profiles"] == ["localnet"]
+    assert localnet["image"].startswith("ghcr.io/opentensor/subtensor-localnet:v")
+    assert localnet["image"].endswith(f"-{SPEC_VERSION}")  # release tags end with the spec
+    assert "9944:9944" in localnet["ports"]
 
 
 # -- reads -------------------------------------------------------------------------------------

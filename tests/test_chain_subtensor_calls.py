@@ -17,7 +17,7 @@ from fake_substrate import ALICE, BOB, CHARLIE, HEAD, FakeSubstrate, Receipt, se
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from substrateinterface import Keypair, SubstrateInterface
-from substrateinterface.exceptions import SubstrateRequestException
+from substrateinterface.exceptions import StorageFunctionNotFound, SubstrateRequestException
 from websocket import WebSocketConnectionClosedException
 
 from protocol.chain import (
@@ -455,6 +455,14 @@ def test_transport_failures_are_chain_unavailable(
 ) -> None:
     fake.query_error = error
     with pytest.raises(ChainUnavailable):
+        chain.uid_of(ALICE.ss58_address)
+
+
+def test_a_runtime_without_our_items_is_a_chain_error(
+    chain: SubtensorChain, fake: FakeSubstrate
+) -> None:
+    fake.query_error = StorageFunctionNotFound('Storage function "SubtensorModule.Uids" not found')
+    with pytest.raises(ChainError, match="does not support"):
         chain.uid_of(ALICE.ss58_address)
 
 

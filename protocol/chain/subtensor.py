@@ -1,7 +1,7 @@
 """Bittensor subtensor as a `Chain`, through substrate-interface.
 
-What it touches on chain (pallet.item), checked against opentensor/subtensor sources and the
-Bittensor SDK; see docs/chains.md for the confidence of each:
+What it touches on chain (pallet.item); tests/test_chain_metadata.py runs each through the real
+substrate-interface against the published finney runtime metadata (docs/chains.md):
 
 - time: `chain_getHeader` (head number, via `get_block_number`), `chain_getBlockHash`,
   `chain_getFinalizedHead`, storage `Timestamp.Now` (milliseconds) at the block's hash.
@@ -16,8 +16,8 @@ Bittensor SDK; see docs/chains.md for the confidence of each:
   weights max-upscaled so the largest is 65535; storage `SubtensorModule.Weights(netuid, uid)` ->
   `Vec<(u16, u16)>` (mechanism 0, whose storage index equals the netuid).
 
-The substrate client is injected (any object with substrate-interface's methods), which is how
-the unit tests check the exact calls without a node.
+The substrate client is injected (any object with substrate-interface's methods): the tests give
+it a real `SubstrateInterface` over an in-process node, or a recording fake.
 """
 
 from __future__ import annotations

@@ -71,7 +71,6 @@ class MetadataNode:
     history: dict[int, dict[str, str]] = field(default_factory=dict)
     submitted: list[dict[str, Any]] = field(default_factory=list)
     requests: list[tuple[str, list[Any]]] = field(default_factory=list)
-    fail_with: dict[str, Any] | None = None
     _outbox: list[str] = field(default_factory=list)
     _blocks: dict[str, list[str]] = field(default_factory=dict)
     _events: dict[str, str] = field(default_factory=dict)
@@ -138,8 +137,6 @@ class MetadataNode:
         method, params, rid = request["method"], request.get("params", []), request["id"]
         self.requests.append((method, params))
         try:
-            if self.fail_with is not None and method.startswith("state_"):
-                raise self.fail_with
             handler = getattr(self, "_rpc_" + method, None)
             if handler is None:
                 raise _RpcError(-32601, f"Method not found: {method}")
@@ -168,9 +165,6 @@ class MetadataNode:
 
     def _rpc_system_chain(self, rid: int) -> str:
         return "Bittensor"
-
-    def _rpc_system_properties(self, rid: int) -> dict[str, Any]:
-        return {"ss58Format": 42, "tokenDecimals": 9, "tokenSymbol": "TAO"}
 
     def _rpc_chain_getHead(self, rid: int) -> str:
         return block_hash(self.head)

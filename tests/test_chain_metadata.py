@@ -21,7 +21,15 @@ import yaml
 from metadata_node import DATA, METADATA_FILE, SPEC_VERSION, MetadataNode, block_hash, failure
 from substrateinterface import Keypair
 
-from protocol.chain import ChainError, InvalidWeights, NotRegistered, PermissionDenied, RateLimited
+from protocol.chain import (
+    BlockNotFinal,
+    BlockPruned,
+    ChainError,
+    InvalidWeights,
+    NotRegistered,
+    PermissionDenied,
+    RateLimited,
+)
 from protocol.chain.subtensor import (
     HINTS,
     NOT_REGISTERED_ERRORS,
@@ -187,6 +195,18 @@ def test_snapshot_reads_every_item_at_the_blocks_hash(
     ]
     assert reads and all(p[-1] == block_hash(1100) for _, p in reads)
     assert chain.weights_all() == {0: {2: 1.0}}  # the head moved on
+
+
+def test_snapshot_refuses_unfinal_and_pruned_blocks(
+    chain: SubtensorChain, node: MetadataNode
+) -> None:
+    _subnet(node)
+    with pytest.raises(BlockNotFinal):
+        chain.snapshot(node.finalized + 1)
+    node.pruned_below = 1000  # a lite node's "State already discarded" error, via the library
+    with pytest.raises(BlockPruned, match="archive"):
+        chain.snapshot(999)
+    assert chain.snapshot(1000).metagraph.n == 3
 
 
 def test_bytes_that_do_not_decode_are_a_chain_error(

@@ -1,9 +1,10 @@
-"""Exactly which pallets, storage items, calls and arguments `SubtensorChain` uses, without a node.
+"""`SubtensorChain` on a recording fake of the substrate client: hostile values and error paths.
 
 A recording fake (tests/fake_substrate.py) stands in for `substrateinterface.SubstrateInterface`:
 it logs every method call with its arguments and answers with canned SCALE-decoded shapes (as
-py-substrate-interface and the Bittensor SDK's decoder produce them). The tests assert the exact
-module/function/params.
+py-substrate-interface and the Bittensor SDK's decoder produce them), including malformed ones a
+hostile node could cause. The pallet, item and call names asserted here are checked against the
+runtime itself by tests/test_chain_metadata.py (the real client on the finney metadata).
 """
 
 from __future__ import annotations

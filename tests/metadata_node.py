@@ -9,7 +9,8 @@ order) fails inside substrate-interface, not inside our own checks.
 
 Values are put in storage as bytes the library encodes from the metadata's own types
 (`put`), or as bytes recorded from a real finney node (`put_raw`). Submitted extrinsics are
-decoded by the library and kept in `submitted`; `on_extrinsic` chooses the resulting events.
+decoded by the library and kept in `submitted` (with their hex, `extrinsic`); `outcome` is the
+events their block records.
 """
 
 from __future__ import annotations
@@ -241,7 +242,7 @@ class MetadataNode:
             "Extrinsic", data=ScaleBytes(extrinsic), metadata=self.library.metadata
         )
         decoded.decode()
-        call = decoded.value
+        call = {**decoded.value, "extrinsic": extrinsic}
         self.submitted.append(call)
         events = self.outcome
         included = block_hash(self.head + 1)

@@ -55,8 +55,10 @@ HELLO = {"Raw5": "0x68656c6c6f"}
 STORAGE: list[list[Any]] = [
     ["SubtensorModule", "NetworksAdded", [NETUID], True],
     ["SubtensorModule", "SubnetworkN", [NETUID], 3],
-    *(["SubtensorModule", "Keys", [NETUID, u], k.ss58_address] for u, k in enumerate([ALICE, BOB])),
-    ["SubtensorModule", "Keys", [NETUID, 2], CHARLIE.ss58_address],
+    *(
+        ["SubtensorModule", "Keys", [NETUID, uid], keypair.ss58_address]
+        for uid, keypair in enumerate([ALICE, BOB, CHARLIE])
+    ),
     ["SubtensorModule", "Uids", [NETUID, ALICE.ss58_address], 0],
     ["SubtensorModule", "ValidatorPermit", [NETUID], [True, False, False]],
     ["SubtensorModule", "LastUpdate", [NETUID], [1100, 40, 900]],
@@ -134,9 +136,16 @@ def test_our_backend_reads_what_the_sdk_wrote(sdk: dict[str, Any]) -> None:
 
 
 def test_our_call_bytes_are_the_sdks(sdk: dict[str, Any]) -> None:
-    library = MetadataNode().library
-    ours = [str(library.compose_call(p, f, params).data) for p, f, params in CALLS]
-    assert ours == sdk["calls"]
+    """What our backend submits ends with the SDK's bytes of the same call."""
+    node = MetadataNode()
+    node.storage.update(sdk["state"])
+    chain = SubtensorChain("ws://127.0.0.1:9944", NETUID, substrate=node.client())
+    chain.commit(ALICE, b"hello")
+    chain.set_weights(ALICE, [3, 1, 2], [0.75, 0.25, 0.0], version_key=42)
+    submitted = [call["extrinsic"] for call in node.submitted]
+    assert len(submitted) == len(sdk["calls"]) == 2
+    for extrinsic, call in zip(submitted, sdk["calls"], strict=True):
+        assert extrinsic.endswith(call.removeprefix("0x"))
 
 
 def test_the_newer_runtime_still_has_what_we_use(sdk: dict[str, Any]) -> None:

@@ -1,4 +1,4 @@
-"""Windows (outer steps) from block numbers, and when an upload for a window is on time.
+"""Windows (outer steps) from block numbers, and their wall-clock open and deadline times.
 
 Conventions (B = blocks_per_window, D = upload_deadline_blocks, all integers >= 0):
 
@@ -11,10 +11,8 @@ Conventions (B = blocks_per_window, D = upload_deadline_blocks, all integers >= 
   ms). The time of a block we have not seen is estimated from an anchor block's timestamp plus
   ``block_time_s`` per block; once the deadline block exists, its own timestamp is
   authoritative (`deadline_time` with the deadline block as the anchor gives exactly that).
-- Object stores stamp ``LastModified`` with their own clock at one-second resolution, so an
-  object is **on time** iff ``open_time - tol <= LastModified <= deadline_time + tol`` where
-  ``tol = clock_skew_tolerance_s`` of the run (default 6 s: S3's 1 s truncation plus NTP skew
-  between the store, the block author and the validator, plus block-time jitter).
+- Whether a stored update was late (its ``LastModified`` after the deadline time plus the run's
+  ``clock_skew_tolerance_s``) is decided where it is fetched, in `node.window.gather`.
 
 All functions are pure; they raise `ValueError` for negative blocks/windows or non-positive
 window lengths.
@@ -25,15 +23,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import datetime
-from enum import StrEnum
 
 from protocol.runconfig import RunConfig, TimingConfig
-
-
-class Timeliness(StrEnum):
-    EARLY = "early"
-    ON_TIME = "on_time"
-    LATE = "late"
 
 
 def _check_bpw(blocks_per_window: int) -> None:
@@ -121,21 +112,6 @@ def deadline_time(
     return estimate_block_time(dl, anchor_block, anchor_timestamp_s, block_time_s)
 
 
-def classify_upload_time(
-    last_modified_s: float, open_time_s: float, deadline_time_s: float, tolerance_s: float
-) -> Timeliness:
-    """EARLY / ON_TIME / LATE for an object stamped `last_modified_s`, with symmetric slack."""
-    if not (tolerance_s >= 0 and math.isfinite(tolerance_s)):
-        raise ValueError(f"tolerance_s must be >= 0 and finite, got {tolerance_s}")
-    if not all(math.isfinite(t) for t in (last_modified_s, open_time_s, deadline_time_s)):
-        raise ValueError("times must be finite")
-    if last_modified_s < open_time_s - tolerance_s:
-        return Timeliness.EARLY
-    if last_modified_s > deadline_time_s + tolerance_s:
-        return Timeliness.LATE
-    return Timeliness.ON_TIME
-
-
 def to_epoch_seconds(value: datetime | float | int) -> float:
     """POSIX seconds from an aware datetime (e.g. boto3's LastModified) or a number."""
     if isinstance(value, datetime):
@@ -217,15 +193,4 @@ class WindowSchedule:
             anchor_block - self.start_block,
             anchor_timestamp_s,
             self.block_time_s,
-        )
-
-    def classify(
-        self, window: int, last_modified_s: float, anchor_block: int, anchor_timestamp_s: float
-    ) -> Timeliness:
-        """Timeliness of an object for `window`, times estimated from one anchor block."""
-        return classify_upload_time(
-            last_modified_s,
-            self.open_time(window, anchor_block, anchor_timestamp_s),
-            self.deadline_time(window, anchor_block, anchor_timestamp_s),
-            self.clock_skew_tolerance_s,
         )

@@ -66,7 +66,6 @@ class FakeSubstrate:
     maps: Maps = field(default_factory=dict)
     history: dict[int, tuple[Storage, Maps]] = field(default_factory=dict)
     pruned_below: int = 0
-    stake_items: tuple[str, ...] = ("TotalHotkeyAlpha",)
     receipt: Receipt = field(default_factory=Receipt)
     submit_error: Exception | None = None
     query_error: Exception | None = None
@@ -165,18 +164,6 @@ class FakeSubstrate:
         _, maps = self._state(block_hash)
         records = maps.get((module, storage_function, tuple(params or ())), [])
         return [(Obj(k), Obj(v)) for k, v in records[:max_results]]
-
-    def get_metadata_storage_function(
-        self, module_name: str, storage_name: str, block_hash: str | None = None
-    ) -> object | None:
-        self._log(
-            "get_metadata_storage_function",
-            module_name=module_name,
-            storage_name=storage_name,
-            block_hash=block_hash,
-        )
-        self._state(block_hash)  # a node needs the block's state for its metadata too
-        return object() if storage_name in self.stake_items else None
 
     def create_storage_key(
         self, pallet: str, storage_function: str, params: list[Any] | None = None

@@ -1,8 +1,9 @@
 """One contract for every `Chain`: the embedded local chain always, subtensor when SUBTENSOR_URL is set.
 
-Against a real node (e.g. the localnet image, see docs/chains.md):
+Against a real node (e.g. the compose profile `localnet`, see docs/chains.md), only the subtensor
+cases (marker `subtensor`):
 
-    SUBTENSOR_URL=ws://127.0.0.1:9944 SUBTENSOR_NETUID=1 pytest tests/test_chain_contract.py
+    SUBTENSOR_URL=ws://127.0.0.1:9944 bash scripts/test.sh -m subtensor
 
 The keys are dev URIs (`SUBTENSOR_VALIDATOR_URI`, default //Alice; `SUBTENSOR_MINER_URIS`, default
 //Bob,//Charlie), or wallet hotkeys given as `SUBTENSOR_WALLET_HOTKEYS=wallet/hotkey,...` (the first
@@ -123,7 +124,7 @@ def _subtensor_env() -> ChainEnv:
     return ChainEnv(chain, validator, miners, _fresh_keypair(), "subtensor")
 
 
-@pytest.fixture(params=["local", "subtensor"])
+@pytest.fixture(params=["local", pytest.param("subtensor", marks=pytest.mark.subtensor)])
 def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ChainEnv]:
     made = _local_env(tmp_path) if request.param == "local" else _subtensor_env()
     try:

@@ -1,9 +1,10 @@
-"""Exactly which pallets, storage items, calls and arguments `SubtensorChain` uses, without a node.
+"""`SubtensorChain` on a recording fake of the substrate client: hostile values and error paths.
 
 A recording fake (tests/fake_substrate.py) stands in for `substrateinterface.SubstrateInterface`:
 it logs every method call with its arguments and answers with canned SCALE-decoded shapes (as
-py-substrate-interface and the Bittensor SDK's decoder produce them). The tests assert the exact
-module/function/params.
+py-substrate-interface and the Bittensor SDK's decoder produce them), including malformed ones a
+hostile node could cause. The pallet, item and call names asserted here are checked against the
+runtime itself by tests/test_chain_metadata.py (the real client on the finney metadata).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from fake_substrate import ALICE, BOB, CHARLIE, HEAD, FakeSubstrate, Receipt, se
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from substrateinterface import Keypair, SubstrateInterface
-from substrateinterface.exceptions import SubstrateRequestException
+from substrateinterface.exceptions import StorageFunctionNotFound, SubstrateRequestException
 from websocket import WebSocketConnectionClosedException
 
 from protocol.chain import (
@@ -139,9 +140,6 @@ def test_metagraph_reads_one_block_of_subtensor_module_storage(
         }
         for item in ("Keys", "BlockAtRegistration")
     ]
-    assert fake.named("get_metadata_storage_function") == [
-        {"module_name": "SubtensorModule", "storage_name": "TotalHotkeyAlpha", "block_hash": HEAD}
-    ]
     assert [k["params"] for k in fake.named("create_storage_key")] == [
         [ALICE.ss58_address, NETUID],
         [BOB.ss58_address, NETUID],
@@ -149,15 +147,6 @@ def test_metagraph_reads_one_block_of_subtensor_module_storage(
     ]
     assert {k["storage_function"] for k in fake.named("create_storage_key")} == {"TotalHotkeyAlpha"}
     assert [q["block_hash"] for q in fake.named("query_multi")] == [HEAD]
-
-
-def test_metagraph_falls_back_to_total_hotkey_stake(fake: FakeSubstrate) -> None:
-    fake.stake_items = ()
-    seed_subnet(fake, NETUID)
-    fake.storage[("SubtensorModule", "TotalHotkeyStake", (BOB.ss58_address,))] = 3_000_000_000
-    chain = SubtensorChain("ws://127.0.0.1:9944", NETUID, substrate=fake)
-    assert [n.stake for n in chain.metagraph().neurons] == [0.0, 3.0, 0.0]
-    assert [k["params"] for k in fake.named("create_storage_key")][1] == [BOB.ss58_address]
 
 
 def test_metagraph_refuses_a_missing_subnet_and_lying_sizes(
@@ -257,7 +246,6 @@ def test_commit_empty_and_full(chain: SubtensorChain, fake: FakeSubstrate) -> No
     ("error", "expected"),
     [
         ("SpaceLimitExceeded", RateLimited),
-        ("CommitmentSetRateLimitExceeded", RateLimited),
         ("AccountNotAllowedCommit", NotRegistered),
         ("TooManyFieldsInCommitmentInfo", ChainError),
     ],
@@ -383,11 +371,27 @@ def test_set_weights_failures_map_to_typed_errors(
         chain.set_weights(ALICE, [1], [1.0], 1)
 
 
-def test_pool_rejections_map_to_typed_errors(chain: SubtensorChain, fake: FakeSubstrate) -> None:
-    rejection = {"code": 1010, "message": "Invalid Transaction", "data": "Custom error: 6"}
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ("Custom error: 6", RateLimited),  # the classic text of a node's 1010 rejection
+        ("Invalid transaction with custom error: 1", PermissionDenied),  # stake below threshold
+        ({"Custom": 10}, NotRegistered),  # the structured form
+        ("custom error: 19", NotRegistered),
+    ],
+)
+def test_pool_rejections_map_to_typed_errors(
+    chain: SubtensorChain, fake: FakeSubstrate, data: object, expected: type[Exception]
+) -> None:
+    rejection = {"code": 1010, "message": "Invalid Transaction", "data": data}
     fake.submit_error = SubstrateRequestException(rejection)
-    with pytest.raises(RateLimited):
+    with pytest.raises(expected):
         chain.set_weights(ALICE, [1], [1.0], 1)
+
+
+def test_unknown_pool_rejections_surface_verbatim(
+    chain: SubtensorChain, fake: FakeSubstrate
+) -> None:
     fake.submit_error = SubstrateRequestException({"code": 1010, "data": "Custom error: 99"})
     with pytest.raises(ChainError, match="Custom error: 99"):
         chain.set_weights(ALICE, [1], [1.0], 1)
@@ -452,6 +456,14 @@ def test_transport_failures_are_chain_unavailable(
 ) -> None:
     fake.query_error = error
     with pytest.raises(ChainUnavailable):
+        chain.uid_of(ALICE.ss58_address)
+
+
+def test_a_runtime_without_our_items_is_a_chain_error(
+    chain: SubtensorChain, fake: FakeSubstrate
+) -> None:
+    fake.query_error = StorageFunctionNotFound('Storage function "SubtensorModule.Uids" not found')
+    with pytest.raises(ChainError, match="does not support"):
         chain.uid_of(ALICE.ss58_address)
 
 

@@ -108,7 +108,6 @@ def test_snapshot_reads_every_item_at_the_blocks_hash(
         ("query", "ValidatorPermit", pinned),
         ("query", "LastUpdate", pinned),
         ("query_map", "BlockAtRegistration", pinned),
-        ("get_metadata_storage_function", "TotalHotkeyAlpha", pinned),
         ("query_multi", None, pinned),
         ("query_map", "CommitmentOf", pinned),
         ("query_map", "Weights", pinned),

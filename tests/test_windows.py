@@ -1,4 +1,4 @@
-"""Windows, deadlines and on-time classification."""
+"""Windows, deadlines and their wall-clock times."""
 
 from __future__ import annotations
 
@@ -10,11 +10,9 @@ from hypothesis import strategies as st
 
 from protocol.runconfig import RunConfig
 from protocol.windows import (
-    Timeliness,
     WindowSchedule,
     blocks_until_deadline,
     chain_timestamp_to_s,
-    classify_upload_time,
     deadline_block,
     deadline_time,
     estimate_block_time,
@@ -56,8 +54,6 @@ def test_block_lies_in_its_window(block: int, bpw: int) -> None:
         lambda: deadline_block(1, 10, -1),
         lambda: estimate_block_time(1, 0, 0.0, 0.0),
         lambda: estimate_block_time(1, 0, float("nan"), 12.0),
-        lambda: classify_upload_time(1.0, 0.0, 2.0, -1.0),
-        lambda: classify_upload_time(float("inf"), 0.0, 2.0, 1.0),
     ],
 )
 def test_bad_inputs_raise_value_error(call: object) -> None:
@@ -76,16 +72,6 @@ def test_wall_clock_deadline_from_window_start() -> None:
     assert estimate_block_time(50, 60, t0 + 120.0, 12.0) == t0
 
 
-def test_classification_with_tolerance() -> None:
-    o, d, tol = 100.0, 200.0, 5.0
-    assert classify_upload_time(150.0, o, d, tol) is Timeliness.ON_TIME
-    assert classify_upload_time(205.0, o, d, tol) is Timeliness.ON_TIME  # inside the slack
-    assert classify_upload_time(205.001, o, d, tol) is Timeliness.LATE
-    assert classify_upload_time(95.0, o, d, tol) is Timeliness.ON_TIME
-    assert classify_upload_time(94.9, o, d, tol) is Timeliness.EARLY
-    assert classify_upload_time(200.5, o, d, 0.0) is Timeliness.LATE
-
-
 def test_schedule_from_run_config() -> None:
     run = RunConfig.preset("tiny")
     s = WindowSchedule.from_run(run)
@@ -99,10 +85,6 @@ def test_schedule_from_run_config() -> None:
     deadline = s.deadline_time(7, start, t0)
     assert deadline == t0 + (bpw + dl) * run.timing.block_time_s
     assert s.open_time(7, start, t0) == t0
-    tol = run.timing.clock_skew_tolerance_s
-    assert s.classify(7, deadline + tol, start, t0) is Timeliness.ON_TIME
-    assert s.classify(7, deadline + tol + 0.01, start, t0) is Timeliness.LATE
-    assert s.classify(7, t0 - tol - 0.01, start, t0) is Timeliness.EARLY
 
 
 def test_time_conversions() -> None:

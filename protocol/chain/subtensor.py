@@ -1,7 +1,7 @@
 """Bittensor subtensor as a `Chain`, through substrate-interface.
 
-What it touches on chain (pallet.item), checked against opentensor/subtensor sources and the
-Bittensor SDK; see docs/chains.md for the confidence of each:
+What it touches on chain (pallet.item); tests/test_chain_metadata.py runs each through the real
+substrate-interface against the published finney runtime metadata (docs/chains.md):
 
 - time: `chain_getHeader` (head number, via `get_block_number`), `chain_getBlockHash`,
   `chain_getFinalizedHead`, storage `Timestamp.Now` (milliseconds) at the block's hash.
@@ -16,8 +16,8 @@ Bittensor SDK; see docs/chains.md for the confidence of each:
   weights max-upscaled so the largest is 65535; storage `SubtensorModule.Weights(netuid, uid)` ->
   `Vec<(u16, u16)>` (mechanism 0, whose storage index equals the netuid).
 
-The substrate client is injected (any object with substrate-interface's methods), which is how
-the unit tests check the exact calls without a node.
+The substrate client is injected (any object with substrate-interface's methods): the tests give
+it a real `SubstrateInterface` over an in-process node, or a recording fake.
 """
 
 from __future__ import annotations
@@ -31,8 +31,17 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import ValidationError
+from scalecodec.exceptions import (
+    InvalidScaleTypeValueException,
+    MetadataCallFunctionNotFound,
+    RemainingScaleBytesNotEmptyException,
+)
 from substrateinterface import Keypair
-from substrateinterface.exceptions import ConfigurationError, SubstrateRequestException
+from substrateinterface.exceptions import (
+    ConfigurationError,
+    StorageFunctionNotFound,
+    SubstrateRequestException,
+)
 
 from protocol.chain.base import Chain
 from protocol.chain.errors import (
@@ -68,32 +77,22 @@ ARCHIVE_URL = "wss://archive.chain.opentensor.ai:443"
 PRUNED_STATE_MARKERS = ("State already discarded", "UnknownBlock", "unknown Block")
 """What a node says when asked for state it no longer keeps (non-archive nodes prune it)."""
 
+# Error names, each a module error of the spec-343 runtime metadata (tests/test_chain_metadata.py
+# checks that against tests/data/subtensor/), a `DispatchError` variant (`BadOrigin`), or a name of
+# subtensor's `CustomTransactionError` (`RateLimitExceeded`).
 NOT_REGISTERED_ERRORS = frozenset(
     {
         "AccountNotAllowedCommit",
         "HotKeyNotRegisteredInSubNet",
         "HotKeyNotRegisteredInNetwork",
         "HotKeyAccountNotExists",
-        "NotRegistered",
-        "UidNotFound",
     }
 )
 RATE_LIMIT_ERRORS = frozenset(
-    {
-        "SpaceLimitExceeded",
-        "CommitmentSetRateLimitExceeded",
-        "RateLimitExceeded",
-        "SettingWeightsTooFast",
-        "TxRateLimitExceeded",
-    }
+    {"SpaceLimitExceeded", "RateLimitExceeded", "SettingWeightsTooFast", "TxRateLimitExceeded"}
 )
 PERMISSION_ERRORS = frozenset(
-    {
-        "NeuronNoValidatorPermit",
-        "NotEnoughStakeToSetWeights",
-        "BadOrigin",
-        "ValidatorWithoutPermission",
-    }
+    {"NeuronNoValidatorPermit", "NotEnoughStakeToSetWeights", "BadOrigin"}
 )
 WEIGHT_ERRORS = frozenset(
     {
@@ -103,7 +102,6 @@ WEIGHT_ERRORS = frozenset(
         "WeightVecLengthIsLow",
         "MaxWeightExceeded",
         "UidsLengthExceedUidsInSubNet",
-        "InvalidUid",
     }
 )
 HINTS = {
@@ -113,9 +111,18 @@ HINTS = {
     "MechanismDoesNotExist": "the subnet does not exist",
     "SubnetNotExists": "the subnet does not exist",
 }
-# `InvalidTransaction::Custom(n)` codes of subtensor's transaction extension that we can act on
-# (stable numbering per subtensor's CustomTransactionError; other codes surface verbatim).
-CUSTOM_TX_ERRORS = {6: "RateLimitExceeded", 10: "HotKeyNotRegisteredInNetwork"}
+# `InvalidTransaction::Custom(n)` codes of subtensor's transaction extension that we can act on,
+# as numbered by `CustomTransactionError` (subtensor common/src/transaction_error.rs): 1 is
+# `StakeAmountTooLow`, what `set_weights` gets below the stake threshold; 19 is `UidNotFound`.
+# Other codes surface verbatim.
+CUSTOM_TX_ERRORS = {
+    1: "NotEnoughStakeToSetWeights",
+    6: "RateLimitExceeded",
+    10: "HotKeyNotRegisteredInNetwork",
+    19: "HotKeyNotRegisteredInSubNet",
+}
+_CUSTOM_CODE = re.compile(r"custom(?: error)?['\"]?:\s*(\d+)", re.IGNORECASE)
+"""A pool rejection's code: `Custom error: 6`, `...with custom error: 6` or `{'Custom': 6}`."""
 
 
 def redact_url(url: str) -> str:
@@ -393,7 +400,7 @@ class SubtensorChain(Chain):
 
 def _request_error_name(text: str) -> str | None:
     """The error name inside a node's transaction-pool rejection, when we can tell."""
-    custom = re.search(r"Custom error: (\d+)\b", text)
+    custom = _CUSTOM_CODE.search(text)
     if custom is not None:
         return CUSTOM_TX_ERRORS.get(int(custom.group(1)))
     for name in (*NOT_REGISTERED_ERRORS, *RATE_LIMIT_ERRORS, *PERMISSION_ERRORS, *HINTS):
@@ -409,13 +416,24 @@ def _check_block(block: int) -> None:
 
 @contextmanager
 def _rpc(url: str) -> Iterator[None]:
-    """Turn transport failures into `ChainUnavailable`; let our own errors through."""
+    """Transport failures as `ChainUnavailable`; a runtime without an item or call we use, or bytes
+    that do not decode with the runtime's types, as `ChainError`; our own errors pass through."""
     try:
         yield
     except ChainError:
         raise
     except (OSError, TimeoutError) as exc:
         raise ChainUnavailable(f"cannot reach {url}: {exc}") from exc
+    except (StorageFunctionNotFound, MetadataCallFunctionNotFound) as exc:
+        raise ChainError(f"{url} runs a runtime this client does not support: {exc}") from exc
+    except (
+        RemainingScaleBytesNotEmptyException,
+        InvalidScaleTypeValueException,
+        ValueError,
+    ) as exc:
+        raise ChainError(
+            f"{url} sent data that does not decode with its runtime metadata: {str(exc)[:300]}"
+        ) from exc
     except Exception as exc:
         kind = type(exc).__name__
         if "WebSocket" in kind or "Connection" in kind:

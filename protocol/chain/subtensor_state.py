@@ -7,7 +7,8 @@ code path. Storage items (pallet.item), all at `block_hash`:
 - `SubtensorModule.NetworksAdded(netuid)`, `SubnetworkN(netuid)`, `Keys(netuid, uid)` (query_map),
   `ValidatorPermit(netuid) -> Vec<bool>`, `LastUpdate(netuid) -> Vec<u64>` (mechanism 0, whose
   storage index is the netuid), `BlockAtRegistration(netuid, uid) -> u64` (query_map), and stake
-  as `TotalHotkeyAlpha(hotkey, netuid)` or, on runtimes without it, `TotalHotkeyStake(hotkey)`.
+  as `TotalHotkeyAlpha(hotkey, netuid)` (the hotkey's alpha on the subnet; docs/chains.md says
+  how that differs from the stake weight subtensor ranks validators by).
 - `Commitments.CommitmentOf(netuid, hotkey)` (query_map).
 - `SubtensorModule.Weights(netuid, uid) -> Vec<(u16, u16)>` (query_map).
 """
@@ -48,6 +49,8 @@ RAO_PER_TAO = 1_000_000_000
 MAX_COMMITMENT_ENTRIES = 65_536
 """Stale commitments of deregistered hotkeys stay in storage; read at most this many."""
 QUERY_MULTI_BATCH = 256
+STAKE_ITEM = "TotalHotkeyAlpha"
+"""Dynamic-TAO runtimes only (spec 343 has no `TotalHotkeyStake`, the pre-dTAO item)."""
 
 
 class SubnetState:
@@ -57,7 +60,6 @@ class SubnetState:
         self._s = substrate
         self._netuid = netuid
         self._url = url
-        self._stake_item: tuple[str, bool] | None = None
 
     # -- neurons ---------------------------------------------------------------------------------
 
@@ -126,17 +128,12 @@ class SubnetState:
         return out
 
     def _stakes(self, hotkeys: list[str], block_hash: str) -> dict[str, int]:
-        """Stake in RAO per hotkey: TotalHotkeyAlpha(hotkey, netuid), else TotalHotkeyStake."""
-        if not hotkeys:
-            return {}
-        item, per_subnet = self._stake_storage_item(block_hash)
+        """Alpha in RAO per hotkey: `TotalHotkeyAlpha(hotkey, netuid)`, in batches."""
         result: dict[str, int] = {}
         for start in range(0, len(hotkeys), QUERY_MULTI_BATCH):
             storage_keys = [
-                self._s.create_storage_key(
-                    "SubtensorModule", item, [hk, self._netuid] if per_subnet else [hk]
-                )
-                for hk in hotkeys[start : start + QUERY_MULTI_BATCH]
+                self._s.create_storage_key("SubtensorModule", STAKE_ITEM, [hotkey, self._netuid])
+                for hotkey in hotkeys[start : start + QUERY_MULTI_BATCH]
             ]
             for storage_key, value in self._s.query_multi(storage_keys, block_hash=block_hash):
                 try:
@@ -145,14 +142,6 @@ class SubnetState:
                 except (ValueError, IndexError, AttributeError) as exc:
                     log.warning("skipping malformed stake entry: %s", exc)
         return result
-
-    def _stake_storage_item(self, block_hash: str) -> tuple[str, bool]:
-        if self._stake_item is None:
-            found = self._s.get_metadata_storage_function(
-                "SubtensorModule", "TotalHotkeyAlpha", block_hash=block_hash
-            )
-            self._stake_item = ("TotalHotkeyAlpha", True) if found else ("TotalHotkeyStake", False)
-        return self._stake_item
 
     # -- commitments and weights -----------------------------------------------------------------
 

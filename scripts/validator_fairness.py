@@ -13,7 +13,7 @@ Each window draws a fresh secret (`validator.reveal`), scores everyone with
 `validator.scoring.LossProbe` and feeds `validator.ratings.Book` as the validator does, except
 that every outcome counts as verdict ``ok`` (so the own-data test and the gain gate are measured
 alone, without the copy and replay rules). It prints, per kind, ``own_z``, the share of windows
-whose indicator passed, the evidence EMA and pay; for honest peers the per-window false-negative
+whose indicator passed, the pooled statistic Z and pay; for honest peers the per-window false-negative
 rate (indicator -1), the share of peer-windows past the warm-up whose own-data factor is below 1,
 and the largest deviation of an honest weight from the honest mean in every window past the
 third.
@@ -158,9 +158,8 @@ def main() -> None:
 
 def _ok(hotkey: str, s: LossScore) -> WindowOutcome:
     return WindowOutcome(
-        hotkey=hotkey, verdict=Verdict.OK, in_sync=True, score=s.score, indicator=s.indicator,
-        evidence=s.evidence,
-    )  # fmt: skip
+        hotkey=hotkey, verdict=Verdict.OK, in_sync=True, score=s.score, own_z=s.own.z
+    )
 
 
 def _weights(final: dict[int, float]) -> dict[int, float]:
@@ -183,7 +182,7 @@ def _collect(
         add(f"{kind} own_z", s.own.z)
         add(f"{kind} indicator +1", 1.0 if s.indicator > 0 else 0.0)
         add(f"{kind} score", s.score)
-        add(f"{kind} evidence EMA", book.records[uid].indicator_ema)
+        add(f"{kind} pooled Z", book.records[uid].own_pooled)
         add(f"{kind} weight", weights[uid])
         if kind == "honest" and w >= WARMUP:
             add(
@@ -203,7 +202,8 @@ def _collect(
 def _print(rows: dict[str, list[float]], a: argparse.Namespace, cfg: ValidatorConfig) -> None:
     print(
         f"\n{a.peers} honest peers, {a.windows} windows, n = {a.n} random + up to {a.n} own "
-        f"samples, own_z_pass {cfg.own_z_pass}, pay ramp [{cfg.own_pay_low}, {cfg.own_pay_full}]\n"
+        f"samples, own_z_pass {cfg.own_z_pass}, pay ramp on the pooled Z [{cfg.own_z_low}, {cfg.own_z_full}] "
+        f"over {cfg.own_windows} windows\n"
     )
     for key, vals in rows.items():
         vals = [v for v in vals if math.isfinite(v)]

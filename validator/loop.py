@@ -125,7 +125,7 @@ class Validator:
             self.history, self.run, self.spec, self.cfg, self.salt,
         )  # fmt: skip
         agreed = self._agree(window, roster, uploads, checks, begun)
-        losses = self._score(window, checks)
+        losses = self._score(window, checks, self._scoring_deadline(window))
         self.book.update(_outcomes(checks, losses))
         sketches = [c.sketch for c in checks.values() if c.sketch is not None]
         self.history.add(window, [*sketches, self._aggregate_sketch(window, agreed, checks)])
@@ -195,9 +195,12 @@ class Validator:
             log.error("window %d: publishing the aggregate failed: %s", window, exc)
         return agreed
 
-    def _score(self, window: int, checks: Mapping[int, PeerCheck]) -> dict[int, LossScore]:
+    def _score(
+        self, window: int, checks: Mapping[int, PeerCheck], until: float
+    ) -> dict[int, LossScore]:
         """Loss scores on the samples of the window's secret (`validator.reveal`), every update
-        at the median norm of the accepted ones (`validator.scoring`)."""
+        at the median norm of the accepted ones (`validator.scoring`), until `until`
+        (monotonic seconds)."""
         self._reveal = None
         candidates = [u for u, c in checks.items() if c.verdict in SCORABLE]
         if not candidates or window < self.current_window() - 1:  # catching up: no scoring
@@ -218,7 +221,6 @@ class Validator:
             self.cfg, self.device,
         )  # fmt: skip
         out: dict[int, LossScore] = {}
-        until = self._scoring_deadline(window)
         for uid in pick_scored(self.run.run_id, window, candidates, self.cfg.max_scored):
             if time.monotonic() > until:
                 log.warning("window %d: out of time, %d peers left unscored", window,

@@ -1,25 +1,32 @@
-"""A validator started mid-run rebuilds the model from published history instead of starting from
-the initial weights (a real SQLite chain, file buckets, the real `Validator` start-up)."""
+"""The validator on a real SQLite chain with file buckets: started mid-run it rebuilds the model from
+published history instead of starting from the initial weights; its scoring keeps to its time."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
+import pytest
 import torch
 from substrateinterface import Keypair
 
+from codec.aggregate import update_norm
 from codec.compress import Compressor
 from codec.spec import ModelSpec
 from node.model.fingerprint import fingerprint
 from node.model.llama import build_model
 from node.runtime.commit import commitment_for
-from node.window.exchange import encode_signed
+from node.window.exchange import check_update, encode_signed
+from node.window.gather import Fetched
 from node.window.history import Source, catch_up, publish_aggregate
 from protocol.chain.local import LocalChain
 from protocol.chain.local_db import LocalChainDB, create_local_chain
 from protocol.commitment import render_commitment
 from protocol.runconfig import RunConfig
 from protocol.stores import open_store
+from validator.checks import Verdict
+from validator.classify import PeerCheck
+from validator.fetching import Upload
 from validator.loop import Validator
 
 NETUID = 3
@@ -28,7 +35,12 @@ GENESIS = 2_000_000.0
 RUN = RunConfig.preset(
     "tiny",
     name="validator-catch-up",
-    timing={"blocks_per_window": 10, "upload_deadline_blocks": 2, "start_block": 0},
+    timing={
+        "block_time_s": BLOCK_TIME,
+        "blocks_per_window": 10,
+        "upload_deadline_blocks": 2,
+        "start_block": 0,
+    },  # fmt: skip
 )
 KEYS = [Keypair.create_from_uri(f"//vcatch{i}") for i in range(4)]  # 0, 1: validators; 2, 3: peers
 PUBLISHED = 3  # validator 0 published the aggregates of windows 0, 1, 2
@@ -93,5 +105,44 @@ def test_a_validator_started_mid_run_catches_up_from_published_history(tmp_path:
     # a restart resumes from its own saved state, at the same place
     again = Validator(RUN, KEYS[1], chain, store, tmp_path / "state1", local_root=tmp_path)
     assert (again.next_window, again.fingerprint) == (PUBLISHED, fps[PUBLISHED])
+    chain.close()
+    admin.close()
+
+
+def test_scoring_stops_when_its_time_is_up(tmp_path: Path) -> None:
+    """Scoring a window never delays the next window's agreement: it stops at the next gather
+    block, leaving the rest unscored (in an order drawn per window, not always the same uids)."""
+    clock = Clock()
+    path = tmp_path / "chain.db"
+    create_local_chain(path, NETUID, block_time=BLOCK_TIME, clock=clock)
+    admin = LocalChainDB(path, clock=clock)
+    for i, key in enumerate(KEYS):
+        admin.register(NETUID, key.ss58_address, validator=i == 0, stake=100.0 if i == 0 else 0.0)
+    chain = LocalChain(path, NETUID, clock=clock)
+    clock.at(1)
+    store = open_store(f"file://{tmp_path}?bucket=bucket0")
+    v = Validator(RUN, KEYS[0], chain, store, tmp_path / "state0", local_root=tmp_path)
+    spec = v.spec
+    gen = torch.Generator().manual_seed(1)
+    checks = {}
+    for uid in (2, 3):
+        sparse = [
+            Compressor(spec, RUN.codec).compress(
+                n, torch.randn(p.shape, generator=gen) * 1e-3, 0.95
+            )
+            for n, p in v.model.named_parameters()
+        ]
+        data = encode_signed(sparse, RUN, spec, 0, uid, KEYS[uid])
+        update = check_update(data, uid, KEYS[uid].ss58_address, RUN, spec, 0)
+        fetched = Fetched(uid, update, "ok", data)
+        upload = Upload(uid, KEYS[uid].ss58_address, fetched, None)
+        checks[uid] = PeerCheck(
+            uid, KEYS[uid].ss58_address, upload, Verdict.OK, "ok", norm=update_norm(update.tensors)
+        )
+    assert set(v._score(0, checks, time.monotonic() + 600)) == {2, 3}
+    assert v._score(0, checks, time.monotonic() - 1) == {}
+    # the deadline is the next window's gather block
+    blocks = v.clock.gather_block(1) - chain.block()
+    assert v._scoring_deadline(0) - time.monotonic() == pytest.approx(blocks * BLOCK_TIME, abs=5)
     chain.close()
     admin.close()

@@ -39,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from deploy.sim.buckets import SimKeyError
     from deploy.sim.layout import build_world
 
     console = Console()
@@ -51,15 +52,18 @@ def run(args: argparse.Namespace) -> int:
         if not args.force:
             raise SystemExit(f"{args.out} is not empty: pass --force to replace it")
         shutil.rmtree(args.out)
-    world = build_world(
-        args.out,
-        args.windows,
-        args.block_time,
-        args.blocks_per_window,
-        args.peers,
-        kinds,
-        args.storage,
-    )
+    try:
+        world = build_world(
+            args.out,
+            args.windows,
+            args.block_time,
+            args.blocks_per_window,
+            args.peers,
+            kinds,
+            args.storage,
+        )
+    except SimKeyError as exc:
+        raise SystemExit(f"error: {exc}") from None
     run_cfg = world.run
     console.print(
         f"run {run_cfg.run_id}: {args.peers} peers, adversaries {kinds or 'none'}, "

@@ -145,12 +145,9 @@ def verdict(world: World, report: SimReport, exit_codes: dict[str, int | None]) 
 
 
 def _windows_done(world: World) -> list[int]:
-    import json
+    from node.runtime.report_log import REPORTS, read_json_lines
 
-    path = world.of_kind("honest")[0].state_dir / "reports.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line)["window"] for line in path.read_text().splitlines()]
+    return [r["window"] for r in read_json_lines(world.of_kind("honest")[0].state_dir / REPORTS)]
 
 
 def _summary(r: SimReport) -> list[tuple[str, str]]:

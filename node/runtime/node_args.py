@@ -70,12 +70,14 @@ def connect(
 
     With `preflight`, the bucket is checked writable and readable and our commitment on chain
     is checked (posted with `--commit`, once the server has refused the read key's writes);
-    every failure comes with the fix.
+    every failure comes with the fix. Lifecycle rules are applied to our bucket where the
+    provider has them (`node.runtime.retention`).
     """
     from node.runtime.commit import commitment_for, ensure_commitment
     from node.runtime.preflight import check_bucket
     from node.runtime.read_key import require_committable
     from node.runtime.resilient_chain import resilient
+    from node.runtime.retention import apply_lifecycle
     from protocol.chain import open_chain
     from protocol.keys import load_hotkey
     from protocol.stores import open_store
@@ -89,6 +91,7 @@ def connect(
     store = open_store(args.store)
     if preflight:
         check_bucket(store)
+        apply_lifecycle(store)
         wanted = commitment_for(args.store)
         ensure_commitment(
             chain, keypair, wanted, post=args.commit,

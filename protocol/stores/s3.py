@@ -450,6 +450,26 @@ class S3Store(ObjectStore):
         validate_key(key)
         self._call("delete", key, lambda: self._client.delete_object(Bucket=self._bucket, Key=key))
 
+    def lifecycle_rules(self) -> list[dict[str, Any]]:
+        """The bucket's lifecycle rules (none: an empty list)."""
+        get = functools.partial(
+            self._client.get_bucket_lifecycle_configuration, Bucket=self._bucket
+        )
+        try:
+            return list(self._call("get lifecycle of", self._bucket, get).get("Rules") or [])
+        except ObjectNotFound:  # NoSuchLifecycleConfiguration
+            return []
+
+    def set_lifecycle_rules(self, rules: Sequence[dict[str, Any]]) -> None:
+        """Replace the bucket's lifecycle rules (needs the write key)."""
+        self._require_writable("set lifecycle")
+        put = functools.partial(
+            self._client.put_bucket_lifecycle_configuration,
+            Bucket=self._bucket,
+            LifecycleConfiguration={"Rules": list(rules)},
+        )
+        self._call("put lifecycle of", self._bucket, put)
+
     def _put_single(self, key: str, body: bytes) -> None:
         kwargs: dict[str, Any] = {"Bucket": self._bucket, "Key": key, "Body": body}
         if self._cfg.content_md5:

@@ -7,7 +7,9 @@
 * `poisoned`: an update whose codebook holds NaN (a peer uploading non-finite values);
 * `at_the_cap`: every value at the largest magnitude a decoder admits, signs against a victim's;
 * `scaled`: a victim's update with its values multiplied (a peer buying score or influence);
-* `from_dense`: any dense vector (e.g. the last published aggregate) through the real compressor.
+* `from_dense`: any dense vector (e.g. the last published aggregate) through the real compressor;
+* `chunk_mix`: two peers' updates mixed chunk by chunk (each chunk whole from one of them),
+  re-compressed by the real compressor (a copier splicing two victims to dodge copy checks).
 """
 
 from __future__ import annotations
@@ -136,3 +138,30 @@ def from_dense(
     """A dense update compressed by the real compressor (no error feedback)."""
     comp = Compressor(spec, run.codec)
     return [comp.compress(t.name, dense[t.name], 0.0, freeze=True) for t in spec.tensors]
+
+
+def chunk_mix(
+    a: Sequence[SparseTensor],
+    b: Sequence[SparseTensor],
+    fraction: float,
+    gen: torch.Generator,
+    spec: ModelSpec,
+    run: RunConfig,
+) -> list[SparseTensor]:
+    """In every chunk group, ``round(fraction * n)`` randomly chosen chunks taken whole (positions
+    and decoded values) from `b` and the others from `a`, then compressed again."""
+    dense = {}
+    for sa, sb in zip(a, b, strict=True):
+        if sa.name != sb.name:
+            raise ValueError(f"tensors {sa.name!r} and {sb.name!r} cannot be mixed")
+        layout = sa.layout(run.codec)
+        flat = torch.zeros(math.prod(sa.shape), dtype=torch.float32)
+        for gi, (ga, gb, va, vb) in enumerate(
+            zip(sa.groups, sb.groups, sa.values(), sb.values(), strict=True)
+        ):
+            n = ga.idx.shape[0]
+            from_b = (torch.randperm(n, generator=gen) < round(fraction * n))[:, None]
+            idx = torch.where(from_b, gb.idx, ga.idx)
+            flat[layout.flat_positions(gi, idx).view(-1)] = torch.where(from_b, vb, va).view(-1)
+        dense[sa.name] = flat.view(sa.shape)
+    return from_dense(dense, spec, run)

@@ -16,7 +16,7 @@ NETUID = 1
 VALIDATOR_STAKE = 1000.0
 ADVERSARY_KINDS = (
     "noise", "copier", "stale", "freeloader", "nan", "late",
-    "poison", "scaled", "equivocate", "sigforge", "recycler", "slowdrip",
+    "poison", "scaled", "equivocate", "sigforge", "recycler", "slowdrip", "mixer",
 )  # fmt: skip
 
 

@@ -6,6 +6,7 @@ adversarial simulation; here each attack is shown to be the attack it says it is
 
 from __future__ import annotations
 
+import argparse
 import time
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from codec.spec import ModelSpec
 from deploy.sim import adversary as adv_mod
 from deploy.sim import forgeries as forge
 from deploy.sim.adversary import Adversary
+from deploy.sim.layout import build_world
+from deploy.sim.processes import command
 from node.model.llama import build_model
 from node.runtime.commit import commitment_for
 from node.window.buckets import peer_buckets
@@ -266,6 +269,16 @@ def test_the_mixer_uploads_a_chunk_mix_of_two_peers(world) -> None:
     expected, from_b = _provenance(uploaded, a, b)
     assert sum(from_b) > 0 and sum(from_b) < sum(g.idx.shape[0] for s in a for g in s.groups)
     assert _cos(_dense(uploaded), expected) > 0.99
+
+
+def test_the_simulation_gives_the_mixer_two_honest_sources(tmp_path: Path) -> None:
+    world = build_world(tmp_path, 2, 1.0, 10, 2, ["mixer"], "file")
+    cmd = command(world, world.of_kind("mixer")[0], 2)
+    parser = argparse.ArgumentParser()
+    adv_mod.add_arguments(parser)
+    args = parser.parse_args(cmd[1:])
+    assert args.kind == "mixer"
+    assert [args.victim, args.second_victim] == [m.uid for m in world.of_kind("honest")]
 
 
 def test_slowdrip_serves_its_bucket_one_byte_per_second(world, tmp_path: Path) -> None:

@@ -18,12 +18,14 @@ from moto.core.authorization import disable_iam_authentication
 
 from deploy.sim.buckets import SimKeyError, read_key_env
 from deploy.sim.layout import build_world
+from node.runtime.commit import commitment_for, ensure_commitment
 from node.runtime.node_args import add_node_arguments, connect
 from node.runtime.read_key import ReadKeyCanWrite
 from protocol.chain.local import LocalChain
 from protocol.chain.local_db import LocalChainDB, create_local_chain
 from protocol.commitment import parse_commitment
-from protocol.keys import create_hotkey
+from protocol.credentials import ReadCredentials
+from protocol.keys import create_hotkey, load_hotkey
 
 READ_ONLY = ["s3:GetObject", "s3:ListBucket"]
 
@@ -144,3 +146,17 @@ def test_a_node_starting_with_commit_posts_only_a_read_only_key(
         with pytest.raises(ReadKeyCanWrite):
             connect(args, "miner")
         assert _committed(args, hotkey) is None
+
+
+def test_a_key_is_never_posted_without_the_check(tmp_path: Path) -> None:
+    args, hotkey = _start_up_args(tmp_path, "s3://bucket?endpoint=https://s3.example.org")
+    read = ReadCredentials(access_key_id="reader-key-id", secret_access_key="reader-secret")
+    wanted = commitment_for(args.store, read)
+    chain = LocalChain(args.chain.removeprefix("local://"), 1)
+    keypair = load_hotkey("w", "h", tmp_path / "wallets")
+    try:
+        with pytest.raises(ValueError, match="key check"):
+            ensure_commitment(chain, keypair, wanted, post=True)
+    finally:
+        chain.close()
+    assert _committed(args, hotkey) is None

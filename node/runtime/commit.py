@@ -76,8 +76,9 @@ def ensure_commitment(
 ) -> None:
     """Check the chain holds `wanted` for our hotkey; post it when `post`, else explain how.
 
-    `before_post` runs just before posting and raises to stop it (the read-key check,
-    `node.runtime.read_key.require_committable`)."""
+    `before_post` runs just before posting and raises to stop it: the read-key check
+    (`node.runtime.read_key.require_committable`). A commitment that carries a key is never
+    posted without one."""
     current = chain.read_commitment(keypair.ss58_address)
     if current is not None:
         try:
@@ -91,7 +92,10 @@ def ensure_commitment(
             f"the bucket commitment of {keypair.ss58_address} is {state}; rerun with --commit to "
             "post the commitment for the configured bucket"
         )
-    if before_post is not None:
+    if before_post is None:
+        if wanted.provider is not Provider.LOCAL:
+            raise ValueError("a commitment with a read key is posted only after the key check")
+    else:
         before_post()
     chain.commit(keypair, render_commitment(wanted))
     log.info("posted bucket commitment: %s", wanted)

@@ -245,6 +245,25 @@ def test_a_redirect_is_refused_in_local_mode_too(tmp_path: Path) -> None:
     assert server.requests and all("followed" not in seen.target for seen in server.requests)
 
 
+@pytest.mark.parametrize("status", ["301 Moved Permanently", "302 Found", "303 See Other",
+                                    "308 Permanent Redirect"])  # fmt: skip
+def test_no_redirect_reaches_its_target(status: str, listener: Listener) -> None:
+    def redirect(conn: socket.socket) -> None:
+        conn.recv(65536)
+        where = f"http://127.0.0.1:{listener.port}/bucket/{KEY}"
+        conn.sendall(f"HTTP/1.1 {status}\r\nLocation: {where}\r\nContent-Length: 0\r\n"
+                     "Connection: close\r\n\r\n".encode())  # fmt: skip
+
+    sock, port = _serve_each(redirect)
+    try:
+        store = _store(f"http://127.0.0.1:{port}", EndpointPolicy.local())
+        assert isinstance(_gather(store), StoreError)
+        assert isinstance(_via_boto(store), StoreUnavailable)
+    finally:
+        sock.close()
+    assert listener.accepted == 0
+
+
 def test_local_mode_reads_a_loopback_bucket(tmp_path: Path) -> None:
     (tmp_path / "bucket" / KEY).parent.mkdir(parents=True)
     (tmp_path / "bucket" / KEY).write_bytes(b"payload")

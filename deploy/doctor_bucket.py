@@ -7,14 +7,13 @@ import contextlib
 import math
 import os
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 
 from pydantic import ValidationError
 
 from deploy.doctor_report import Check, fail, ok, skip, warn
 from node.runtime.preflight import PreflightError, check_bucket
-from protocol.credentials import ReadCredentials, WriteCredentials
+from node.runtime.read_key import READ_ENV, READ_ONLY_FIX, probe_read_key, read_credentials
 from protocol.runconfig import RunConfig
 from protocol.stores import (
     AccessDenied,
@@ -32,17 +31,9 @@ from protocol.stores.s3_client import mask_key_id
 
 MB = 1_000_000
 MIB = 1 << 20
-READ_PROBE = "tessera-probe/read-key-check"
-WRITE_ATTEMPT = "tessera-probe/read-key-write-attempt"
 BANDWIDTH_PROBE = "tessera-probe/bandwidth"
 BITS_PER_KEPT_ENTRY = 10
 """Index + 2-bit value + side information, ≈9.1 measured (README, codec figures), rounded up."""
-READ_ENV = ("TESSERA_S3_READ_ACCESS_KEY_ID", "TESSERA_S3_READ_SECRET_ACCESS_KEY")
-READ_ONLY_FIX = (
-    "create a read-only key for this bucket (R2: an 'Object Read only' API token; MinIO: the "
-    "readonly policy; S3: s3:GetObject + s3:ListBucket only, see docs/buckets.md) and set "
-    "TESSERA_S3_READ_* to it"
-)
 WRITE_KEY_FIX = (
     "set TESSERA_S3_ACCESS_KEY_ID / TESSERA_S3_SECRET_ACCESS_KEY to a key with write access to "
     "this bucket (the read-only key goes in TESSERA_S3_READ_*)"
@@ -85,59 +76,6 @@ def bucket_check(url: str | None) -> tuple[Check, ObjectStore | None]:
     return ok("bucket", f"write, read and delete work on {store.location} (key {key})"), store
 
 
-def read_credentials(env: Mapping[str, str]) -> ReadCredentials | None:
-    key_id, secret = env.get(READ_ENV[0]), env.get(READ_ENV[1])
-    if not key_id or not secret:
-        return None
-    return ReadCredentials(access_key_id=key_id, secret_access_key=secret)
-
-
-def _attempt(action: Callable[[], object]) -> str:
-    """'refused', 'allowed', or the error that made the outcome unclear."""
-    try:
-        action()
-    except AccessDenied:
-        return "refused"
-    except StoreError as exc:
-        return f"unclear ({exc})"
-    return "allowed"
-
-
-@dataclass(frozen=True)
-class KeyProbe:
-    """What the server let the read key do: each 'allowed', 'refused' or 'unclear (…)'."""
-
-    get: str
-    list: str
-    put: str
-    delete: str
-
-
-def probe_read_key(url: str, store: ObjectStore, read: ReadCredentials) -> KeyProbe:
-    """Try a get, a list, a put and a delete with the read key (objects cleaned up after)."""
-    as_reader = open_store(url, read)
-    # the read key with write semantics, so the request reaches the server and it must refuse
-    as_writer = open_store(url, WriteCredentials(read.access_key_id, read.secret_access_key))
-    try:
-        store.put(READ_PROBE, b"read-check")
-
-        def get() -> None:
-            if as_reader.get(READ_PROBE, 64) != b"read-check":
-                raise StoreError("the read key got other bytes than we wrote")
-
-        return KeyProbe(
-            get=_attempt(get),
-            list=_attempt(lambda: as_reader.list("tessera-probe/", limit=100)),
-            put=_attempt(lambda: as_writer.put(WRITE_ATTEMPT, b"must be refused")),
-            delete=_attempt(lambda: as_writer.delete(READ_PROBE)),
-        )
-    finally:
-        for key in (WRITE_ATTEMPT, READ_PROBE):
-            store.delete(key)
-        as_reader.close()
-        as_writer.close()
-
-
 def read_key_check(
     url: str, store: ObjectStore, role: str = "miner", env: Mapping[str, str] | None = None
 ) -> Check:
@@ -165,7 +103,7 @@ def read_key_check(
             READ_ONLY_FIX,
         )
     p = probe_read_key(url, store, read)
-    seen = f"get {p.get}, list {p.list}, put {p.put}, delete {p.delete}"
+    seen = str(p)
     if "allowed" in (p.put, p.delete):
         return fail(
             name,

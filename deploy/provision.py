@@ -14,10 +14,18 @@ from pydantic import ValidationError
 from substrateinterface import Keypair
 
 from node.runtime.commit import CommitmentMismatch, commitment_for, ensure_commitment
+from node.runtime.read_key import ReadKeyCanWrite, require_committable
 from protocol.chain.base import Chain
 from protocol.commitment import BucketCommitment
 from protocol.credentials import WriteCredentials
-from protocol.stores import S3Config, S3Location, credentials_from_env, parse_store_url
+from protocol.stores import (
+    S3Config,
+    S3Location,
+    StoreError,
+    credentials_from_env,
+    open_store,
+    parse_store_url,
+)
 from protocol.stores.errors import sanitize
 from protocol.stores.s3_client import error_code, http_status, mask_key_id, new_client
 
@@ -125,11 +133,23 @@ def wanted_commitment(store_url: str) -> BucketCommitment:
 
 
 def post_commitment(chain: Chain, keypair: Keypair, store_url: str) -> bool:
-    """Make the chain hold our commitment for `store_url`; True when it had to be posted."""
+    """Make the chain hold our commitment for `store_url`; True when it had to be posted.
+
+    Before posting, the server must refuse the read key's writes (`require_committable`)."""
     wanted = wanted_commitment(store_url)
     try:
         ensure_commitment(chain, keypair, wanted, post=False)
         return False
     except CommitmentMismatch:
-        ensure_commitment(chain, keypair, wanted, post=True)
-        return True
+        pass
+    try:
+        with open_store(store_url) as store:
+            ensure_commitment(
+                chain, keypair, wanted, post=True,
+                before_post=lambda: require_committable(store_url, store, wanted),
+            )  # fmt: skip
+    except ReadKeyCanWrite as exc:
+        raise ProvisionError(str(exc)) from None
+    except StoreError as exc:
+        raise ProvisionError(f"cannot open our bucket to check the read key: {exc}") from None
+    return True

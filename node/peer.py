@@ -7,7 +7,9 @@
 3. sign and upload to our own bucket (before the deadline);
 4. at the deadline, gather the selected peers' updates, verify and decode them strictly,
    aggregate deterministically, and take the outer step from the window's starting weights;
-5. publish our parameter fingerprint and save the local state atomically.
+5. publish our parameter fingerprint and save the local state atomically;
+6. append the window's report to the (rotated) local log and prune our bucket's old objects
+   (`node.runtime.retention`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from node.runtime.metrics import PeerMetrics
 from node.runtime.multigpu import Ranks
 from node.runtime.preflight import explain_os_error
 from node.runtime.progress import tracked
+from node.runtime.report_log import REPORTS, append_line
+from node.runtime.retention import prune_own_bucket
 from node.runtime.state import PeerState, load_error_feedback, load_state, save_ef_shard, save_state
 from node.window.consensus import Agreement, agree, wait_for_manifest, window_roster
 from node.window.exchange import encode_signed, publish
@@ -131,8 +135,10 @@ class Peer:
             if not self.ranks.is_main:  # rank 0 reports for the whole peer
                 continue
             self._record(reports[-1])
-            with (self.state_dir / "reports.jsonl").open("a") as f:
-                f.write(json.dumps(dataclasses.asdict(reports[-1])) + "\n")
+            append_line(self.state_dir / REPORTS, json.dumps(dataclasses.asdict(reports[-1])))
+            prune_own_bucket(
+                self.store, self.cfg, self.uid, self.keypair.ss58_address, reports[-1].window
+            )
             log.info(
                 "window %d: loss %.4f, %.0f tok/s, %d B up in %.2fs, gathered %s, fingerprint %s",
                 window, reports[-1].loss, reports[-1].tokens_per_s, reports[-1].upload_bytes,

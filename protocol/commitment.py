@@ -47,11 +47,12 @@ only long host names push a body into a second or third field.
 
 Only `ReadCredentials` can go into a commitment: handing a `WriteCredentials` anywhere here raises
 `SecretLeakError`. Every malformed input to `parse_commitment` raises `CommitmentError` and only
-that. Reading a commitment does not make its endpoint safe to contact: by default the parser
-refuses plain-http endpoints and hosts that are loopback, private, link-local or otherwise
-non-public IP literals, ``localhost`` or single-label names (pass ``allow_private_endpoints=True``
-for local simulations); DNS names that *resolve* to private addresses must be handled by the
-store layer.
+that. By default the parser refuses what `protocol.endpoints.EndpointPolicy` can refuse without a
+lookup: plain-http endpoints, ports other than 443, non-canonical numeric hosts (``127.1``,
+``0x7f.1``), IP literals that are not globally routable, ``localhost`` and single-label names
+(pass ``allow_private_endpoints=True`` for local simulations). That a DNS name resolves only to
+routable addresses is checked, and the address pinned, when a store connects
+(`protocol.stores.pinned`, `protocol.stores.fetch`).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from protocol.credentials import ReadCredentials, SecretLeakError, WriteCredentials
+from protocol.endpoints import EndpointPolicy, EndpointRefused, split_host
 
 VERSION = 1
 RAW_FIELD_BYTES = 128
@@ -217,17 +219,6 @@ def _check_host(host: str) -> None:
         raise ValueError("host must be lowercase host[:port] with DNS labels or an IPv4 address")
     if m["port"] is not None and int(m["port"]) > 65535:
         raise ValueError("port out of range")
-
-
-def _is_public_host(host: str) -> bool:
-    name = host.rsplit(":", 1)[0] if ":" in host else host
-    if name == "localhost" or name.endswith(".localhost") or "." not in name:
-        return False
-    try:
-        ip = ipaddress.ip_address(name)
-    except ValueError:
-        return True  # a DNS name; resolution is the store layer's business
-    return ip.is_global and not ip.is_multicast
 
 
 # -- strings ---------------------------------------------------------------------------------
@@ -391,8 +382,10 @@ def parse_commitment(data: bytes, *, allow_private_endpoints: bool = False) -> B
     if not allow_private_endpoints and provider in _ENDPOINT:
         if provider is Provider.HTTP:
             raise CommitmentError("plain-http endpoints are refused outside local simulations")
-        if not _is_public_host(str(commitment.host)):
-            raise CommitmentError("endpoint host is not a public address")
+        try:
+            EndpointPolicy.production().check_host(*split_host(str(commitment.host)))
+        except EndpointRefused as exc:
+            raise CommitmentError(f"endpoint refused: {exc}") from None
     return commitment
 
 

@@ -189,6 +189,24 @@ class ConsensusConfig(_Frozen):
     )
 
 
+class RetentionConfig(_Frozen):
+    """How long a node keeps its own objects in its bucket (`node.runtime.retention`).
+
+    Every object of the newest `windows` windows is kept, and so is the newest checkpoint with
+    every object since it (what a late joiner replays). Older checkpoints are thinned: the first
+    one of each span of `checkpoint_every_kept` windows is kept while it is younger than
+    `checkpoint_windows`. Everything else of ours is deleted after each window.
+    """
+
+    windows: int = Field(24, ge=2, le=10**6, description="every object of the newest N windows")
+    checkpoint_every_kept: int = Field(
+        250, ge=1, le=10**9, description="older checkpoints: one kept per span of N windows"
+    )
+    checkpoint_windows: int = Field(
+        1000, ge=0, le=10**9, description="older checkpoints are deleted past this age (windows)"
+    )
+
+
 class RunConfig(_Frozen):
     """Everything all peers of a run must share. Its content hash is the run id."""
 
@@ -210,6 +228,7 @@ class RunConfig(_Frozen):
     timing: TimingConfig
     gather_size: int = Field(ge=1, le=4096, description="peers aggregated per window")
     consensus: ConsensusConfig = ConsensusConfig()
+    retention: RetentionConfig = RetentionConfig()
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:

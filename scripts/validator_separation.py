@@ -75,8 +75,8 @@ def share_measurements(
     derived = {
         "copy (perturbed)": perturbed_copy(a, run.codec, gen),
         "copy (re-quantised)": requantised(a, spec, run, gen),
-        "mix 50/50": chunk_mix(a, b, 0.5, gen),
-        "mix 60/40": chunk_mix(a, b, 0.6, gen),
+        "mix 50/50": chunk_mix(a, b, 0.5, gen, spec, run),
+        "mix 60/40": chunk_mix(a, b, 0.4, gen, spec, run),
         "Top-k of a sum": from_dense({n: da[n] + db[n] for n in da}, spec, run),
     }
     if last_mean is not None:

@@ -7,18 +7,25 @@
 
 `start_moto_server()` / `stop_moto_server()` start and fully stop an extra server (e.g. to make
 one go away during a test). All moto servers of a process share one in-memory backend.
+
+IAM: `iam_user()` creates a moto IAM user allowed some actions on some buckets and returns its key;
+under `enforced_iam` moto accepts only such keys, with their policies (a real read-only key is
+refused writes); without it, any key may do anything (the stand-in for a key that can write).
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import boto3
 import pytest
+from moto.core.authorization import enable_iam_authentication
 from moto.server import ThreadedMotoServer
 
 from protocol.credentials import WriteCredentials
@@ -80,3 +87,37 @@ def s3_bucket(_s3_admin: Any) -> str:
 @pytest.fixture
 def s3_url(s3_server: str, s3_bucket: str) -> str:
     return f"s3://{s3_bucket}?endpoint={s3_server}&region=us-east-1"
+
+
+def iam_user(endpoint: str, bucket: str, actions: list[str]) -> tuple[str, str]:
+    """An IAM user allowed `actions` on `bucket` (a name or a pattern such as ``sim-*``) and its
+    objects; returns its access key id and secret."""
+    iam = boto3.client(
+        "iam",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=TEST_ACCESS_KEY_ID,
+        aws_secret_access_key=TEST_SECRET,
+    )
+    name = f"tessera-{uuid.uuid4().hex[:12]}"
+    iam.create_user(UserName=name)
+    policy = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Action": actions,
+                "Resource": [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"],
+            }
+        ],
+    }
+    iam.put_user_policy(UserName=name, PolicyName="bucket", PolicyDocument=json.dumps(policy))
+    key = iam.create_access_key(UserName=name)["AccessKey"]
+    iam.close()
+    return key["AccessKeyId"], key["SecretAccessKey"]
+
+
+@pytest.fixture
+def enforced_iam() -> Iterator[None]:
+    with enable_iam_authentication():
+        yield

@@ -6,6 +6,7 @@ adversarial simulation; here each attack is shown to be the attack it says it is
 
 from __future__ import annotations
 
+import argparse
 import time
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from codec.spec import ModelSpec
 from deploy.sim import adversary as adv_mod
 from deploy.sim import forgeries as forge
 from deploy.sim.adversary import Adversary
+from deploy.sim.layout import build_world
+from deploy.sim.processes import command
 from node.model.llama import build_model
 from node.runtime.commit import commitment_for
 from node.window.buckets import peer_buckets
@@ -217,6 +220,65 @@ def _compressed(common: dict[str, torch.Tensor], noise: float, seed: int) -> lis
         n: v + noise * v.std() * torch.randn(v.shape, generator=gen) for n, v in common.items()
     }
     return forge.from_dense(dense, SPEC, RUN)
+
+
+def _provenance(mix: list, a: list, b: list) -> tuple[dict[str, torch.Tensor], list[int]]:
+    """Which source each chunk of `mix` holds (its positions equal exactly one source's), the
+    dense update those chunks add up to, and the number of chunks taken from `b` per group."""
+    expected, from_b = {}, []
+    for sm, sa, sb in zip(mix, a, b, strict=True):
+        layout, flat = sm.layout(RUN.codec), torch.zeros(sm.shape).view(-1)
+        for gi, (gm, ga, gb, va, vb) in enumerate(
+            zip(sm.groups, sa.groups, sb.groups, sa.values(), sb.values(), strict=True)
+        ):
+            is_a = (gm.idx == ga.idx).all(1)
+            is_b = (gm.idx == gb.idx).all(1)
+            assert bool((is_a | is_b).all())  # every chunk whole from one source
+            pick_b = is_b & ~is_a
+            from_b.append(int(pick_b.sum()))
+            idx = torch.where(pick_b[:, None], gb.idx, ga.idx)
+            vals = torch.where(pick_b[:, None], vb, va)
+            flat[layout.flat_positions(gi, idx).view(-1)] = vals.view(-1)
+        expected[sm.name] = flat.view(sm.shape)
+    return expected, from_b
+
+
+def test_chunk_mix_takes_half_the_chunks_whole_from_each_source() -> None:
+    a, b = _honest(21), _honest(22)
+    mix = forge.chunk_mix(a, b, 0.5, torch.Generator().manual_seed(3), SPEC, RUN)
+    for s in mix:
+        s.validate(RUN.codec)
+    expected, from_b = _provenance(mix, a, b)
+    groups = [g.idx.shape[0] for s in a for g in s.groups]
+    assert from_b == [round(0.5 * n) for n in groups]  # 50/50 by chunk
+    assert _cos(_dense(mix), expected) > 0.99  # the sources' values, re-quantized
+    # independent sources of equal energy: each keeps about half of the mix's energy
+    assert abs(_cos(_dense(mix), _dense(a)) - 0.5) < 0.1
+    assert abs(_cos(_dense(mix), _dense(b)) - 0.5) < 0.1
+
+
+def test_the_mixer_uploads_a_chunk_mix_of_two_peers(world) -> None:
+    keys, _, stores, make = world
+    adv = make("mixer")
+    adv.second_victim = 2
+    a, b = _honest(23), _honest(24)
+    _victim_uploads(world, 4, a)
+    data = encode_signed(b, RUN, SPEC, 4, 2, keys[2])
+    stores[2].put(update_key(RUN.run_id, 4, 2, keys[2].ss58_address), data)
+    uploaded = _checked(adv, keys, 4, adv_mod.FORGERS["mixer"](adv, 4))  # signed as its own
+    expected, from_b = _provenance(uploaded, a, b)
+    assert sum(from_b) > 0 and sum(from_b) < sum(g.idx.shape[0] for s in a for g in s.groups)
+    assert _cos(_dense(uploaded), expected) > 0.99
+
+
+def test_the_simulation_gives_the_mixer_two_honest_sources(tmp_path: Path) -> None:
+    world = build_world(tmp_path, 2, 1.0, 10, 2, ["mixer"], "file")
+    cmd = command(world, world.of_kind("mixer")[0], 2)
+    parser = argparse.ArgumentParser()
+    adv_mod.add_arguments(parser)
+    args = parser.parse_args(cmd[1:])
+    assert args.kind == "mixer"
+    assert [args.victim, args.second_victim] == [m.uid for m in world.of_kind("honest")]
 
 
 def test_slowdrip_serves_its_bucket_one_byte_per_second(world, tmp_path: Path) -> None:

@@ -86,9 +86,14 @@ def test_aws_fits_one_field_even_with_longest_bucket(region: str) -> None:
 
 
 def test_generic_endpoints() -> None:
-    c = minio()
+    c = minio("minio.example.org")
     assert parse_commitment(render_commitment(c)) == c
-    assert c.endpoint_url == "https://minio.example.org:9000"
+    assert c.endpoint_url == "https://minio.example.org"
+    other_port = minio()
+    assert other_port.endpoint_url == "https://minio.example.org:9000"
+    assert (
+        parse_commitment(render_commitment(other_port), allow_private_endpoints=True) == other_port
+    )
     local = minio("127.0.0.1:9000", Provider.HTTP)
     body = render_commitment(local)
     assert parse_commitment(body, allow_private_endpoints=True) == local
@@ -105,6 +110,15 @@ def test_generic_endpoints() -> None:
         ("0.0.0.0", Provider.HTTPS),
         ("localhost:9000", Provider.HTTPS),
         ("minio", Provider.HTTPS),  # single label: only resolves privately
+        ("minio.example.org:9000", Provider.HTTPS),  # only port 443
+        # legacy numeric spellings the system resolver reads as loopback/private/link-local
+        ("127.1", Provider.HTTPS),
+        ("0177.0.0.1", Provider.HTTPS),
+        ("0x7f.1", Provider.HTTPS),
+        ("10.1", Provider.HTTPS),
+        ("169.254.43518", Provider.HTTPS),
+        ("2130706433.example.0x7f", Provider.HTTPS),  # numeric last label
+        ("8.8.8.08", Provider.HTTPS),  # a leading zero: not canonical even when public
     ],
 )
 def test_private_endpoints_refused_by_default(host: str, provider: Provider) -> None:

@@ -93,7 +93,7 @@ def test_honest_updates_do_not_explain_each_other(world: World) -> None:
 def test_chunk_mixes_are_explained(world: World, share_a: float) -> None:
     gen = torch.Generator().manual_seed(int(share_a * 10))
     a, b = world.updates[0], world.updates[1]
-    mix = chunk_mix(a, b, share_a, gen)
+    mix = chunk_mix(a, b, 1 - share_a, gen, world.spec, RUN)
     others = {u: world.updates[u] for u in HONEST}
     assert _share(world, mix, others) >= THRESHOLD
 

@@ -13,14 +13,12 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
-from conftest import TEST_ACCESS_KEY_ID, TEST_SECRET
-from moto.core.authorization import disable_iam_authentication, enable_iam_authentication
+from conftest import iam_user
+from moto.core.authorization import disable_iam_authentication
 
 from deploy.cli import main
 from deploy.doctor_bucket import bandwidth_check
@@ -193,47 +191,14 @@ def test_missing_chain_and_store_fail_and_skip_dependents(
 # -- S3 (moto) ------------------------------------------------------------------------------------
 
 
-def _iam_user(endpoint: str, bucket: str, actions: list[str]) -> tuple[str, str]:
-    """An IAM user allowed `actions` on `bucket` (and its objects); returns its access key."""
-    iam = boto3.client(
-        "iam",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        aws_access_key_id=TEST_ACCESS_KEY_ID,
-        aws_secret_access_key=TEST_SECRET,
-    )
-    name = f"tessera-{uuid.uuid4().hex[:12]}"
-    iam.create_user(UserName=name)
-    policy = {
-        "Version": "2012-10-17",
-        "Statement": [
-            {
-                "Effect": "Allow",
-                "Action": actions,
-                "Resource": [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"],
-            }
-        ],
-    }
-    iam.put_user_policy(UserName=name, PolicyName="bucket", PolicyDocument=json.dumps(policy))
-    key = iam.create_access_key(UserName=name)["AccessKey"]
-    iam.close()
-    return key["AccessKeyId"], key["SecretAccessKey"]
-
-
 @pytest.fixture
 def iam_keys(s3_server: str) -> dict[str, tuple[str, str]]:
     bucket = f"tessera-doctor-{uuid.uuid4().hex[:10]}"
     return {
         "bucket": (bucket, ""),
-        "write": _iam_user(s3_server, bucket, ["s3:*"]),
-        "read": _iam_user(s3_server, bucket, ["s3:GetObject", "s3:ListBucket"]),
+        "write": iam_user(s3_server, bucket, ["s3:*"]),
+        "read": iam_user(s3_server, bucket, ["s3:GetObject", "s3:ListBucket"]),
     }
-
-
-@pytest.fixture
-def enforced_iam() -> Iterator[None]:
-    with enable_iam_authentication():
-        yield
 
 
 def _set_keys(mp: pytest.MonkeyPatch, write: tuple[str, str], read: tuple[str, str]) -> None:
@@ -303,13 +268,14 @@ def test_read_key_that_can_write_fails(
     _set_keys(monkeypatch, ("writer-key-id", "writer-secret"), ("reader-key-id", "reader-secret"))
     world.register()
     url = f"s3://{s3_bucket}?endpoint={s3_server}"
-    assert main(["commit", *world.args(url)]) == 0
+    assert main(["commit", *world.args(url)]) == 1  # such a key never goes on chain
+    assert "refusing to commit the read key" in capsys.readouterr().err
     rc, rows, _ = doctor(capsys, *world.args(url))
     assert rc == 1
     row = rows["read key"]
     assert row["status"] == "fail" and "can write" in row["detail"]
     assert "create a read-only key" in row["fix"]
-    assert [n for n, r in rows.items() if r["status"] == "fail"] == ["read key"]
+    assert [n for n, r in rows.items() if r["status"] == "fail"] == ["commitment", "read key"]
 
     _set_keys(monkeypatch, ("writer-key-id", "writer-secret"), ("writer-key-id", "writer-secret"))
     rc, rows, _ = doctor(capsys, *world.args(url))
@@ -377,8 +343,8 @@ def test_read_key_without_list_warns_for_miners_and_fails_for_validators(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     with disable_iam_authentication():
-        write = _iam_user(s3_server, s3_bucket, ["s3:*"])
-        read = _iam_user(s3_server, s3_bucket, ["s3:GetObject"])
+        write = iam_user(s3_server, s3_bucket, ["s3:*"])
+        read = iam_user(s3_server, s3_bucket, ["s3:GetObject"])
     _set_keys(monkeypatch, write, read)
     url = f"s3://{s3_bucket}?endpoint={s3_server}"
     world.register(validator=True)

@@ -14,6 +14,7 @@ import pytest
 
 from protocol.chain.local_db import LocalChainDB, create_local_chain
 from protocol.keys import create_hotkey
+from protocol.naming import parse_key
 from protocol.runconfig import RunConfig
 
 NETUID = 1
@@ -27,8 +28,15 @@ def fast_run(tmp: Path) -> Path:
         optimizer={"warmup_steps": 4},
         timing={"block_time_s": 0.5, "blocks_per_window": 24, "upload_deadline_blocks": 4,
                 "clock_skew_tolerance_s": 0.5},
+        retention={"windows": 2},
     )  # fmt: skip
     return run.dump(tmp / "run.json")
+
+
+def bucket_windows(tmp: Path, i: int) -> set[int]:
+    """The windows of the objects in peer i's bucket."""
+    root = tmp / "buckets" / f"peer-{i}"
+    return {parse_key(p.relative_to(root).as_posix()).window for p in root.rglob("*.*")}
 
 
 def setup_chain(tmp: Path, n: int) -> None:
@@ -98,3 +106,5 @@ def test_two_peers_stay_identical_learn_and_resume_after_kill(tmp_path: Path) ->
     assert len(both) >= 4
     for w in both:
         assert a[w]["fingerprint"] == b[w]["fingerprint"], w
+    for i, done in enumerate((a, b)):  # each peer pruned its bucket to the run's retention
+        assert bucket_windows(tmp_path, i) == {max(done) - 1, max(done)}

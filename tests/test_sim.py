@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import iam_user
+from moto.core.authorization import disable_iam_authentication
 
 from deploy.cli import main
 
@@ -41,10 +43,15 @@ def test_simulation_with_every_adversary(tmp_path: Path, monkeypatch: pytest.Mon
 
 @pytest.mark.slow
 def test_simulation_on_an_s3_server(
-    tmp_path: Path, s3_server: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, s3_server: str, enforced_iam: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("TESSERA_S3_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("TESSERA_S3_SECRET_ACCESS_KEY", "testing")
+    with disable_iam_authentication():  # a write key, and the read-only key that goes on chain
+        write = iam_user(s3_server, "simtest-*", ["s3:*"])
+        read = iam_user(s3_server, "simtest-*", ["s3:GetObject", "s3:ListBucket"])
+    monkeypatch.setenv("TESSERA_S3_ACCESS_KEY_ID", write[0])
+    monkeypatch.setenv("TESSERA_S3_SECRET_ACCESS_KEY", write[1])
+    monkeypatch.setenv("TESSERA_S3_READ_ACCESS_KEY_ID", read[0])
+    monkeypatch.setenv("TESSERA_S3_READ_SECRET_ACCESS_KEY", read[1])
     out = tmp_path / "s3"
     storage = f"s3://simtest?endpoint={s3_server}"
     code = main(

@@ -20,6 +20,7 @@ from node.runtime.commit import commitment_for, ensure_commitment
 from protocol.chain import open_chain
 from protocol.chain.local_db import LocalChainDB, create_local_chain
 from protocol.keys import create_hotkey
+from protocol.naming import ObjectKind, parse_key
 from protocol.runconfig import RunConfig
 
 NETUID = 1
@@ -56,6 +57,7 @@ def test_validator_weights_honest_peers_only(tmp_path: Path) -> None:
         "tiny", name="val-e2e", inner_steps=2, optimizer={"warmup_steps": 2},
         timing={"block_time_s": 0.5, "blocks_per_window": 20, "upload_deadline_blocks": 6,
                 "clock_skew_tolerance_s": 0.5},
+        retention={"windows": 2},  # the latecomer still replays from the newest checkpoint
     ).dump(tmp / "run.json")  # fmt: skip
     create_local_chain(tmp / "chain.db", NETUID, block_time=0.5)
     db = LocalChainDB(tmp / "chain.db")
@@ -128,6 +130,14 @@ def test_validator_weights_honest_peers_only(tmp_path: Path) -> None:
     for w, fp in late_fps.items():
         if w in peer_fps:
             assert fp == peer_fps[w], (w, (tmp / "latecomer.log").read_text()[-3000:])
+
+    published: dict[ObjectKind, set[int]] = {}
+    for path in (tmp / "buckets" / "val").rglob("w*/*/*.*"):
+        key = parse_key(path.relative_to(tmp / "buckets" / "val").as_posix())
+        published.setdefault(key.kind, set()).add(key.window)
+    newest = max(published[ObjectKind.MANIFEST])
+    floor = min(newest, reports[-1]["window"] - 1)  # retention kept the replay chain only
+    assert floor > 0 and min(published[ObjectKind.AGGREGATE]) >= floor, published
 
     weights = chain.read_weights(uids["val"])
     assert weights.get(uids["peer0"], 0) > 0 and weights.get(uids["peer1"], 0) > 0, reports[-1]

@@ -40,7 +40,7 @@ RUN = RunConfig.preset(
         "blocks_per_window": 10,
         "upload_deadline_blocks": 2,
         "start_block": 0,
-    },  # fmt: skip
+    },
 )
 KEYS = [Keypair.create_from_uri(f"//vcatch{i}") for i in range(4)]  # 0, 1: validators; 2, 3: peers
 PUBLISHED = 3  # validator 0 published the aggregates of windows 0, 1, 2

@@ -36,6 +36,8 @@ from node.data.batches import open_run_dataset
 from node.model.fingerprint import fingerprint
 from node.model.llama import build_model
 from node.runtime.clock import ChainClock
+from node.runtime.report_log import REPORTS, append_line
+from node.runtime.retention import prune_own_bucket
 from node.window.consensus import Agreement, Roster, wait_for_manifest, window_roster
 from node.window.history import (
     catch_up_any,
@@ -148,8 +150,10 @@ class Validator:
         for _ in range(windows):
             report = self.run_window(self.next_window)
             reports.append(report)
-            with (self.state_dir / "reports.jsonl").open("a") as f:
-                f.write(report.model_dump_json() + "\n")
+            append_line(self.state_dir / REPORTS, report.model_dump_json())
+            prune_own_bucket(
+                self.store, self.run, self.uid, self.keypair.ss58_address, report.window
+            )
             log.info(
                 "window %d: aggregated %s, weights %s (%s)", report.window, report.aggregated,
                 {u: round(w, 3) for u, w in report.weights.items()}, report.weights_status,

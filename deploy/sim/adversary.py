@@ -16,6 +16,8 @@ reward or a poisoned model:
 * ``sigforge``: correct metadata and payload, signed by another key (even windows) or with one
   signature byte flipped (odd windows);
 * ``recycler``: the previous window's published aggregate, re-compressed as its own update;
+* ``mixer``: the victim's and a second honest peer's updates of the window mixed 50/50 by chunk
+  (each chunk whole from one of them), re-compressed as its own update;
 * ``slowdrip``: its bucket is its own HTTP server, which answers one byte per second.
 """
 
@@ -50,6 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--kind", required=True, choices=ADVERSARY_KINDS)
     parser.add_argument("--victim", type=int, default=0, help="uid a copier or replayer copies")
+    parser.add_argument(
+        "--second-victim", type=int, default=None,
+        help="the other uid a mixer mixes (default: the lowest other registered uid)",
+    )  # fmt: skip
     add_node_arguments(parser)
 
 
@@ -67,6 +73,7 @@ class Adversary:
     local_root: Path | None
     victim: int
     gen: torch.Generator
+    second_victim: int | None = None  # a mixer's other source (None: the lowest other uid)
 
     @property
     def sched(self) -> WindowSchedule:
@@ -93,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     spec = ModelSpec.from_module(build_model(run_cfg.model, run_cfg.seed))
     adv = Adversary(
         args.kind, uid, keypair, run_cfg, spec, chain, store, local_root(args), args.victim,
-        torch.Generator().manual_seed(7919 + uid),
+        torch.Generator().manual_seed(7919 + uid), args.second_victim,
     )  # fmt: skip
     if slow:
         _serve_slowly(adv, args.store)
@@ -157,6 +164,22 @@ def _published_mean(adv: Adversary, window: int) -> dict[str, torch.Tensor] | No
     return None
 
 
+def _mixed(adv: Adversary, window: int) -> list[SparseTensor] | None:
+    """The victim's and the second victim's updates of `window`, mixed 50/50 by chunk."""
+    first = _victim_update(adv, window)
+    second = _victim_update(adv, window, _second_victim(adv))
+    if first is None or second is None:
+        return None
+    return forge.chunk_mix(first, second, 0.5, adv.gen, adv.spec, adv.run)
+
+
+def _second_victim(adv: Adversary) -> int:
+    if adv.second_victim is not None:
+        return adv.second_victim
+    others = [n.uid for n in adv.chain.metagraph().neurons if n.uid not in (adv.uid, adv.victim)]
+    return min(others, default=adv.victim)
+
+
 FORGERS: dict[str, Callable[[Adversary, int], list[SparseTensor] | None]] = {
     "freeloader": lambda adv, w: forge.zero_update(adv.spec, adv.run),
     "nan": lambda adv, w: forge.poisoned(_noise(adv, w)),
@@ -168,6 +191,7 @@ FORGERS: dict[str, Callable[[Adversary, int], list[SparseTensor] | None]] = {
     ),
     "equivocate": _noise,  # what passes a copy check, so only the switch can betray it
     "recycler": _recycled,
+    "mixer": _mixed,
 }
 
 
@@ -245,12 +269,16 @@ def _serve_slowly(adv: Adversary, store_url: str) -> None:
     endpoint = SlowStore(Path(parts.path), "drip_body").__enter__()  # lives as long as we do
     read = ReadCredentials(access_key_id="slowdrip", secret_access_key="slowdrip")
     wanted = commitment_for(f"s3://{bucket}?endpoint={endpoint}", read=read)
-    ensure_commitment(adv.chain, adv.keypair, wanted, post=True)
+    # a placeholder key: the endpoint is our own server, which serves reads and nothing else
+    ensure_commitment(adv.chain, adv.keypair, wanted, post=True, before_post=lambda: None)
     log.info("serving bucket %s from %s, one byte per second", bucket, endpoint)
 
 
-def _victim_update(adv: Adversary, window: int, wait_s: float = 30.0) -> list[SparseTensor] | None:
-    """The victim's verified update for `window`, polling its bucket for up to `wait_s`."""
+def _victim_update(
+    adv: Adversary, window: int, uid: int | None = None, wait_s: float = 30.0
+) -> list[SparseTensor] | None:
+    """The verified update of the victim (or of `uid`) for `window`, polling its bucket for up
+    to `wait_s`."""
     from node.window.buckets import peer_buckets
     from node.window.exchange import check_update, max_update_bytes
     from protocol.naming import update_key
@@ -260,7 +288,7 @@ def _victim_update(adv: Adversary, window: int, wait_s: float = 30.0) -> list[Sp
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         try:
-            victim = peer_buckets(adv.chain, adv.local_root)[0][adv.victim]
+            victim = peer_buckets(adv.chain, adv.local_root)[0][adv.victim if uid is None else uid]
             key = update_key(adv.run.run_id, window, victim.uid, victim.hotkey)
             data = victim.store.get(key, max_update_bytes(adv.spec, adv.run))
             return check_update(data, victim.uid, victim.hotkey, adv.run, adv.spec, window).tensors

@@ -39,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from deploy.sim.buckets import SimKeyError
     from deploy.sim.layout import build_world
 
     console = Console()
@@ -51,15 +52,18 @@ def run(args: argparse.Namespace) -> int:
         if not args.force:
             raise SystemExit(f"{args.out} is not empty: pass --force to replace it")
         shutil.rmtree(args.out)
-    world = build_world(
-        args.out,
-        args.windows,
-        args.block_time,
-        args.blocks_per_window,
-        args.peers,
-        kinds,
-        args.storage,
-    )
+    try:
+        world = build_world(
+            args.out,
+            args.windows,
+            args.block_time,
+            args.blocks_per_window,
+            args.peers,
+            kinds,
+            args.storage,
+        )
+    except SimKeyError as exc:
+        raise SystemExit(f"error: {exc}") from None
     run_cfg = world.run
     console.print(
         f"run {run_cfg.run_id}: {args.peers} peers, adversaries {kinds or 'none'}, "
@@ -141,12 +145,9 @@ def verdict(world: World, report: SimReport, exit_codes: dict[str, int | None]) 
 
 
 def _windows_done(world: World) -> list[int]:
-    import json
+    from node.runtime.report_log import REPORTS, read_json_lines
 
-    path = world.of_kind("honest")[0].state_dir / "reports.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line)["window"] for line in path.read_text().splitlines()]
+    return [r["window"] for r in read_json_lines(world.of_kind("honest")[0].state_dir / REPORTS)]
 
 
 def _summary(r: SimReport) -> list[tuple[str, str]]:

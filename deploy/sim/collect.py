@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
-from typing import Any
 
 import torch
 from pydantic import BaseModel
 
 from deploy.sim.layout import World
+from node.runtime.report_log import REPORTS, read_json_lines
 
 
 class PeerWindow(BaseModel):
@@ -65,10 +64,6 @@ class SimReport(BaseModel):
         return worst
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
 def collect(
     world: World,
     exit_codes: dict[str, int | None],
@@ -77,11 +72,11 @@ def collect(
     baseline: dict[int, float],
 ) -> SimReport:
     peer_logs = {
-        m.name: {r["window"]: r for r in _jsonl(m.state_dir / "reports.jsonl")}
+        m.name: {r["window"]: r for r in read_json_lines(m.state_dir / REPORTS)}
         for m in world.members
     }
     validator = world.of_kind("validator")[0]
-    scores = {r["window"]: r for r in _jsonl(validator.state_dir / "reports.jsonl")}
+    scores = {r["window"]: r for r in read_json_lines(validator.state_dir / REPORTS)}
     windows = sorted(scores) or sorted({w for logs in peer_logs.values() for w in logs})
     rows = []
     for w in windows:

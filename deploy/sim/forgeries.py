@@ -7,7 +7,9 @@
 * `poisoned`: an update whose codebook holds NaN (a peer uploading non-finite values);
 * `at_the_cap`: every value at the largest magnitude a decoder admits, signs against a victim's;
 * `scaled`: a victim's update with its values multiplied (a peer buying score or influence);
-* `from_dense`: any dense vector (e.g. the last published aggregate) through the real compressor.
+* `from_dense`: any dense vector (e.g. the last published aggregate) through the real compressor;
+* `chunk_mix`: two peers' updates mixed chunk by chunk (each chunk whole from one of them),
+  re-compressed by the real compressor (a copier splicing two victims to dodge copy checks).
 """
 
 from __future__ import annotations
@@ -139,24 +141,30 @@ def from_dense(
 
 
 def chunk_mix(
-    a: Sequence[SparseTensor], b: Sequence[SparseTensor], share_a: float, gen: torch.Generator
+    a: Sequence[SparseTensor],
+    b: Sequence[SparseTensor],
+    fraction: float,
+    gen: torch.Generator,
+    spec: ModelSpec,
+    run: RunConfig,
 ) -> list[SparseTensor]:
-    """Each chunk of `a` with probability `share_a`, else the same chunk of `b` (through `a`'s
-    codebook, so values differ a little from `b`'s)."""
-    out = []
+    """In every chunk group, ``round(fraction * n)`` randomly chosen chunks taken whole (positions
+    and decoded values) from `b` and the others from `a`, then compressed again."""
+    dense = {}
     for sa, sb in zip(a, b, strict=True):
-        groups = []
-        for ga, gb in zip(sa.groups, sb.groups, strict=True):
-            pick = torch.rand(ga.idx.shape[0], generator=gen) < share_a
-            groups.append(
-                SparseGroup(
-                    idx=torch.where(pick[:, None], ga.idx, gb.idx),
-                    codes=torch.where(pick[:, None], ga.codes, gb.codes),
-                    scales=torch.where(pick, ga.scales, gb.scales),
-                )
-            )
-        out.append(SparseTensor(sa.name, sa.shape, groups, sa.codebook.clone()))
-    return out
+        if sa.name != sb.name:
+            raise ValueError(f"tensors {sa.name!r} and {sb.name!r} cannot be mixed")
+        layout = sa.layout(run.codec)
+        flat = torch.zeros(math.prod(sa.shape), dtype=torch.float32)
+        for gi, (ga, gb, va, vb) in enumerate(
+            zip(sa.groups, sb.groups, sa.values(), sb.values(), strict=True)
+        ):
+            n = ga.idx.shape[0]
+            from_b = (torch.randperm(n, generator=gen) < round(fraction * n))[:, None]
+            idx = torch.where(from_b, gb.idx, ga.idx)
+            flat[layout.flat_positions(gi, idx).view(-1)] = torch.where(from_b, vb, va).view(-1)
+        dense[sa.name] = flat.view(sa.shape)
+    return from_dense(dense, spec, run)
 
 
 def requantised(

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from deploy.provision import ensure_s3_bucket
+from deploy.sim.buckets import check_read_key
 from protocol.chain.local_db import LocalChainDB, create_local_chain
 from protocol.keys import create_hotkey
 from protocol.runconfig import RunConfig
@@ -15,7 +16,7 @@ NETUID = 1
 VALIDATOR_STAKE = 1000.0
 ADVERSARY_KINDS = (
     "noise", "copier", "stale", "freeloader", "nan", "late",
-    "poison", "scaled", "equivocate", "sigforge", "recycler", "slowdrip",
+    "poison", "scaled", "equivocate", "sigforge", "recycler", "slowdrip", "mixer",
 )  # fmt: skip
 
 
@@ -119,6 +120,7 @@ def build_world(
         url = bucket_url(storage, out, name)
         if url.startswith("s3://"):
             ensure_s3_bucket(url)
+            check_read_key(url)  # never a key that can write goes on chain
         validator = kind == "validator"
         uid = db.register(
             NETUID,

@@ -33,8 +33,11 @@ def command(world: World, m: Member, windows: int) -> list[str]:
         return ["miner", *common]
     if m.kind == "validator":
         return ["validator", *common]
-    victim = world.of_kind("honest")[0].uid
-    return ["sim-adversary", "--kind", m.kind, "--victim", str(victim), *common]
+    honest = world.of_kind("honest")
+    victims = ["--victim", str(honest[0].uid)]
+    if m.kind == "mixer" and len(honest) > 1:
+        victims += ["--second-victim", str(honest[1].uid)]
+    return ["sim-adversary", "--kind", m.kind, *victims, *common]
 
 
 def start(world: World, m: Member, windows: int) -> Running:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from urllib.parse import parse_qs, urlsplit
 
 from substrateinterface import Keypair
@@ -66,8 +67,18 @@ def commitment_for(store_url: str, read: ReadCredentials | None = None) -> Bucke
     )
 
 
-def ensure_commitment(chain: Chain, keypair: Keypair, wanted: BucketCommitment, post: bool) -> None:
-    """Check the chain holds `wanted` for our hotkey; post it when `post`, else explain how."""
+def ensure_commitment(
+    chain: Chain,
+    keypair: Keypair,
+    wanted: BucketCommitment,
+    post: bool,
+    before_post: Callable[[], None] | None = None,
+) -> None:
+    """Check the chain holds `wanted` for our hotkey; post it when `post`, else explain how.
+
+    `before_post` runs just before posting and raises to stop it: the read-key check
+    (`node.runtime.read_key.require_committable`). A commitment that carries a key is never
+    posted without one."""
     current = chain.read_commitment(keypair.ss58_address)
     if current is not None:
         try:
@@ -81,5 +92,10 @@ def ensure_commitment(chain: Chain, keypair: Keypair, wanted: BucketCommitment, 
             f"the bucket commitment of {keypair.ss58_address} is {state}; rerun with --commit to "
             "post the commitment for the configured bucket"
         )
+    if before_post is None:
+        if wanted.provider is not Provider.LOCAL:
+            raise ValueError("a commitment with a read key is posted only after the key check")
+    else:
+        before_post()
     chain.commit(keypair, render_commitment(wanted))
     log.info("posted bucket commitment: %s", wanted)

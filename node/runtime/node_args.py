@@ -69,11 +69,15 @@ def connect(
     """Our hotkey, a chain handle that rides out outages, and our bucket.
 
     With `preflight`, the bucket is checked writable and readable and our commitment on chain
-    is checked (posted with `--commit`); every failure comes with the fix.
+    is checked (posted with `--commit`, once the server has refused the read key's writes);
+    every failure comes with the fix. Lifecycle rules are applied to our bucket where the
+    provider has them (`node.runtime.retention`).
     """
     from node.runtime.commit import commitment_for, ensure_commitment
     from node.runtime.preflight import check_bucket
+    from node.runtime.read_key import require_committable
     from node.runtime.resilient_chain import resilient
+    from node.runtime.retention import apply_lifecycle
     from protocol.chain import open_chain
     from protocol.keys import load_hotkey
     from protocol.stores import open_store
@@ -87,7 +91,12 @@ def connect(
     store = open_store(args.store)
     if preflight:
         check_bucket(store)
-        ensure_commitment(chain, keypair, commitment_for(args.store), post=args.commit)
+        apply_lifecycle(store)
+        wanted = commitment_for(args.store)
+        ensure_commitment(
+            chain, keypair, wanted, post=args.commit,
+            before_post=lambda: require_committable(args.store, store, wanted),
+        )  # fmt: skip
     return keypair, chain, store
 
 

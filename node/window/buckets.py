@@ -10,9 +10,8 @@ from pathlib import Path
 from protocol.chain.base import Chain
 from protocol.chain.models import Commitment, Metagraph
 from protocol.commitment import BucketCommitment, CommitmentError, Provider, parse_commitment
+from protocol.endpoints import ALLOW_PRIVATE_ENV, EndpointPolicy
 from protocol.stores import ReadableStore, StoreError, open_store
-
-ALLOW_PRIVATE_ENV = "TESSERA_ALLOW_PRIVATE_ENDPOINTS"  # see docker/.env.example
 
 
 @dataclass(frozen=True)
@@ -25,14 +24,17 @@ class PeerBucket:
     keeps_clock: bool = False  # `Provider.keeps_clock`: its Last-Modified can be trusted
 
 
-def store_for(commitment: BucketCommitment, local_root: Path | None) -> ReadableStore:
-    """Open the bucket a commitment names with its read key (never with our write key)."""
+def store_for(
+    commitment: BucketCommitment, local_root: Path | None, policy: EndpointPolicy
+) -> ReadableStore:
+    """Open the bucket a commitment names with its read key (never with our write key); every
+    connection to it obeys `policy` (`protocol.endpoints`)."""
     if commitment.provider is Provider.LOCAL:
         if local_root is None:
             raise CommitmentError("a local bucket needs the simulation's storage root")
         return open_store(f"file://{local_root}?bucket={commitment.bucket}", commitment.credentials)
     url = f"s3://{commitment.bucket}?endpoint={commitment.endpoint_url}&region={commitment.region_name}"
-    return open_store(url, commitment.credentials)
+    return open_store(url, commitment.credentials, endpoint_policy=policy)
 
 
 def peer_buckets(
@@ -53,7 +55,9 @@ def buckets_from(
     Private and plain-http endpoints (MinIO on a LAN, a local simulation) are accepted only with
     `allow_private`, a local storage root, or `TESSERA_ALLOW_PRIVATE_ENDPOINTS=1`.
     """
+    allow_private = allow_private or local_root is not None
     allow_private = allow_private or os.environ.get(ALLOW_PRIVATE_ENV) == "1"
+    policy = EndpointPolicy.of(allow_private)
     found: dict[int, PeerBucket] = {}
     problems: dict[int, str] = {}
     for neuron in metagraph.neurons:
@@ -62,13 +66,11 @@ def buckets_from(
             problems[neuron.uid] = "no commitment"
             continue
         try:
-            parsed = parse_commitment(
-                c.data, allow_private_endpoints=allow_private or local_root is not None
-            )
+            parsed = parse_commitment(c.data, allow_private_endpoints=allow_private)
+            store = store_for(parsed, local_root, policy)
             found[neuron.uid] = PeerBucket(
-                neuron.uid, neuron.hotkey, store_for(parsed, local_root),
-                parsed.provider.keeps_clock,
-            )  # fmt: skip
+                neuron.uid, neuron.hotkey, store, parsed.provider.keeps_clock
+            )
         except (CommitmentError, StoreError, ValueError) as exc:
             problems[neuron.uid] = f"bad commitment: {exc}"
     return found, problems

@@ -69,6 +69,18 @@ def fetch_all(requests: Mapping[Hashable, FetchRequest], run: RunConfig) -> dict
     )
 
 
+def fetch_reason(got: StoreError) -> str:
+    """The published reason for a failed fetch: a fixed word, never the error's text.
+
+    Reasons reach score reports; an endpoint's error text (refused, reset, TLS, timeout) would
+    tell the world what listens at an address a peer named, so it goes to the local log only."""
+    if isinstance(got, ObjectNotFound):
+        return "missing"
+    if isinstance(got, ObjectTooLarge):
+        return "too large"
+    return "unreachable"
+
+
 def checked(
     uid: int,
     hotkey: str,
@@ -79,12 +91,9 @@ def checked(
     deadline_s: float,
 ) -> Fetched:
     """What one fetch result is worth: a verified update, or the reason it is dropped."""
-    if isinstance(got, ObjectNotFound):
-        return Fetched(uid, None, "missing")
-    if isinstance(got, ObjectTooLarge):
-        return Fetched(uid, None, f"too large: {got}")
     if isinstance(got, StoreError):
-        return Fetched(uid, None, f"unreachable: {got}")
+        log.info("window %d: fetching uid %d failed: %s", window, uid, got)
+        return Fetched(uid, None, fetch_reason(got))
     if got.last_modified is not None:
         late_by = got.last_modified.timestamp() - deadline_s
         if late_by > run.timing.clock_skew_tolerance_s:

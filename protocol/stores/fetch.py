@@ -18,6 +18,9 @@ status line, headers or body, hang after accepting, lie about its length, redire
 - **one request**: one signed GET per object (no HEAD first), so ETag and Last-Modified describe
   exactly the bytes returned and nothing can change between two requests; a redirect is an error
   (never followed); responses are taken as stored (``Accept-Encoding: identity``, no decoding);
+- **endpoints**: a store with an `EndpointPolicy` (every peer's bucket) is contacted only when
+  its URL passes the policy and every address its name resolves to does, and the connection goes
+  to exactly those addresses (`protocol.endpoints`); a refused endpoint is `StoreUnavailable`;
 - **nothing left behind**: no thread outlives the call. Name lookups and local file reads run in
   daemon threads (`protocol.stores.fetch_threads`) that are joined before returning; a file read
   stops at its next 1 MiB chunk when abandoned. The one exception is a thread stuck inside a
@@ -43,12 +46,14 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import AsyncIterator, Coroutine, Hashable, Mapping
+from collections.abc import AsyncIterator, Coroutine, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import aiohttp
 
+from protocol.endpoints import EndpointPolicy
 from protocol.stores.base import check_max_bytes
 from protocol.stores.errors import FetchTimeout, StoreError, StoreUnavailable, TooSlow, sanitize
 from protocol.stores.fetch_io import get_s3, read_file, read_other
@@ -116,11 +121,25 @@ def fetch_many(
     started = time.monotonic()
     limits = _Limits(started + budget_s, min_rate_bytes_s, grace_s, max_connections)
     threads = DaemonThreads()
+    resolver = DaemonResolver(threads, _policies(requests.values()))
     try:
-        return _run_bounded(_fetch_all(requests, limits, threads))
+        return _run_bounded(_fetch_all(requests, limits, threads, resolver))
     finally:
         hard_end = started + budget_s + MARGIN_S - _RESERVE_S
         threads.join(min(hard_end, time.monotonic() + _JOIN_S))
+
+
+def _policies(requests: Iterable[FetchRequest]) -> dict[str, EndpointPolicy]:
+    """The endpoint policy of every host a request goes to (the strictest, should two differ)."""
+    out: dict[str, EndpointPolicy] = {}
+    for req in requests:
+        policy = req.store.endpoint_policy if isinstance(req.store, S3Store) else None
+        if policy is None:
+            continue
+        host = urlsplit(req.store.signing_target().endpoint).hostname or ""
+        if host not in out or out[host].allow_private:
+            out[host] = policy
+    return out
 
 
 def _check_limits(budget_s: float, min_rate: float, grace_s: float, connections: int) -> None:
@@ -156,12 +175,15 @@ def _run_briefly(loop: asyncio.AbstractEventLoop, *work: Any) -> None:
 
 
 async def _fetch_all(
-    requests: Mapping[K, FetchRequest], limits: _Limits, threads: DaemonThreads
+    requests: Mapping[K, FetchRequest],
+    limits: _Limits,
+    threads: DaemonThreads,
+    resolver: DaemonResolver,
 ) -> dict[K, Got | StoreError]:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + (limits.deadline - time.monotonic())  # the loop's clock
     limits = _Limits(deadline, limits.min_rate, limits.grace_s, limits.max_connections)
-    async with _session(threads) as session:
+    async with _session(resolver) as session:
         ctx = _Context(limits, asyncio.Semaphore(limits.max_connections), session, threads)
         tasks = {key: asyncio.create_task(_one(req, ctx)) for key, req in requests.items()}
         await asyncio.wait(tasks.values(), timeout=max(0.0, deadline - loop.time()) + TICK_S)
@@ -171,11 +193,12 @@ async def _fetch_all(
 
 
 @contextlib.asynccontextmanager
-async def _session(threads: DaemonThreads) -> AsyncIterator[aiohttp.ClientSession]:
+async def _session(resolver: DaemonResolver) -> AsyncIterator[aiohttp.ClientSession]:
     """An aiohttp session with no timeouts of its own (the callers' deadlines rule), no pooled
-    connections, lookups on `threads`; closed within `_CLOSE_S` at the end."""
+    connections, no DNS cache, lookups (and endpoint checks) by `resolver`; closed within
+    `_CLOSE_S` at the end."""
     connector = aiohttp.TCPConnector(
-        limit=0, force_close=True, use_dns_cache=False, resolver=DaemonResolver(threads)
+        limit=0, force_close=True, use_dns_cache=False, resolver=resolver
     )
     no_timeouts = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=None, sock_read=None)
     session = aiohttp.ClientSession(

@@ -44,7 +44,8 @@ _MAX_ETAG = 1024
 async def get_s3(
     session: aiohttp.ClientSession, store: S3Store, key: str, max_bytes: int, progress: Progress
 ) -> Got:
-    """One signed GET of `key`, path-style, redirects refused."""
+    """One signed GET of `key`, path-style, redirects refused. A peer's endpoint passed its
+    policy when the store was opened; its addresses are checked when the connector resolves it."""
     url, headers = store.signing_target().signed_get(key)
     headers["Accept-Encoding"] = "identity"  # the stored bytes, never a server-chosen encoding
     async with session.get(URL(url, encoded=True), headers=headers, allow_redirects=False) as resp:

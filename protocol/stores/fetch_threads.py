@@ -17,10 +17,12 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from aiohttp.abc import AbstractResolver, ResolveResult
+
+from protocol.endpoints import EndpointPolicy
 
 __all__ = ["DaemonResolver", "DaemonThreads"]
 
@@ -77,10 +79,17 @@ def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
 
 
 class DaemonResolver(AbstractResolver):
-    """aiohttp's threaded resolver, on `DaemonThreads` instead of the loop's default executor."""
+    """aiohttp's threaded resolver, on `DaemonThreads` instead of the loop's default executor.
 
-    def __init__(self, threads: DaemonThreads) -> None:
+    A host with an `EndpointPolicy` in `policies` (a peer's endpoint) resolves only if every
+    address of the lookup passes the policy; aiohttp then connects to exactly these addresses,
+    so the check and the connection see one lookup (no DNS rebinding)."""
+
+    def __init__(
+        self, threads: DaemonThreads, policies: Mapping[str, EndpointPolicy] | None = None
+    ) -> None:
         self._threads = threads
+        self._policies = dict(policies or {})
 
     async def resolve(
         self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
@@ -88,6 +97,9 @@ class DaemonResolver(AbstractResolver):
         infos = await self._threads.run(
             socket.getaddrinfo, host, port, family, socket.SOCK_STREAM, 0, socket.AI_ADDRCONFIG
         )
+        policy = self._policies.get(host)
+        if policy is not None:
+            policy.check_addresses([str(info[4][0]) for info in infos])
         hosts: list[ResolveResult] = []
         for fam, _, proto, _, address in infos:
             if fam == socket.AF_INET6 and (len(address) < 4 or address[3]):

@@ -29,6 +29,7 @@ from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 
 from protocol.credentials import ReadCredentials, WriteCredentials
+from protocol.endpoints import EndpointPolicy, EndpointRefused
 from protocol.stores.atomic import atomic_write
 from protocol.stores.base import DEFAULT_LIST_LIMIT, ObjectInfo, ObjectStore, check_max_bytes
 from protocol.stores.errors import (
@@ -39,9 +40,11 @@ from protocol.stores.errors import (
     ObjectTooLarge,
     ReadOnlyStoreError,
     StoreError,
+    StoreUnavailable,
     sanitize,
 )
 from protocol.stores.keys import validate_bucket_name, validate_key, validate_prefix
+from protocol.stores.pinned import PinnedTransport
 from protocol.stores.retry import call_with_retries
 from protocol.stores.s3_client import (
     DENIED_CODES,
@@ -91,8 +94,10 @@ class S3Store(ObjectStore):
         region: str = "us-east-1",
         addressing_style: str = "auto",
         config: S3Config | None = None,
+        endpoint_policy: EndpointPolicy | None = None,
     ) -> None:
         self._bucket = validate_bucket_name(bucket)
+        self._policy = endpoint_policy
         self._endpoint = endpoint
         self._region = region
         self._cfg = config or S3Config()
@@ -120,6 +125,11 @@ class S3Store(ObjectStore):
         )
         del secret
         self._client.meta.events.register("before-send.s3", self._count_request)
+        self._transport: PinnedTransport | None = None
+        if endpoint_policy is not None:  # a peer's bucket: checked, pinned, no redirects
+            endpoint_policy.check_url(self._signing.endpoint)
+            self._transport = PinnedTransport(endpoint_policy, self._cfg)
+            self._client.meta.events.register("before-send.s3", self._transport)
 
     # -- properties ----------------------------------------------------------------------------
 
@@ -136,6 +146,11 @@ class S3Store(ObjectStore):
     def read_only(self) -> bool:
         return self._read_only
 
+    @property
+    def endpoint_policy(self) -> EndpointPolicy | None:
+        """The policy every connection of this store obeys; None for our own configured bucket."""
+        return self._policy
+
     def signing_target(self) -> SigningTarget:
         """Endpoint, bucket, region and key for signing requests outside boto3 (path-style)."""
         return self._signing
@@ -150,6 +165,8 @@ class S3Store(ObjectStore):
 
     def close(self) -> None:
         self._client.close()
+        if self._transport is not None:
+            self._transport.close()
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -203,6 +220,8 @@ class S3Store(ObjectStore):
             )
         except ClientError as exc:
             raise self._translate(exc, op, key) from exc
+        except EndpointRefused as exc:
+            raise StoreUnavailable(f"{op} {key!r} on {self.location}: refused: {exc}") from exc
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -430,6 +449,26 @@ class S3Store(ObjectStore):
         self._require_writable("delete")
         validate_key(key)
         self._call("delete", key, lambda: self._client.delete_object(Bucket=self._bucket, Key=key))
+
+    def lifecycle_rules(self) -> list[dict[str, Any]]:
+        """The bucket's lifecycle rules (none: an empty list)."""
+        get = functools.partial(
+            self._client.get_bucket_lifecycle_configuration, Bucket=self._bucket
+        )
+        try:
+            return list(self._call("get lifecycle of", self._bucket, get).get("Rules") or [])
+        except ObjectNotFound:  # NoSuchLifecycleConfiguration
+            return []
+
+    def set_lifecycle_rules(self, rules: Sequence[dict[str, Any]]) -> None:
+        """Replace the bucket's lifecycle rules (needs the write key)."""
+        self._require_writable("set lifecycle")
+        put = functools.partial(
+            self._client.put_bucket_lifecycle_configuration,
+            Bucket=self._bucket,
+            LifecycleConfiguration={"Rules": list(rules)},
+        )
+        self._call("put lifecycle of", self._bucket, put)
 
     def _put_single(self, key: str, body: bytes) -> None:
         kwargs: dict[str, Any] = {"Bucket": self._bucket, "Key": key, "Body": body}

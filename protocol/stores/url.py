@@ -38,6 +38,7 @@ from typing import overload
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from protocol.credentials import ReadCredentials, WriteCredentials
+from protocol.endpoints import EndpointPolicy
 from protocol.stores.base import ObjectStore, ReadableStore
 from protocol.stores.errors import InvalidKey, StoreError
 from protocol.stores.file import FileStore
@@ -183,13 +184,21 @@ def credentials_from_env(env: Mapping[str, str] | None = None) -> WriteCredentia
 
 @overload
 def open_store(
-    url: str, credentials: ReadCredentials, *, s3_config: S3Config | None = None
+    url: str,
+    credentials: ReadCredentials,
+    *,
+    s3_config: S3Config | None = None,
+    endpoint_policy: EndpointPolicy | None = None,
 ) -> ReadableStore: ...
 
 
 @overload
 def open_store(
-    url: str, credentials: WriteCredentials | None = None, *, s3_config: S3Config | None = None
+    url: str,
+    credentials: WriteCredentials | None = None,
+    *,
+    s3_config: S3Config | None = None,
+    endpoint_policy: EndpointPolicy | None = None,
 ) -> ObjectStore: ...
 
 
@@ -198,8 +207,11 @@ def open_store(
     credentials: ReadCredentials | WriteCredentials | None = None,
     *,
     s3_config: S3Config | None = None,
+    endpoint_policy: EndpointPolicy | None = None,
 ) -> ReadableStore:
-    """Open the store a URL names. `s3_config` tunes s3:// stores (ignored for file://)."""
+    """Open the store a URL names. `s3_config` tunes s3:// stores (ignored for file://);
+    `endpoint_policy` (for a bucket a peer named) makes an s3:// store check and pin every
+    connection (`protocol.stores.pinned`)."""
     if credentials is not None and not isinstance(credentials, ReadCredentials | WriteCredentials):
         raise TypeError("credentials must be ReadCredentials, WriteCredentials or None")
     location = parse_store_url(url)
@@ -212,6 +224,7 @@ def open_store(
         region=location.region,
         addressing_style=location.addressing_style,
         config=s3_config,
+        endpoint_policy=endpoint_policy,
     )
 
 

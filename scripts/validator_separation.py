@@ -31,14 +31,16 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from inprocess_peers import Peers
 
 from codec.aggregate import aggregate, clip_factors, update_norm
-from codec.compress import Compressor, densify
+from codec.compress import densify
 from codec.spec import ModelSpec
 from deploy.sim.forgeries import chunk_mix, from_dense, noise_update, perturbed_copy, requantised
-from node.data.batches import assigned_batches, open_run_dataset
+from node.data.batches import open_run_dataset
 from node.model.llama import build_model
-from node.model.train import make_optimizer, train_window
 from protocol.runconfig import RunConfig
 from validator.config import ValidatorConfig
 from validator.copies import (
@@ -100,9 +102,7 @@ def main() -> None:
     cpu = torch.device("cpu")
     glob = build_model(run.model, run.seed)
     spec = ModelSpec.from_module(glob)
-    peers = [build_model(run.model, run.seed) for _ in range(a.peers)]
-    opts = [make_optimizer(m, run) for m in peers]
-    comps = [Compressor(spec, run.codec) for _ in peers]
+    peers = Peers(run, a.peers)
     gen = torch.Generator().manual_seed(7)
     rows: dict[str, list[float]] = {}
     prev: dict[int, list] = {}
@@ -114,20 +114,7 @@ def main() -> None:
         rows.setdefault(key, []).append(value)
 
     for w in range(a.windows):
-        start = {k: v.detach().clone() for k, v in glob.named_parameters()}
-        updates = {}
-        for uid, (m, opt, comp) in enumerate(zip(peers, opts, comps, strict=True)):
-            m.load_state_dict(glob.state_dict())
-            batches = assigned_batches(dataset, run.run_id, uid, w, run.inner_steps, run.batch_size)
-            train_window(m, opt, batches, run, w, cpu)
-            params = dict(m.named_parameters())
-            freeze = w < run.outer.ef_freeze_windows
-            updates[uid] = [
-                comp.compress(
-                    t.name, start[t.name] - params[t.name].detach(), run.outer.beta, freeze
-                )
-                for t in spec.tensors
-            ]
+        updates = peers.train(glob, dataset, w)
         norms = {u: update_norm(x) for u, x in updates.items()}
         reveal = reveal_for(dataset, run.run_id, w, secrets.token_bytes(32), a.n, a.n)
         cfg = ValidatorConfig(n_random=a.n, n_own=a.n)

@@ -84,6 +84,11 @@ class World:
         """A validator (uid 3) whose bucket holds whatever a test writes into it."""
         return Source(3, self.evil_key.ss58_address, self.store(bucket))
 
+    def refusing(self, endpoint: str) -> Source:
+        """A validator whose (hostile S3) endpoint refuses every request, listings included."""
+        key = ReadCredentials(access_key_id="r", secret_access_key="s")
+        return Source(3, self.evil_key.ss58_address, S3Store("evil", key, endpoint=endpoint))
+
     def put_aggregate(self, source: Source, window: int, outer: bytes) -> None:
         source.store.put(aggregate_key(RUN.run_id, window, source.uid, source.hotkey), outer)  # type: ignore[attr-defined]
 
@@ -234,11 +239,7 @@ def test_catch_up_falls_through_bad_validators_to_a_good_one(world: World) -> No
         forged, 1, world.signed_body(1, msgpack.packb({"window": 1, "updates": {0: b"junk"}}))
     )
     with SlowStore(world.root, "deny") as endpoint:
-        refusing = Source(
-            3, world.evil_key.ss58_address,
-            S3Store("evil", ReadCredentials(access_key_id="r", secret_access_key="s"),
-                    endpoint=endpoint),
-        )  # fmt: skip
+        refusing = world.refusing(endpoint)
         model = build_model(RUN.model, RUN.seed)
         t0 = time.monotonic()
         reached = catch_up_any(
@@ -252,11 +253,7 @@ def test_catch_up_falls_through_bad_validators_to_a_good_one(world: World) -> No
 
 def test_a_refused_listing_is_a_history_error_not_a_crash(world: World) -> None:
     with SlowStore(world.root, "deny") as endpoint:
-        refusing = Source(
-            3, world.evil_key.ss58_address,
-            S3Store("evil", ReadCredentials(access_key_id="r", secret_access_key="s"),
-                    endpoint=endpoint),
-        )  # fmt: skip
+        refusing = world.refusing(endpoint)
         model = build_model(RUN.model, RUN.seed)
         with pytest.raises(HistoryError):
             catch_up(model, RUN, world.spec, refusing, world.peers, 0, WINDOWS)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from chain_clock import Clock
 from substrateinterface import Keypair
 
 from node.runtime.commit import commitment_for
@@ -33,24 +34,13 @@ RUN = RunConfig.preset(
 KEYS = [Keypair.create_from_uri(f"//roster{i}") for i in range(6)]  # 0: validator, 1..5: peers
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = GENESIS
-
-    def __call__(self) -> float:
-        return self.now
-
-    def at(self, block: int) -> None:
-        self.now = GENESIS + (block + 0.5) * BLOCK_TIME
-
-
 def _commit(chain: LocalChain, key: Keypair, root: Path) -> None:
     url = f"file://{root}?bucket=bucket{KEYS.index(key)}"
     chain.commit(key, render_commitment(commitment_for(url)))
 
 
 def test_roster_is_pinned_to_the_windows_first_block(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = Clock(GENESIS, BLOCK_TIME)
     path = tmp_path / "chain.db"
     create_local_chain(path, NETUID, block_time=BLOCK_TIME, clock=clock)
     admin = LocalChainDB(path, clock=clock)

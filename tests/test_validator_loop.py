@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from chain_clock import Clock
 from substrateinterface import Keypair
 
 from codec.aggregate import update_norm
@@ -46,17 +47,6 @@ KEYS = [Keypair.create_from_uri(f"//vcatch{i}") for i in range(4)]  # 0, 1: vali
 PUBLISHED = 3  # validator 0 published the aggregates of windows 0, 1, 2
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = GENESIS
-
-    def __call__(self) -> float:
-        return self.now
-
-    def at(self, block: int) -> None:
-        self.now = GENESIS + (block + 0.5) * BLOCK_TIME
-
-
 def _history(root: Path) -> dict[int, str]:
     """Validator 0's published aggregates of the first windows; the fingerprint after each."""
     store = open_store(f"file://{root}?bucket=bucket0")
@@ -81,17 +71,21 @@ def _history(root: Path) -> dict[int, str]:
     return fps
 
 
-def test_a_validator_started_mid_run_catches_up_from_published_history(tmp_path: Path) -> None:
-    clock = Clock()
-    path = tmp_path / "chain.db"
+def _chain(root: Path, validators: int) -> tuple[Clock, LocalChainDB, LocalChain]:
+    """A subnet of `KEYS`: the first `validators` with permits (more stake first), at block 1."""
+    clock = Clock(GENESIS, BLOCK_TIME)
+    path = root / "chain.db"
     create_local_chain(path, NETUID, block_time=BLOCK_TIME, clock=clock)
     admin = LocalChainDB(path, clock=clock)
     for i, key in enumerate(KEYS):
-        admin.register(
-            NETUID, key.ss58_address, validator=i < 2, stake=100.0 - 50 * i if i < 2 else 0.0
-        )
-    chain = LocalChain(path, NETUID, clock=clock)
+        stake = 100.0 - 50 * i if i < validators else 0.0
+        admin.register(NETUID, key.ss58_address, validator=i < validators, stake=stake)
     clock.at(1)
+    return clock, admin, LocalChain(path, NETUID, clock=clock)
+
+
+def test_a_validator_started_mid_run_catches_up_from_published_history(tmp_path: Path) -> None:
+    clock, admin, chain = _chain(tmp_path, validators=2)
     for i, key in enumerate(KEYS):
         chain.commit(key, render_commitment(commitment_for(f"file://{tmp_path}?bucket=bucket{i}")))
     fps = _history(tmp_path)
@@ -112,14 +106,7 @@ def test_a_validator_started_mid_run_catches_up_from_published_history(tmp_path:
 def test_scoring_stops_when_its_time_is_up(tmp_path: Path) -> None:
     """Scoring a window never delays the next window's agreement: it stops at the next gather
     block, leaving the rest unscored (in an order drawn per window, not always the same uids)."""
-    clock = Clock()
-    path = tmp_path / "chain.db"
-    create_local_chain(path, NETUID, block_time=BLOCK_TIME, clock=clock)
-    admin = LocalChainDB(path, clock=clock)
-    for i, key in enumerate(KEYS):
-        admin.register(NETUID, key.ss58_address, validator=i == 0, stake=100.0 if i == 0 else 0.0)
-    chain = LocalChain(path, NETUID, clock=clock)
-    clock.at(1)
+    _, admin, chain = _chain(tmp_path, validators=1)
     store = open_store(f"file://{tmp_path}?bucket=bucket0")
     v = Validator(RUN, KEYS[0], chain, store, tmp_path / "state0", local_root=tmp_path)
     spec = v.spec

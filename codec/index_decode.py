@@ -17,7 +17,6 @@ from codec.index_nodes import (
     Nodes,
     Split,
     dense_depth,
-    grid_busy,
     grid_busy_t,
     grid_eff,
     grid_tids,
@@ -121,14 +120,13 @@ def _dense_phase(
             _write_full(out, dst.reshape(-1).take(at), cell * half, child_eff.take(cell))
     size = 1 << (levels - dense)
     eff = grid_eff(tables, dense)
-    m = np.ascontiguousarray(m.T)  # nodes go in (chunk, position) order
-    at = np.flatnonzero(grid_busy(m, eff, size))
+    # nodes go in (chunk, position) order: transpose the (one byte) busy mask, not the grids
+    at = np.flatnonzero(np.ascontiguousarray(grid_busy_t(m, eff, size).T))
     row, cell = at >> dense, at & ((1 << dense) - 1)
-    m = m.reshape(-1).take(at)
     at = cell * n + row
     rank = dst.reshape(-1).take(at)
     rank -= row * k
-    return Nodes(row, cell * size, eff.take(cell), m, rank)
+    return Nodes(row, cell * size, eff.take(cell), m.reshape(-1).take(at), rank)
 
 
 def _sparse_phase(

@@ -21,7 +21,6 @@ from codec.index_nodes import (
     Nodes,
     Split,
     dense_depth,
-    grid_busy,
     grid_busy_t,
     grid_cells,
     grid_eff,
@@ -67,10 +66,16 @@ def _dense_phase(
     flat = arr.reshape(-1)
     cell = arr >> (levels - dense)
     cell += np.arange(n, dtype=np.int64)[:, None] << dense
-    fine = np.bincount(cell.reshape(-1), minlength=n << dense).reshape(n, 1 << dense)
+    cell = cell.reshape(-1)  # each item's finest grid cell, (chunk, position) order
+    fine = np.bincount(cell, minlength=n << dense).reshape(n, 1 << dense)
     hist = [np.ascontiguousarray(fine.T)]  # cell-major grids (cells, n), as they are coded
     for _ in range(dense):
         hist.insert(0, hist[0][0::2] + hist[0][1::2])
+    # item index of the first item of each finest cell; a coarser cell starts where its first
+    # finest cell does, so one running sum serves every level
+    first = items_before(hist[dense])
+    first += np.arange(n, dtype=np.int64) * k
+    first = first.reshape(-1)
     alive: np.ndarray | None = None  # cells not inside a leaf (None: all of them)
     for level in range(dense):
         size, half = 1 << (levels - level), 1 << (levels - level - 1)
@@ -82,8 +87,7 @@ def _dense_phase(
         leaf = tables.is_leaf.take(tid)
         if leaf.any():
             at = np.flatnonzero(leaf)
-            first = items_before(hist[level])  # true counts: leaves' items too
-            items = first.reshape(-1).take(at) + (at % n) * k
+            items = first.take(_finest(at, n, dense - level))
             value.reshape(-1)[at] = leaf_ranks(flat, items, m.reshape(-1).take(at), size)
             busy &= ~leaf
             alive = ~leaf if alive is None else alive & ~leaf
@@ -95,17 +99,26 @@ def _dense_phase(
         lone[np.flatnonzero(child_eff != half)] = False
         lone.reshape(-1, 2, n)[...] &= busy[:, None, :]
         at = np.flatnonzero(lone)
-        rank = items_before(child_m).reshape(-1).take(at)
-        rank += (at % n) * k
-        out.add_raw(flat.take(rank) & (half - 1), levels - level - 1)
+        out.add_raw(
+            flat.take(first.take(_finest(at, n, dense - level - 1))) & (half - 1),
+            levels - level - 1,
+        )
         if alive is not None:
             alive = np.repeat(alive, 2, axis=0)
     size = 1 << (levels - dense)
     eff = grid_eff(tables, dense)
-    m = fine if alive is None else fine * alive.T
-    busy = grid_busy(m, eff, size)
+    m = hist[dense] if alive is None else hist[dense] * alive
+    busy = np.ascontiguousarray(grid_busy_t(m, eff, size).T)  # (chunk, position) order
     nodes = grid_cells(busy, fine, eff, dense, size)
-    return nodes, flat.take(np.flatnonzero(np.repeat(busy.reshape(-1), fine.reshape(-1))))
+    return nodes, flat[busy.reshape(-1).take(cell)]
+
+
+def _finest(at: np.ndarray, n: int, shift: int) -> np.ndarray:
+    """Flat index, in the finest cell-major grid, of the first finest cell of each cell `at` of
+    a cell-major grid `shift` levels coarser (both grids n lanes wide)."""
+    if shift == 0:
+        return at
+    return at + (at // n) * (n * ((1 << shift) - 1))
 
 
 def _item_phase(

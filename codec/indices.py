@@ -105,8 +105,10 @@ def decode(
     data: bytes | memoryview,
     max_indices: int = DEFAULT_MAX_INDICES,
     expect: tuple[int, int, int] | None = None,
+    device: torch.device | str | None = None,
 ) -> torch.Tensor:
-    """Decode bytes from `encode` into a LongTensor (n_chunks, k) with sorted rows.
+    """Decode bytes from `encode` into a LongTensor (n_chunks, k) with sorted rows, on `device`
+    (default: the CPU).
 
     Every malformed input raises `DecodeError`; allocations are bounded by `max_indices` and by
     what the input's length can possibly describe. `expect` = (chunk_size, k, n_chunks) makes
@@ -133,7 +135,7 @@ def decode(
     if n == 0 or k in (0, chunk_size):
         if body:
             raise DecodeError("unexpected bytes after a trivial index stream")
-        return torch.arange(k, dtype=torch.long).expand(n, k).clone()
+        return torch.arange(k, dtype=torch.long, device=device).expand(n, k).clone()
     if n * STATE_BITS > 8 * len(body):
         raise DecodeError(f"{len(body)} bytes cannot hold {n} chunks")
-    return torch.from_numpy(decode_body(body, chunk_size, k, n))
+    return torch.from_numpy(decode_body(body, chunk_size, k, n)).to(device)

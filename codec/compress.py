@@ -33,6 +33,7 @@ from functools import lru_cache
 
 import torch
 
+from codec import gpu
 from codec.chunking import ChunkGroup, ChunkLayout
 from codec.errors import DecodeError
 from codec.quantize import dequantize, quantize, validate
@@ -121,17 +122,28 @@ def _validate_group(g: ChunkGroup, sg: SparseGroup) -> None:
 
 
 def scatter_add(
-    out: torch.Tensor, sparse: SparseTensor, params: CodecParams, factor: float = 1.0
+    out: torch.Tensor,
+    sparse: SparseTensor,
+    params: CodecParams,
+    factor: float = 1.0,
+    triton: bool | None = None,
 ) -> None:
     """Add ``factor * decoded(sparse)`` into the dense float32 tensor ``out`` (in place).
 
     ``factor`` is rounded to float32 first. Each position is touched at most once, so the result
-    is one float32 rounding per position whatever the device: with a fixed order of calls the
-    accumulation is bit-reproducible.
+    is one float32 product and one float32 sum per position whatever the device: with a fixed
+    order of calls the accumulation is bit-reproducible. A CUDA ``out`` takes the Triton kernel
+    (`codec.gpu.scatter`) when triton imports; ``triton`` forces (True) or forbids (False) it.
     """
     if tuple(out.shape) != tuple(sparse.shape) or out.dtype != torch.float32:
         raise ValueError(f"out must be float32 {sparse.shape}, got {out.dtype} {tuple(out.shape)}")
     layout = sparse.layout(params)
+    if gpu.enabled(out) if triton is None else triton:
+        from codec.gpu.scatter import scatter_add as kernel
+
+        for gi, g in enumerate(sparse.groups):
+            kernel(out, layout, gi, g.idx, g.codes, g.scales, sparse.codebook, factor)
+        return
     flat_out = out.view(-1)
     scale = torch.tensor(factor, dtype=torch.float32, device=out.device)
     for gi, (g, vals) in enumerate(zip(sparse.groups, sparse.values(), strict=True)):
@@ -304,10 +316,15 @@ class Compressor:
         params: CodecParams,
         device: torch.device | str = "cpu",
         block_elements: int | None = None,
+        triton: bool | None = None,
     ) -> None:
         self.spec = spec
         self.params = params
         self.device = torch.device(device)
+        # None: the Triton kernels on a CUDA device when triton imports (`codec.gpu.enabled`);
+        # True forces them (on CPU tensors that needs the interpreter, TRITON_INTERPRET=1)
+        probe = torch.empty(0, device=self.device)
+        self._triton = gpu.enabled(probe) if triton is None else triton
         self.block_elements = block_elements or BLOCK_ELEMENTS.get(
             self.device.type, BLOCK_ELEMENTS["default"]
         )
@@ -381,8 +398,40 @@ class Compressor:
     ) -> SparseTensor:
         layout = self.layouts[name]
         clock = time.perf_counter()
+        picked = (self._select_triton if self._triton else self._select)(name, delta, beta, freeze)
+        idx, vals = [p[0] for p in picked], [p[1] for p in picked]
+        clock = _lap(timings, "select", clock)
+        # The quantiser's statistics are float sums whose rounding depends on their order, so
+        # they run on the host for either path: the same side bytes and codes from any device.
+        q = quantize([v.cpu() for v in vals], self.params.max_abs_value)
+        clock = _lap(timings, "quantize", clock)
+        dev = self.device
+        groups = [
+            SparseGroup(i, c.to(dev), s.to(dev))
+            for i, c, s in zip(idx, q.codes, q.scales, strict=True)
+        ]
+        book = q.codebook.to(dev)
+        sparse = SparseTensor(name=name, shape=layout.shape, groups=groups, codebook=book)
+        if not freeze:
+            bufs = self._ef[name]
+            if self._triton:
+                from codec.gpu.scatter import feedback
+
+                for buf, g, v in zip(bufs, groups, vals, strict=True):
+                    feedback(buf, g.idx, v, g.codes, g.scales, book)
+            else:
+                for buf, i, v, dq in zip(bufs, idx, vals, sparse.values(), strict=True):
+                    buf.scatter_(1, i, v - dq)
+        _lap(timings, "feedback", clock)
+        return sparse
+
+    def _select(
+        self, name: str, delta: torch.Tensor, beta: float, freeze: bool
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """EF update and Top-k per group with torch ops, in cache-sized blocks of chunks."""
+        layout = self.layouts[name]
         work = self._scratch()
-        idx, vals = [], []
+        out = []
         for gi, g in enumerate(layout.groups):
             src = layout.group_view(delta, gi)
             buf = self._ef[name][gi]
@@ -398,18 +447,19 @@ class Compressor:
                 pos, kept = topk_rows(rows, g.k, (work[0], work[1]))
                 gi_idx.append(pos)
                 gi_vals.append(kept)
-            idx.append(torch.cat(gi_idx))
-            vals.append(torch.cat(gi_vals))
-        clock = _lap(timings, "select", clock)
-        q = quantize(vals, self.params.max_abs_value)
-        clock = _lap(timings, "quantize", clock)
-        groups = [SparseGroup(i, c, s) for i, c, s in zip(idx, q.codes, q.scales, strict=True)]
-        sparse = SparseTensor(name=name, shape=layout.shape, groups=groups, codebook=q.codebook)
-        if not freeze:
-            for buf, i, v, dq in zip(self._ef[name], idx, vals, sparse.values(), strict=True):
-                buf.scatter_(1, i, v - dq)
-        _lap(timings, "feedback", clock)
-        return sparse
+            out.append((torch.cat(gi_idx), torch.cat(gi_vals)))
+        return out
+
+    def _select_triton(
+        self, name: str, delta: torch.Tensor, beta: float, freeze: bool
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The same with one Triton program per chunk (`codec.gpu.select`)."""
+        from codec.gpu.select import select
+
+        layout = self.layouts[name]
+        return [
+            select(delta, buf, layout, gi, beta, freeze) for gi, buf in enumerate(self._ef[name])
+        ]
 
     def error(self, name: str) -> torch.Tensor:
         """A copy of the EF buffer of ``name`` in the tensor's own shape."""

@@ -73,7 +73,7 @@ class BitReader:
         # pairs[i] = words[i] | words[i+1] << 32: any field of <= 32 bits at bit offset < 32 of
         # word i lies inside pairs[i].
         # Stored as int64: a masked field of <= 32 bits at offset < 32 never reaches bit 63.
-        self._pairs = (words[:-1] | (words[1:] << _U64(32))).view(np.int64)
+        self.pairs = (words[:-1] | (words[1:] << _U64(32))).view(np.int64)
         self.cursor = start_bit
 
     def read(self, widths: np.ndarray) -> np.ndarray:
@@ -90,7 +90,7 @@ class BitReader:
 
     def gather(self, pos: np.ndarray, widths: np.ndarray) -> np.ndarray:
         """Fields (int64) at arbitrary bit positions (already bounds-checked by the caller)."""
-        out = self._pairs.take(pos >> 5)
+        out = self.pairs.take(pos >> 5)
         out >>= pos & 31
         out &= _MASKS.take(widths)
         return out

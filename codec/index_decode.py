@@ -8,6 +8,8 @@ states have given back the raw bits they carried."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from codec.bitio import BitReader, pack_fields
@@ -25,10 +27,15 @@ from codec.rans import STATE_BITS, STATE_LOW, Round, decode_round
 
 _EMPTY = np.zeros(0, np.int64)
 _Lone = tuple[np.ndarray, np.ndarray, int]  # (output slot, block start, raw width)
+RoundDecoder = Callable[[np.ndarray, Round, np.ndarray, SplitTables, BitReader], np.ndarray]
+"""`codec.rans.decode_round`, or its device twin (`codec.gpu.rans.decode_round`)."""
 
 
-def decode_body(body: bytes, chunk_size: int, k: int, n: int) -> np.ndarray:
-    """Positions (n, k) from the bit stream of `n` chunks (header already parsed and checked)."""
+def decode_body(
+    body: bytes, chunk_size: int, k: int, n: int, rounds: RoundDecoder = decode_round
+) -> np.ndarray:
+    """Positions (n, k) from the bit stream of `n` chunks (header already parsed and checked);
+    `rounds` runs the rANS steps of each tree level."""
     tables = split_tables(chunk_size, k)
     levels = tables.levels
     reader = BitReader(body)
@@ -39,8 +46,8 @@ def decode_body(body: bytes, chunk_size: int, k: int, n: int) -> np.ndarray:
         lone.append((np.arange(n, dtype=np.int64), np.zeros(n, np.int64), levels))
     else:
         dense = dense_depth(k, levels)
-        nodes = _dense_phase(x, tables, reader, n, dense, out, lone)
-        _sparse_phase(x, tables, reader, n, dense, nodes, out, lone)
+        nodes = _dense_phase(x, tables, reader, rounds, n, dense, out, lone)
+        _sparse_phase(x, tables, reader, rounds, n, dense, nodes, out, lone)
     widths = np.concatenate([np.full(p.size, w, np.int64) for p, _, w in lone])
     raw = _read_raw(reader, x, widths, n)
     slots = np.concatenate([p for p, _, _ in lone])
@@ -49,13 +56,19 @@ def decode_body(body: bytes, chunk_size: int, k: int, n: int) -> np.ndarray:
 
 
 def _decode_splits(
-    x: np.ndarray, nodes: Nodes, split: Split, tables: SplitTables, reader: BitReader, n: int
+    x: np.ndarray,
+    nodes: Nodes,
+    split: Split,
+    tables: SplitTables,
+    reader: BitReader,
+    rounds: RoundDecoder,
+    n: int,
 ) -> np.ndarray:
     """Each node's value: j for a split (forced ones keep their only value), rank for a leaf."""
     value = split.lo.copy()
     if split.sym.any():
         sym = split.sym
-        value[sym] = decode_round(x, Round.build(nodes.row[sym], n), split.tid[sym], tables, reader)
+        value[sym] = rounds(x, Round.build(nodes.row[sym], n), split.tid[sym], tables, reader)
     return value
 
 
@@ -63,6 +76,7 @@ def _dense_phase(
     x: np.ndarray,
     tables: SplitTables,
     reader: BitReader,
+    rounds: RoundDecoder,
     n: int,
     dense: int,
     out: np.ndarray,
@@ -81,7 +95,7 @@ def _dense_phase(
         busy = grid_busy_t(m, eff, size)
         tid = m * busy
         tid += grid_tids(tables, level, np.zeros(1, np.int64), eff)[:, None]
-        left = decode_round(x, Round.grid(n, cells), tid.reshape(-1), tables, reader)
+        left = rounds(x, Round.grid(n, cells), tid.reshape(-1), tables, reader)
         left = left.reshape(cells, n)
         leaf = tables.is_leaf.take(tid)
         if leaf.any():  # a leaf's value is its rank: it writes its positions, has no children
@@ -133,6 +147,7 @@ def _sparse_phase(
     x: np.ndarray,
     tables: SplitTables,
     reader: BitReader,
+    rounds: RoundDecoder,
     n: int,
     start_level: int,
     nodes: Nodes,
@@ -145,7 +160,7 @@ def _sparse_phase(
         if nodes.row.size == 0:
             break
         split = Split.of(nodes, level, tables)
-        value = _decode_splits(x, nodes, split, tables, reader, n)
+        value = _decode_splits(x, nodes, split, tables, reader, rounds, n)
         if split.leaf.any():
             sel = np.flatnonzero(split.leaf)
             dst = nodes.row.take(sel) * k + nodes.rank.take(sel)

@@ -115,8 +115,12 @@ def encode_round(
             fields.append((xs & ((1 << nbits) - 1), nbits))
             xo[r0:busy] = xs >> nbits
         sl = rnd.step(s)
-        q, r = np.divmod(xo[:busy], freq[sl])
-        xo[:busy] = (q << _M) + r + cum[sl]
+        xs, f = xo[:busy], freq[sl]
+        # x < 2**31 and f < 2**16: the float64 quotient truncates to the exact one (it lies at
+        # least 1/f below the next integer, far more than its rounding error)
+        q = np.divide(xs, f).astype(np.int64)
+        xs += q * ((1 << _M) - f)  # (q << M) + (x - q * f)
+        xs += cum[sl]
     if rnd.order is not None:
         x[rnd.order] = xo
     fields.reverse()

@@ -73,9 +73,12 @@ def _read_step(
 ):
     lane = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     live = lane < busy
-    nbits = tl.minimum(tl.load(nbits_ptr + lane, mask=live, other=0), 32)
+    # a corrupt stream can ask for any count: clamp it, and every read, inside the stream (the
+    # round then fails as a DecodeError); ends[] hold the unclamped counts' running sum
+    nbits = tl.load(nbits_ptr + lane, mask=live, other=0)
     pos = tl.load(cursor_ptr) + tl.load(ends_ptr + lane, mask=live, other=0) - nbits
-    word = tl.load(pairs_ptr + tl.minimum(pos >> 5, n_pairs - 1), mask=live, other=0)
+    nbits = tl.minimum(tl.maximum(nbits, 0), 32)
+    word = tl.load(pairs_ptr + tl.minimum(tl.maximum(pos >> 5, 0), n_pairs - 1), mask=live)
     field = (word >> (pos & 31)) & ((tl.full([BLOCK], 1, tl.int64) << nbits) - 1)
     x = tl.load(x_ptr + lane, mask=live, other=0)
     tl.store(x_ptr + lane, (x << nbits) | field, mask=live & (nbits > 0))
@@ -154,7 +157,7 @@ def decode_round(
     values = torch.empty(t.size, dtype=torch.int64, device=device)
     nbits = torch.zeros(x.size, dtype=torch.int64, device=device)
     cursor = torch.tensor([reader.cursor], dtype=torch.int64, device=device)
-    worst = torch.zeros((), dtype=torch.int64, device=device)
+    worst = torch.zeros((), dtype=torch.float64, device=device)
     for s in range(rnd.n_steps):
         busy = rnd.busy[s]
         grid = (triton.cdiv(busy, BLOCK),)
@@ -166,10 +169,11 @@ def decode_round(
         )  # fmt: skip
         if r0 < busy:
             ends = torch.cumsum(nbits[:busy], 0)
-            torch.maximum(worst, nbits[:busy].max(), out=worst)
+            # a sound state reads 0..R bits; a collapsed or corrupt one anything else
+            torch.maximum(worst, (nbits[:busy] - STATE_BITS / 2).abs().max(), out=worst)
             _read_step[grid](xo, nbits, ends, cursor, pairs, pairs.numel(), busy, BLOCK=BLOCK)
             cursor += ends[-1]
-    if int(worst) > STATE_BITS:
+    if float(worst) > STATE_BITS / 2:
         raise DecodeError("index stream is corrupt: a lane state collapsed")
     end = int(cursor[0])
     if end > reader.total_bits:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from codec.index_model import SplitTables, binomials
+from codec.index_model import MAX_LEAF_BLOCK, SplitTables, binomials
 from codec.index_nodes import (
     Nodes,
     Split,
@@ -68,24 +68,21 @@ def _dense_phase(
     cell += np.arange(n, dtype=np.int64)[:, None] << dense
     cell = cell.reshape(-1)  # each item's finest grid cell, (chunk, position) order
     fine = np.bincount(cell, minlength=n << dense).reshape(n, 1 << dense)
-    hist = [np.ascontiguousarray(fine.T)]  # cell-major grids (cells, n), as they are coded
+    # cell-major grids (cells, n), as they are coded; counts (<= k <= 1024) fit int16
+    hist = [np.ascontiguousarray(fine.T, dtype=np.int16)]
     for _ in range(dense):
         hist.insert(0, hist[0][0::2] + hist[0][1::2])
     # item index of the first item of each finest cell; a coarser cell starts where its first
     # finest cell does, so one running sum serves every level
-    first = items_before(hist[dense])
-    first += np.arange(n, dtype=np.int64) * k
-    first = first.reshape(-1)
+    first = (items_before(hist[dense]) + np.arange(n, dtype=np.int64) * k).reshape(-1)
     alive: np.ndarray | None = None  # cells not inside a leaf (None: all of them)
     for level in range(dense):
         size, half = 1 << (levels - level), 1 << (levels - level - 1)
         m, eff = hist[level] if alive is None else hist[level] * alive, grid_eff(tables, level)
         busy = grid_busy_t(m, eff, size)
-        tid = m * busy
-        tid += grid_tids(tables, level, np.zeros(1, np.int64), eff)[:, None]
+        tid = grid_tids(tables, level, np.zeros(1, np.int64), eff)[:, None] + m * busy
         value = hist[level + 1][0::2] * busy  # j, or 0 where the cell codes nothing
-        leaf = tables.is_leaf.take(tid)
-        if leaf.any():
+        if size <= MAX_LEAF_BLOCK and (leaf := tables.is_leaf.take(tid)).any():
             at = np.flatnonzero(leaf)
             items = first.take(_finest(at, n, dense - level))
             value.reshape(-1)[at] = leaf_ranks(flat, items, m.reshape(-1).take(at), size)

@@ -22,6 +22,7 @@ from codec.index_nodes import (
     grid_busy_t,
     grid_eff,
     grid_tids,
+    transposed,
 )
 from codec.rans import STATE_BITS, STATE_LOW, Round, decode_round
 
@@ -137,7 +138,7 @@ def _dense_phase(
     size = 1 << (levels - dense)
     eff = grid_eff(tables, dense)
     # nodes go in (chunk, position) order: transpose the (one byte) busy mask, not the grids
-    at = np.flatnonzero(np.ascontiguousarray(grid_busy_t(m, eff, size).T))
+    at = np.flatnonzero(transposed(grid_busy_t(m, eff, size)))
     row, cell = at >> dense, at & ((1 << dense) - 1)
     at = cell * n + row
     rank = dst.reshape(-1).take(at).astype(np.int64)

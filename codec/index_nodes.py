@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from codec.index_model import SplitTables
 
@@ -105,6 +106,13 @@ class Split:
             m=counts.reshape(-1).take(idx),
             rank=nodes.rank.take(parent) + side * j.take(parent) if nodes.rank.size else _EMPTY,
         )
+
+
+def transposed(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy of the transpose of a 2-D array of 1- or 2-byte items. (torch's
+    blocked copy: numpy's copy of a transposed view strides through memory, several times
+    slower on the (n, cells) <-> (cells, n) grids here.)"""
+    return torch.from_numpy(np.ascontiguousarray(a)).t().contiguous().numpy()
 
 
 GRID_ITEMS_PER_CELL = 2  # grid levels go down to cells holding about this many positions

@@ -26,6 +26,7 @@ from codec.index_nodes import (
     grid_eff,
     grid_tids,
     items_before,
+    transposed,
 )
 
 
@@ -69,7 +70,7 @@ def _dense_phase(
     cell = cell.reshape(-1)  # each item's finest grid cell, (chunk, position) order
     fine = np.bincount(cell, minlength=n << dense).reshape(n, 1 << dense)
     # cell-major grids (cells, n), as they are coded; counts (<= k <= 1024) fit int16
-    hist = [np.ascontiguousarray(fine.T, dtype=np.int16)]
+    hist = [transposed(fine.astype(np.int16))]
     for _ in range(dense):
         hist.insert(0, hist[0][0::2] + hist[0][1::2])
     # item index of the first item of each finest cell; a coarser cell starts where its first
@@ -105,7 +106,7 @@ def _dense_phase(
     size = 1 << (levels - dense)
     eff = grid_eff(tables, dense)
     m = hist[dense] if alive is None else hist[dense] * alive
-    busy = np.ascontiguousarray(grid_busy_t(m, eff, size).T)  # (chunk, position) order
+    busy = transposed(grid_busy_t(m, eff, size))  # (chunk, position) order
     nodes = grid_cells(busy, fine, eff, dense, size)
     return nodes, flat[busy.reshape(-1).take(cell)]
 

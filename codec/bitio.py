@@ -75,6 +75,7 @@ class BitReader:
         # Stored as int64: a masked field of <= 32 bits at offset < 32 never reaches bit 63.
         self.pairs = (words[:-1] | (words[1:] << _U64(32))).view(np.int64)
         self.cursor = start_bit
+        self.copies: dict[str, object] = {}  # `pairs` on other devices (`codec.gpu.rans`)
 
     def read(self, widths: np.ndarray) -> np.ndarray:
         """Read consecutive fields of the given widths (each 0..32) from the cursor on."""

@@ -53,6 +53,10 @@ BLOCK_ELEMENTS = {"cpu": 1 << 21, "default": 1 << 25}
 """Elements of EF buffer processed at a time: 8 MiB of float32 on CPU (cache-sized blocks were
 fastest on a 2-core box), 128 MiB elsewhere (fewer kernel launches)."""
 
+MAX_KERNEL_CHUNK = 1 << 14
+"""Largest chunk the Triton Top-k holds in one program (tile 128); larger chunks (tiles up to
+1024) take the torch path on the GPU too."""
+
 _CANDIDATE_CAP = 4
 """Rows with more candidates than this many times k (ties, zeros) are handled as dense rows."""
 
@@ -398,7 +402,7 @@ class Compressor:
     ) -> SparseTensor:
         layout = self.layouts[name]
         clock = time.perf_counter()
-        picked = (self._select_triton if self._triton else self._select)(name, delta, beta, freeze)
+        picked = [self._select(name, gi, delta, beta, freeze) for gi in range(len(layout.groups))]
         idx, vals = [p[0] for p in picked], [p[1] for p in picked]
         clock = _lap(timings, "select", clock)
         # The quantiser's statistics are float sums whose rounding depends on their order, so
@@ -426,40 +430,32 @@ class Compressor:
         return sparse
 
     def _select(
-        self, name: str, delta: torch.Tensor, beta: float, freeze: bool
-    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """EF update and Top-k per group with torch ops, in cache-sized blocks of chunks."""
+        self, name: str, gi: int, delta: torch.Tensor, beta: float, freeze: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """EF update and Top-k of one chunk group: one Triton program per chunk on the GPU path
+        (`codec.gpu.select`, for chunks it can hold), else torch ops in cache-sized blocks."""
         layout = self.layouts[name]
+        g = layout.groups[gi]
+        buf = self._ef[name][gi]
+        if self._triton and g.chunk_size <= MAX_KERNEL_CHUNK:
+            from codec.gpu.select import select
+
+            return select(delta, buf, layout, gi, beta, freeze)
         work = self._scratch()
-        out = []
-        for gi, g in enumerate(layout.groups):
-            src = layout.group_view(delta, gi)
-            buf = self._ef[name][gi]
-            gi_idx, gi_vals = [], []
-            for first, rs, cs in _blocks(g, self.block_elements):
-                view = src[rs, cs]
-                n = view.shape[0] * view.shape[1]
-                rows = work[2][: n * g.chunk_size].view(n, -1) if freeze else buf[first : first + n]
-                if freeze:
-                    rows.view(view.shape).copy_(view)
-                else:
-                    torch.add(view, rows.view(view.shape), alpha=beta, out=rows.view(view.shape))
-                pos, kept = topk_rows(rows, g.k, (work[0], work[1]))
-                gi_idx.append(pos)
-                gi_vals.append(kept)
-            out.append((torch.cat(gi_idx), torch.cat(gi_vals)))
-        return out
-
-    def _select_triton(
-        self, name: str, delta: torch.Tensor, beta: float, freeze: bool
-    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The same with one Triton program per chunk (`codec.gpu.select`)."""
-        from codec.gpu.select import select
-
-        layout = self.layouts[name]
-        return [
-            select(delta, buf, layout, gi, beta, freeze) for gi, buf in enumerate(self._ef[name])
-        ]
+        src = layout.group_view(delta, gi)
+        gi_idx, gi_vals = [], []
+        for first, rs, cs in _blocks(g, self.block_elements):
+            view = src[rs, cs]
+            n = view.shape[0] * view.shape[1]
+            rows = work[2][: n * g.chunk_size].view(n, -1) if freeze else buf[first : first + n]
+            if freeze:
+                rows.view(view.shape).copy_(view)
+            else:
+                torch.add(view, rows.view(view.shape), alpha=beta, out=rows.view(view.shape))
+            pos, kept = topk_rows(rows, g.k, (work[0], work[1]))
+            gi_idx.append(pos)
+            gi_vals.append(kept)
+        return torch.cat(gi_idx), torch.cat(gi_vals)
 
     def error(self, name: str) -> torch.Tensor:
         """A copy of the EF buffer of ``name`` in the tensor's own shape."""

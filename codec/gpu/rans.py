@@ -33,7 +33,6 @@ __all__ = ["decode_round", "encode_round"]
 
 BLOCK = 1024
 _TABLES: dict[tuple[int, str], tuple[SplitTables, dict[str, torch.Tensor]]] = {}
-_PAIRS: dict[tuple[int, str], tuple[BitReader, torch.Tensor]] = {}
 _CACHE = 64
 
 
@@ -133,11 +132,13 @@ def _device_tables(tables: SplitTables, device: torch.device) -> dict[str, torch
 
 
 def _device_pairs(reader: BitReader, device: torch.device) -> torch.Tensor:
-    key = (id(reader), str(device))
-    if key not in _PAIRS:
-        _PAIRS.clear()  # one stream is decoded at a time
-        _PAIRS[key] = (reader, torch.from_numpy(reader.pairs).to(device))
-    return _PAIRS[key][1]
+    """The reader's word pairs on `device`, copied once per stream."""
+    key = str(device)
+    if key not in reader.copies:
+        reader.copies[key] = torch.from_numpy(reader.pairs).to(device)
+    pairs = reader.copies[key]
+    assert isinstance(pairs, torch.Tensor)
+    return pairs
 
 
 def decode_round(

@@ -155,7 +155,7 @@ def _item_phase(
         flat = np.empty(2 * j.size, dtype=np.int64)  # items per child, leaves' ones included
         flat[0::2] = j
         np.subtract(nodes.m, j, out=flat[1::2])
-        item_val = item_val.take(np.flatnonzero(np.repeat(active, flat)))
+        item_val = item_val[np.repeat(active, flat)]
         nodes = split.pick(nodes, counts, j, active)
 
 

@@ -33,9 +33,12 @@ _M = PRECISION_BITS
 _SLOT_MASK = (1 << PRECISION_BITS) - 1
 
 
-def bitlen(x: np.ndarray) -> np.ndarray:
-    """Bit length of each non-negative int64 below 2**53."""
-    return np.frexp(x.astype(np.float64))[1]
+def _exponent(x: np.ndarray) -> np.ndarray:
+    """The float64 exponent field of each int64 0 <= x < 2**53 (exact in float64): the bit
+    length plus 1022 for x > 0, 0 for x = 0."""
+    e = x.astype(np.float64).view(np.int64)
+    e >>= 52
+    return e
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,7 @@ def encode_round(
                 lower *= freq[rnd.step(t)][r0:busy]
             lower <<= STATE_BITS - (s - first + 1) * _M
             xs = xo[r0:busy]
-            nbits = bitlen(xs) - bitlen(lower)
+            nbits = _exponent(xs) - _exponent(lower)  # bit length difference (both > 0)
             nbits -= (xs >> nbits) < lower
             fields.append((xs & ((1 << nbits) - 1), nbits))
             xo[r0:busy] = xs >> nbits
@@ -172,16 +175,10 @@ def decode_round(
     return out
 
 
-_EXP_OFFSET = STATE_BITS + 1 + 1022  # bit length of v > 0 is (float64 exponent field) - 1022
-
-
 def _renorm_bits(x: np.ndarray) -> np.ndarray:
-    """Bits that bring each decoded state back into [2**R, 2**(R+1)): R + 1 - bitlen(x).
-
-    The bit length comes from the exponent field of the (exact) float64 value of x < 2**53."""
-    nbits = x.astype(np.float64).view(np.int64)
-    nbits >>= 52
-    np.subtract(_EXP_OFFSET, nbits, out=nbits)
+    """Bits that bring each decoded state back into [2**R, 2**(R+1)): R + 1 - bitlen(x)."""
+    nbits = _exponent(x)
+    np.subtract(STATE_BITS + 1 + 1022, nbits, out=nbits)
     if nbits.max(initial=0) > STATE_BITS:  # x == 0 (exponent field 0) lands here too
         raise DecodeError("index stream is corrupt: a lane state collapsed")
     return nbits

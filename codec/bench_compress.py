@@ -46,11 +46,12 @@ def _square_shape(numel: int) -> tuple[int, int]:
 
 
 def student_t3(shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
-    """Student-t(3) samples, built in place: normal / sqrt(chi2_3 / 3)."""
-    chi2 = torch.randn(shape, generator=gen).square_()
+    """Student-t(3) samples on the generator's device, built in place: normal / sqrt(chi2_3 / 3)."""
+    dev = gen.device
+    chi2 = torch.randn(shape, generator=gen, device=dev).square_()
     for _ in range(2):
-        chi2.add_(torch.randn(shape, generator=gen).square_())
-    return torch.randn(shape, generator=gen).div_(chi2.div_(3).sqrt_())
+        chi2.add_(torch.randn(shape, generator=gen, device=dev).square_())
+    return torch.randn(shape, generator=gen, device=dev).div_(chi2.div_(3).sqrt_())
 
 
 def bench_compress(
@@ -98,7 +99,7 @@ def _bench(
 ) -> dict[str, float]:
     shape = tuple(shape) if shape is not None else _square_shape(numel)
     params = bench_params(tile=tile, k=k)
-    delta = student_t3(shape, torch.Generator().manual_seed(seed)).to(dev)
+    delta = student_t3(shape, torch.Generator(device=dev).manual_seed(seed))
     comp = Compressor(ModelSpec.from_shapes({"w": shape}), params, device=dev)
     # warm-up on the zero buffer (e == delta): these are the values whose error is reported
     sparse = comp.compress("w", delta, beta)

@@ -23,7 +23,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--quick", action="store_true", help="smaller sizes (seconds, for smoke tests)"
     )
     parser.add_argument(
-        "--numel", type=int, default=None, help="elements of the compression tensor (default 1e8)"
+        "--numel",
+        type=int,
+        default=None,
+        help="elements of the compression tensor (default 1e8, 1e9 on CUDA)",
     )
     parser.add_argument(
         "--device",
@@ -53,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         )
     with console.status("bits per kept entry…"):
         entry = bench.entry_cost(width=512 if quick else 2048)
-    numel = args.numel or (250_000 if quick else 100_000_000)
+    numel = args.numel or (250_000 if quick else 10**9 if device == "cuda" else 10**8)
     with console.status(f"compressing a {numel:.0e}-element tensor…"):
         comp = bench.compress_time(numel, repeats=1 if quick else 5, device=device)
     result: dict[str, Any] = {

@@ -47,3 +47,16 @@ def test_densify_through_the_kernel_is_exact() -> None:
 
     scatter_add(out, sparse, PARAMS, triton=True)
     assert torch.equal(out, densify(sparse, PARAMS))
+
+
+def test_the_triton_path_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    from codec import gpu
+
+    gpu.missing.cache_clear()
+    monkeypatch.setenv("TESSERA_TRITON", "0")
+    try:
+        assert "TESSERA_TRITON=0" in (gpu.missing() or "")
+    finally:
+        gpu.missing.cache_clear()
+    monkeypatch.delenv("TESSERA_TRITON")
+    assert gpu.missing() is None

@@ -16,6 +16,7 @@ The kernel modules import `triton` at import time; import them only through `ena
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 
 import torch
@@ -25,7 +26,10 @@ __all__ = ["enabled", "missing"]
 
 @lru_cache(maxsize=1)
 def missing() -> str | None:
-    """Why the Triton path cannot run in this process (None when it can)."""
+    """Why the Triton path cannot run in this process (None when it can). ``TESSERA_TRITON=0``
+    in the environment switches it off (the CPU path's torch ops then run on the device)."""
+    if os.environ.get("TESSERA_TRITON", "1") == "0":
+        return "the Triton path is switched off (TESSERA_TRITON=0)"
     try:
         import triton
         import triton.language  # noqa: F401

@@ -1,7 +1,7 @@
 """The rANS steps of the index coder on the device: one program per block of lanes.
 
-Drop-in replacements for `codec.rans.decode_round` / `encode_round` (same arguments, same
-results, same bits). The split-tree walk that decides which table each symbol uses stays on the
+Drop-in replacements for `codec.rans.decode_round` / `encode_round` (the same arguments plus
+the device; the same results and bits). The split-tree walk that decides which table each symbol uses stays on the
 host (`codec.index_walk`, `codec.index_decode`): it hands a whole round (one tree level) to
 these functions, which run its steps on the device.
 
@@ -10,7 +10,8 @@ forward scan, state update) and the number of bits each renormalising lane reads
 over those counts (torch.cumsum on the device) gives every lane its field's bit offset, since a
 step's fields are laid out lane after lane; `_read_step` reads the fields. The stream cursor stays
 on the device between steps; a collapsed state or a read past the end is reported when the round
-ends, as the CPU path's `DecodeError`.
+ends, as the CPU path's `DecodeError` (in between, corrupt counts are clamped so that no read
+leaves the stream).
 
 Encoding needs no prefix sum inside a round: every lane runs all its steps in reverse in one
 program (`_encode_round`), writing each renormalisation field into its slot of the round's

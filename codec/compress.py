@@ -238,15 +238,19 @@ def _dense_topk(x: torch.Tensor, a: torch.Tensor, k: int) -> tuple[torch.Tensor,
 
 
 def _sparse_topk(
-    x: torch.Tensor, a: torch.Tensor, mask: torch.Tensor, k: int, bound: tuple[torch.Tensor, bool]
+    x: torch.Tensor,
+    a: torch.Tensor,
+    flat: torch.Tensor,
+    row: torch.Tensor,
+    counts: torch.Tensor,
+    k: int,
+    bound: tuple[torch.Tensor, bool],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Top-k of the rows that have candidates in ``mask``: (rows, positions, values)."""
+    """Top-k of the rows that have candidates (flat positions ``flat`` in rows ``row``,
+    ``counts`` per row): (rows, positions, values)."""
     nb, c = a.shape
-    flat = mask.view(-1).nonzero().squeeze(1)
-    row = torch.div(flat, c, rounding_mode="floor")
     signed = x.view(-1)[flat]
     cand = signed.abs()
-    counts = torch.bincount(row, minlength=nb)
     t = bound[0] if bound[1] else _exact_threshold(a, k, row, cand, counts)
     keep = cand >= t[row]
     rows = (counts > 0).nonzero().squeeze(1)
@@ -277,18 +281,23 @@ def topk_rows(
     torch.abs(x, out=a)
     bound = _lower_bound(a, k)
     torch.ge(a, bound[0][:, None], out=mask)
+    flat = mask.view(-1).nonzero().squeeze(1)
+    row = torch.div(flat, c, rounding_mode="floor")
+    counts = torch.bincount(row, minlength=nb)
     crowded = torch.zeros(0, dtype=torch.int64, device=x.device)
     if not bound[1]:
-        crowded = (mask.sum(1, dtype=torch.int32) > _CANDIDATE_CAP * k).nonzero().squeeze(1)
+        crowded = (counts > _CANDIDATE_CAP * k).nonzero().squeeze(1)
     if crowded.numel() == 0:
-        _, pos, vals = _sparse_topk(x, a, mask, k, bound)
+        _, pos, vals = _sparse_topk(x, a, flat, row, counts, k, bound)
         return pos, vals
     pos = torch.empty(nb, k, dtype=torch.int64, device=x.device)
     vals = torch.empty(nb, k, dtype=x.dtype, device=x.device)
     pos[crowded], vals[crowded] = _dense_topk(x[crowded], a[crowded], k)
     if crowded.numel() < nb:
-        mask[crowded] = False
-        rows, sparse_pos, sparse_vals = _sparse_topk(x, a, mask, k, bound)
+        counts[crowded] = 0
+        keep = counts.gt(0)[row]
+        flat, row = flat[keep], row[keep]
+        rows, sparse_pos, sparse_vals = _sparse_topk(x, a, flat, row, counts, k, bound)
         pos[rows], vals[rows] = sparse_pos, sparse_vals
     return pos, vals
 

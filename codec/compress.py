@@ -21,6 +21,13 @@ avoids a full sort: a lower bound on each chunk's k-th largest ``|e|`` (the k-th
 maxima of ``2k`` strided bins: at least k entries reach it) leaves ~1.4k candidates per chunk,
 whose exact k-th largest value is then found with `torch.topk` on a small padded matrix. Rows
 crowded with candidates (more than 4k: ties, runs of zeros) take a dense path instead.
+
+On a CUDA device (and with `triton` importable) the EF update and Top-k run as one Triton
+program per chunk (`codec.gpu.select`) and the EF write-back as a Triton kernel
+(`codec.gpu.scatter.feedback`), with the same results bit for bit. The quantiser runs on the
+host for both paths: its statistics are float sums whose rounding depends on their order, so
+that is the one way to get the same side bytes and codes from every device (the kept values,
+k/C of the tensor, are copied there and back).
 """
 
 from __future__ import annotations

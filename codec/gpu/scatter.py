@@ -24,6 +24,8 @@ from codec.quantize import SCALE_LUT
 __all__ = ["feedback", "scatter_add"]
 
 BLOCK = 1024
+LAUNCH_OPTIONS = {"enable_fp_fusion": False}
+"""No contraction of ``a + b * c`` into an FMA: the CPU path rounds the product and the sum."""
 
 
 @triton.jit
@@ -119,7 +121,7 @@ def scatter_add(
         r0 * layout.cols + c0,
         layout.cols,
         BLOCK=BLOCK,
-        enable_fp_fusion=False,
+        **LAUNCH_OPTIONS,
     )
 
 
@@ -148,5 +150,5 @@ def feedback(
         idx.shape[1],
         buf.shape[1],
         BLOCK=BLOCK,
-        enable_fp_fusion=False,
+        **LAUNCH_OPTIONS,
     )

@@ -20,9 +20,20 @@ def interpreter() -> None:
     require_interpreter()
 
 
+@pytest.fixture(params=[None, 8], ids=["block-default", "block-8"])
+def lanes_per_program(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Also run with 8 lanes per program: many programs, so the bit offsets of a step's fields
+    must come from the prefix sum across programs, not from within one."""
+    if request.param is not None:
+        from codec.gpu import rans
+
+        monkeypatch.setattr(rans, "BLOCK", request.param)
+
+
 CASES = [(4096, 64, 24), (4096, 3, 20), (1000, 17, 20), (4095, 2, 12), (256, 40, 10), (100, 1, 9)]
 
 
+@pytest.mark.usefixtures("lanes_per_program")
 @pytest.mark.parametrize(("c", "k", "n"), CASES)
 def test_same_bytes_and_indices_as_the_cpu_path(c: int, k: int, n: int) -> None:
     rng = np.random.default_rng(c * 1000 + k)
@@ -47,6 +58,7 @@ def _outcome(data: bytes, triton: bool) -> torch.Tensor | None:
         return None
 
 
+@pytest.mark.usefixtures("lanes_per_program")
 def test_corrupt_streams_fail_alike_on_both_paths() -> None:
     rng = np.random.default_rng(9)
     data = indices.encode(random_subsets(rng, 8, 512, 12), 512)

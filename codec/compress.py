@@ -38,6 +38,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
 import torch
 
 from codec import gpu
@@ -288,7 +289,7 @@ def topk_rows(
     torch.abs(x, out=a)
     bound = _lower_bound(a, k)
     torch.ge(a, bound[0][:, None], out=mask)
-    flat = mask.view(-1).nonzero().squeeze(1)
+    flat = _flat_nonzero(mask.view(-1))
     row = torch.div(flat, c, rounding_mode="floor")
     counts = torch.bincount(row, minlength=nb)
     crowded = torch.zeros(0, dtype=torch.int64, device=x.device)
@@ -307,6 +308,14 @@ def topk_rows(
         rows, sparse_pos, sparse_vals = _sparse_topk(x, a, flat, row, counts, k, bound)
         pos[rows], vals[rows] = sparse_pos, sparse_vals
     return pos, vals
+
+
+def _flat_nonzero(mask: torch.Tensor) -> torch.Tensor:
+    """Positions of the True entries of a 1-D bool tensor (numpy's scan on the CPU: several
+    times faster than torch's there on these sparse masks)."""
+    if mask.device.type == "cpu":
+        return torch.from_numpy(np.flatnonzero(mask.numpy()))
+    return mask.nonzero().squeeze(1)
 
 
 def _blocks(g: ChunkGroup, block_elements: int) -> Iterator[tuple[int, slice, slice]]:

@@ -8,6 +8,9 @@ The public surface other layers use:
 * `aggregate` — the deterministic mean of several peers' decoded updates;
 * `DecodeError` — the one exception for bytes that do not decode;
 * `indices.encode` / `indices.decode` — the index coder on its own.
+
+Tensors on a CUDA device take the Triton kernels of `codec.gpu` (same bytes, same tensors); see
+docs/codec.md.
 """
 
 from codec.errors import DecodeError

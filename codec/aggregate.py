@@ -71,6 +71,7 @@ def aggregate(
     clip_to_median: bool = False,
     device: torch.device | str = "cpu",
     validate: bool = True,
+    triton: bool | None = None,
 ) -> dict[str, torch.Tensor]:
     """Mean dense float32 update per tensor of ``spec`` over the peers in ``updates``.
 
@@ -79,6 +80,8 @@ def aggregate(
     ``clip_to_median`` each peer's update is first scaled to at most the median peer norm.
     With ``validate`` every update is checked first (`DecodeError` on malformed input).
     The result does not depend on the order of ``updates``; with no peers it is all zeros.
+    On a CUDA ``device`` the scatter-adds run as a Triton kernel (`codec.gpu.scatter`), with the
+    same result bit for bit; ``triton`` forces (True) or forbids (False) that.
     """
     by_shape = {t.name: tuple(t.shape) for t in spec.tensors}
     keys = sorted(updates)
@@ -95,7 +98,7 @@ def aggregate(
     out = {t.name: torch.zeros(t.shape, dtype=torch.float32, device=device) for t in spec.tensors}
     for peer, factor in zip(peers, factors, strict=True):
         for name, sparse in peer.items():
-            scatter_add(out[name], sparse, params, factor)
+            scatter_add(out[name], sparse, params, factor, triton)
     if peers:
         for t in out.values():
             t.div_(len(peers))

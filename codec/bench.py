@@ -1,14 +1,18 @@
 """Measurements behind `tessera bench codec`: each figure next to the reference it must beat.
 
 Every function returns plain dicts (rendered as a table or JSON by the CLI). Throughput is
-measured on one thread (`torch.set_num_threads(1)`, numpy's coder is single-threaded anyway) in
-process CPU time, best of a few runs, so another busy process on the machine does not distort it.
+measured in wall time, best of a few runs: on the CPU on one thread (`torch.set_num_threads(1)`,
+numpy's coder is single-threaded anyway), on a CUDA device through the Triton path with the
+device synchronised around each run.
+
+The synthetic values are unit-scale, far above a run's value cap (`CodecParams.max_abs_value`,
+sized for real pseudo-gradients), so every measurement here uses `bench_params`, whose cap never
+binds: the figures are the quantiser's, not the cap's.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -16,9 +20,9 @@ import numpy as np
 import torch
 
 from codec import indices, wire
-from codec.bench_compress import bench_compress
+from codec.bench_compress import bench_compress, bench_params, timed
 from codec.compress import Compressor
-from codec.spec import CodecParams, ModelSpec
+from codec.spec import ModelSpec
 
 CHUNK = 4096
 KS = (32, 64, 128, 256)
@@ -60,13 +64,9 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def best_cpu_seconds(fn: Callable[[], object], repeats: int) -> float:
-    best = math.inf
-    for _ in range(repeats):
-        start = time.process_time()
-        fn()
-        best = min(best, time.process_time() - start)
-    return best
+def best_seconds(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
+    """Best wall time of `repeats` runs of `fn` (the device synchronised around each)."""
+    return min(timed(fn, device) for _ in range(repeats))
 
 
 def index_sizes(n_chunks: int = 4096, seed: int = 0) -> list[dict[str, float]]:
@@ -86,33 +86,42 @@ def index_sizes(n_chunks: int = 4096, seed: int = 0) -> list[dict[str, float]]:
     return rows
 
 
-def index_speed(n_chunks: int = 16384, repeats: int = 3, seed: int = 1) -> list[dict[str, float]]:
-    """Encode and decode throughput (indices per CPU second, one thread) per k."""
+def index_speed(
+    n_chunks: int = 16384, repeats: int = 3, seed: int = 1, device: str = "cpu"
+) -> list[dict[str, float]]:
+    """Encode and decode throughput (indices per wall second, best of `repeats`) per k, with
+    the time of a device-to-device copy of the decoded indices beside it on a GPU."""
     rng = np.random.default_rng(seed)
+    dev = torch.device(device)
     rows = []
     with one_thread():
         for k in KS:
-            idx = random_subsets(rng, n_chunks, CHUNK, k)
+            idx = torch.from_numpy(random_subsets(rng, n_chunks, CHUNK, k)).to(dev)
             data = indices.encode(idx, CHUNK)
-            indices.decode(data)  # warm the tables
-            enc = best_cpu_seconds(lambda idx=idx: indices.encode(idx, CHUNK), repeats)
-            dec = best_cpu_seconds(lambda data=data: indices.decode(data), repeats)
-            rows.append(
-                {
-                    "k": k,
-                    "encode_M_per_s": idx.size / enc / 1e6,
-                    "decode_M_per_s": idx.size / dec / 1e6,
-                }
-            )
+            indices.decode(data, device=dev)  # warm the tables (and the kernels)
+            enc = best_seconds(lambda idx=idx: indices.encode(idx, CHUNK), repeats, dev)
+            dec = best_seconds(lambda d=data: indices.decode(d, device=dev), repeats, dev)
+            row = {
+                "k": k,
+                "encode_M_per_s": idx.numel() / enc / 1e6,
+                "decode_M_per_s": idx.numel() / dec / 1e6,
+            }
+            if dev.type == "cuda":
+                copy = best_seconds(idx.clone, repeats, dev)
+                row["decode_vs_copy"] = dec / copy
+                row["encode_vs_copy"] = enc / copy
+            rows.append(row)
     return rows
 
 
-def entry_cost(k: int = 64, seed: int = 2) -> dict[str, float]:
-    """Bits per kept entry of a whole update (index + value + side info + header)."""
+def entry_cost(k: int = 64, seed: int = 2, width: int = 2048) -> dict[str, float]:
+    """Bits per kept entry of a whole update (index + value + side info + header) of a
+    LLaMA-like block of hidden size `width` (2048 by default; `--quick` uses 512)."""
+    ff = width * 11 // 4
     spec = ModelSpec.from_shapes(
-        {"attn.q": (2048, 2048), "mlp.up": (5632, 2048), "mlp.down": (2048, 5632), "norm": (2048,)}
+        {"attn.q": (width, width), "mlp.up": (ff, width), "mlp.down": (width, ff), "norm": (width,)}
     )
-    params = CodecParams(tile=64, k=k)
+    params = bench_params(tile=64, k=k)
     gen = torch.Generator().manual_seed(seed)
     comp = Compressor(spec, params)
     sparse = [
@@ -130,25 +139,22 @@ def entry_cost(k: int = 64, seed: int = 2) -> dict[str, float]:
         "index_bits": 8 * index_bytes / kept,
         "value_bits": 8 * header.codes_bytes / kept,
         "side_and_header_bits": 8 * (len(data) - index_bytes - header.codes_bytes) / kept,
+        "index_limit_bits": limit_bits_per_index(params.chunk_size, k),
         "reference_bits": 20.0,  # deployed reference: 12-bit indices + 8-bit containers
     }
 
 
-def compress_time(numel: int, repeats: int = 3) -> dict[str, float]:
+def compress_time(numel: int, repeats: int = 3, device: str = "cpu") -> dict[str, float]:
     """EF + Top-k + quantize (+ index encode) of one tensor, beside `x.abs().sum()` on it."""
-    out = bench_compress(numel=numel, repeats=repeats)
+    dev = torch.device(device)
+    out = bench_compress(numel=numel, repeats=repeats, device=device)
     shape = (math.isqrt(numel), numel // math.isqrt(numel))
     spec = ModelSpec.from_shapes({"w": shape})
-    params = CodecParams()
-    comp = Compressor(spec, params)
-    delta = torch.randn(shape).pow_(3)
+    params = bench_params()
+    comp = Compressor(spec, params, device=dev)
+    delta = torch.randn(shape, device=dev).pow_(3)
     sparse = comp.compress("w", delta, 0.95)
-    encode_s = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        wire.encode_update([sparse], params, spec)
-        encode_s = min(encode_s, time.perf_counter() - start)
-    out["encode_s"] = encode_s
-    out["total_s"] = out["compress_s"] + encode_s
+    out["encode_s"] = best_seconds(lambda: wire.encode_update([sparse], params, spec), repeats, dev)
+    out["total_s"] = out["compress_s"] + out["encode_s"]
     out["total_ratio"] = out["total_s"] / out["abs_sum_s"]
     return out

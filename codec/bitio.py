@@ -8,6 +8,8 @@ run as a handful of numpy passes with no Python loop per field.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from codec.errors import DecodeError
@@ -26,12 +28,16 @@ def pack_fields(values: np.ndarray, widths: np.ndarray) -> tuple[bytes, int]:
         return b"", 0
     pos = ends - widths
     word = pos >> 5
-    shifted = np.asarray(values).astype(_U64) << (pos & 31).astype(_U64)  # < 2**64
+    shift = (pos & 31).view(_U64)
+    shifted = np.asarray(values).astype(np.int64, copy=False).view(_U64) << shift  # < 2**64
+    halves = shifted.view(np.uint32).reshape(-1, 2)  # each field's (low, high) 32-bit parts
+    if sys.byteorder == "big":
+        halves = halves[:, ::-1]
     # Fields are disjoint, so summing the parts that land in a word equals OR-ing them, and each
     # word's sum stays below 2**32: exact in the float64 weights of a bincount.
     n_words = (total + 31) // 32 + 1
-    low = np.bincount(word, weights=shifted & _U64(0xFFFFFFFF), minlength=n_words)
-    high = np.bincount(word, weights=shifted >> _U64(32), minlength=n_words)
+    low = np.bincount(word, weights=halves[:, 0], minlength=n_words)
+    high = np.bincount(word, weights=halves[:, 1], minlength=n_words)
     words = low.astype("<u4")
     words[1:] |= high[:-1].astype("<u4")
     return words.tobytes()[: (total + 7) // 8], total
@@ -73,8 +79,9 @@ class BitReader:
         # pairs[i] = words[i] | words[i+1] << 32: any field of <= 32 bits at bit offset < 32 of
         # word i lies inside pairs[i].
         # Stored as int64: a masked field of <= 32 bits at offset < 32 never reaches bit 63.
-        self._pairs = (words[:-1] | (words[1:] << _U64(32))).view(np.int64)
+        self.pairs = (words[:-1] | (words[1:] << _U64(32))).view(np.int64)
         self.cursor = start_bit
+        self.copies: dict[str, object] = {}  # `pairs` on other devices (`codec.gpu.rans`)
 
     def read(self, widths: np.ndarray) -> np.ndarray:
         """Read consecutive fields of the given widths (each 0..32) from the cursor on."""
@@ -90,7 +97,7 @@ class BitReader:
 
     def gather(self, pos: np.ndarray, widths: np.ndarray) -> np.ndarray:
         """Fields (int64) at arbitrary bit positions (already bounds-checked by the caller)."""
-        out = self._pairs.take(pos >> 5)
+        out = self.pairs.take(pos >> 5)
         out >>= pos & 31
         out &= _MASKS.take(widths)
         return out

@@ -21,6 +21,13 @@ avoids a full sort: a lower bound on each chunk's k-th largest ``|e|`` (the k-th
 maxima of ``2k`` strided bins: at least k entries reach it) leaves ~1.4k candidates per chunk,
 whose exact k-th largest value is then found with `torch.topk` on a small padded matrix. Rows
 crowded with candidates (more than 4k: ties, runs of zeros) take a dense path instead.
+
+On a CUDA device (and with `triton` importable) the EF update and Top-k run as one Triton
+program per chunk (`codec.gpu.select`) and the EF write-back as a Triton kernel
+(`codec.gpu.scatter.feedback`), with the same results bit for bit. The quantiser runs on the
+host for both paths: its statistics are float sums whose rounding depends on their order, so
+that is the one way to get the same side bytes and codes from every device (the kept values,
+k/C of the tensor, are copied there and back).
 """
 
 from __future__ import annotations
@@ -31,8 +38,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
 import torch
 
+from codec import gpu
 from codec.chunking import ChunkGroup, ChunkLayout
 from codec.errors import DecodeError
 from codec.quantize import dequantize, quantize, validate
@@ -51,6 +60,10 @@ __all__ = [
 BLOCK_ELEMENTS = {"cpu": 1 << 21, "default": 1 << 25}
 """Elements of EF buffer processed at a time: 8 MiB of float32 on CPU (cache-sized blocks were
 fastest on a 2-core box), 128 MiB elsewhere (fewer kernel launches)."""
+
+MAX_KERNEL_CHUNK = 1 << 14
+"""Largest chunk the Triton Top-k holds in one program (tile 128); larger chunks (tiles up to
+1024) take the torch path on the GPU too."""
 
 _CANDIDATE_CAP = 4
 """Rows with more candidates than this many times k (ties, zeros) are handled as dense rows."""
@@ -121,17 +134,28 @@ def _validate_group(g: ChunkGroup, sg: SparseGroup) -> None:
 
 
 def scatter_add(
-    out: torch.Tensor, sparse: SparseTensor, params: CodecParams, factor: float = 1.0
+    out: torch.Tensor,
+    sparse: SparseTensor,
+    params: CodecParams,
+    factor: float = 1.0,
+    triton: bool | None = None,
 ) -> None:
     """Add ``factor * decoded(sparse)`` into the dense float32 tensor ``out`` (in place).
 
     ``factor`` is rounded to float32 first. Each position is touched at most once, so the result
-    is one float32 rounding per position whatever the device: with a fixed order of calls the
-    accumulation is bit-reproducible.
+    is one float32 product and one float32 sum per position whatever the device: with a fixed
+    order of calls the accumulation is bit-reproducible. A CUDA ``out`` takes the Triton kernel
+    (`codec.gpu.scatter`) when triton imports; ``triton`` forces (True) or forbids (False) it.
     """
     if tuple(out.shape) != tuple(sparse.shape) or out.dtype != torch.float32:
         raise ValueError(f"out must be float32 {sparse.shape}, got {out.dtype} {tuple(out.shape)}")
     layout = sparse.layout(params)
+    if gpu.enabled(out) if triton is None else triton:
+        from codec.gpu.scatter import scatter_add as kernel
+
+        for gi, g in enumerate(sparse.groups):
+            kernel(out, layout, gi, g.idx, g.codes, g.scales, sparse.codebook, factor)
+        return
     flat_out = out.view(-1)
     scale = torch.tensor(factor, dtype=torch.float32, device=out.device)
     for gi, (g, vals) in enumerate(zip(sparse.groups, sparse.values(), strict=True)):
@@ -222,15 +246,19 @@ def _dense_topk(x: torch.Tensor, a: torch.Tensor, k: int) -> tuple[torch.Tensor,
 
 
 def _sparse_topk(
-    x: torch.Tensor, a: torch.Tensor, mask: torch.Tensor, k: int, bound: tuple[torch.Tensor, bool]
+    x: torch.Tensor,
+    a: torch.Tensor,
+    flat: torch.Tensor,
+    row: torch.Tensor,
+    counts: torch.Tensor,
+    k: int,
+    bound: tuple[torch.Tensor, bool],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Top-k of the rows that have candidates in ``mask``: (rows, positions, values)."""
+    """Top-k of the rows that have candidates (flat positions ``flat`` in rows ``row``,
+    ``counts`` per row): (rows, positions, values)."""
     nb, c = a.shape
-    flat = mask.view(-1).nonzero().squeeze(1)
-    row = torch.div(flat, c, rounding_mode="floor")
     signed = x.view(-1)[flat]
     cand = signed.abs()
-    counts = torch.bincount(row, minlength=nb)
     t = bound[0] if bound[1] else _exact_threshold(a, k, row, cand, counts)
     keep = cand >= t[row]
     rows = (counts > 0).nonzero().squeeze(1)
@@ -261,20 +289,33 @@ def topk_rows(
     torch.abs(x, out=a)
     bound = _lower_bound(a, k)
     torch.ge(a, bound[0][:, None], out=mask)
+    flat = _flat_nonzero(mask.view(-1))
+    row = torch.div(flat, c, rounding_mode="floor")
+    counts = torch.bincount(row, minlength=nb)
     crowded = torch.zeros(0, dtype=torch.int64, device=x.device)
     if not bound[1]:
-        crowded = (mask.sum(1, dtype=torch.int32) > _CANDIDATE_CAP * k).nonzero().squeeze(1)
+        crowded = (counts > _CANDIDATE_CAP * k).nonzero().squeeze(1)
     if crowded.numel() == 0:
-        _, pos, vals = _sparse_topk(x, a, mask, k, bound)
+        _, pos, vals = _sparse_topk(x, a, flat, row, counts, k, bound)
         return pos, vals
     pos = torch.empty(nb, k, dtype=torch.int64, device=x.device)
     vals = torch.empty(nb, k, dtype=x.dtype, device=x.device)
     pos[crowded], vals[crowded] = _dense_topk(x[crowded], a[crowded], k)
     if crowded.numel() < nb:
-        mask[crowded] = False
-        rows, sparse_pos, sparse_vals = _sparse_topk(x, a, mask, k, bound)
+        counts[crowded] = 0
+        keep = counts.gt(0)[row]
+        flat, row = flat[keep], row[keep]
+        rows, sparse_pos, sparse_vals = _sparse_topk(x, a, flat, row, counts, k, bound)
         pos[rows], vals[rows] = sparse_pos, sparse_vals
     return pos, vals
+
+
+def _flat_nonzero(mask: torch.Tensor) -> torch.Tensor:
+    """Positions of the True entries of a 1-D bool tensor (numpy's scan on the CPU: several
+    times faster than torch's there on these sparse masks)."""
+    if mask.device.type == "cpu":
+        return torch.from_numpy(np.flatnonzero(mask.numpy()))
+    return mask.nonzero().squeeze(1)
 
 
 def _blocks(g: ChunkGroup, block_elements: int) -> Iterator[tuple[int, slice, slice]]:
@@ -304,10 +345,15 @@ class Compressor:
         params: CodecParams,
         device: torch.device | str = "cpu",
         block_elements: int | None = None,
+        triton: bool | None = None,
     ) -> None:
         self.spec = spec
         self.params = params
         self.device = torch.device(device)
+        # None: the Triton kernels on a CUDA device when triton imports (`codec.gpu.enabled`);
+        # True forces them (on CPU tensors that needs the interpreter, TRITON_INTERPRET=1)
+        probe = torch.empty(0, device=self.device)
+        self._triton = gpu.enabled(probe) if triton is None else triton
         self.block_elements = block_elements or BLOCK_ELEMENTS.get(
             self.device.type, BLOCK_ELEMENTS["default"]
         )
@@ -381,35 +427,60 @@ class Compressor:
     ) -> SparseTensor:
         layout = self.layouts[name]
         clock = time.perf_counter()
-        work = self._scratch()
-        idx, vals = [], []
-        for gi, g in enumerate(layout.groups):
-            src = layout.group_view(delta, gi)
-            buf = self._ef[name][gi]
-            gi_idx, gi_vals = [], []
-            for first, rs, cs in _blocks(g, self.block_elements):
-                view = src[rs, cs]
-                n = view.shape[0] * view.shape[1]
-                rows = work[2][: n * g.chunk_size].view(n, -1) if freeze else buf[first : first + n]
-                if freeze:
-                    rows.view(view.shape).copy_(view)
-                else:
-                    torch.add(view, rows.view(view.shape), alpha=beta, out=rows.view(view.shape))
-                pos, kept = topk_rows(rows, g.k, (work[0], work[1]))
-                gi_idx.append(pos)
-                gi_vals.append(kept)
-            idx.append(torch.cat(gi_idx))
-            vals.append(torch.cat(gi_vals))
+        picked = [self._select(name, gi, delta, beta, freeze) for gi in range(len(layout.groups))]
+        idx, vals = [p[0] for p in picked], [p[1] for p in picked]
         clock = _lap(timings, "select", clock)
-        q = quantize(vals, self.params.max_abs_value)
+        # The quantiser's statistics are float sums whose rounding depends on their order, so
+        # they run on the host for either path: the same side bytes and codes from any device.
+        q = quantize([v.cpu() for v in vals], self.params.max_abs_value)
         clock = _lap(timings, "quantize", clock)
-        groups = [SparseGroup(i, c, s) for i, c, s in zip(idx, q.codes, q.scales, strict=True)]
-        sparse = SparseTensor(name=name, shape=layout.shape, groups=groups, codebook=q.codebook)
+        dev = self.device
+        groups = [
+            SparseGroup(i, c.to(dev), s.to(dev))
+            for i, c, s in zip(idx, q.codes, q.scales, strict=True)
+        ]
+        book = q.codebook.to(dev)
+        sparse = SparseTensor(name=name, shape=layout.shape, groups=groups, codebook=book)
         if not freeze:
-            for buf, i, v, dq in zip(self._ef[name], idx, vals, sparse.values(), strict=True):
-                buf.scatter_(1, i, v - dq)
+            bufs = self._ef[name]
+            if self._triton:
+                from codec.gpu.scatter import feedback
+
+                for buf, g, v in zip(bufs, groups, vals, strict=True):
+                    feedback(buf, g.idx, v, g.codes, g.scales, book)
+            else:
+                for buf, i, v, dq in zip(bufs, idx, vals, sparse.values(), strict=True):
+                    buf.scatter_(1, i, v - dq)
         _lap(timings, "feedback", clock)
         return sparse
+
+    def _select(
+        self, name: str, gi: int, delta: torch.Tensor, beta: float, freeze: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """EF update and Top-k of one chunk group: one Triton program per chunk on the GPU path
+        (`codec.gpu.select`, for chunks it can hold), else torch ops in cache-sized blocks."""
+        layout = self.layouts[name]
+        g = layout.groups[gi]
+        buf = self._ef[name][gi]
+        if self._triton and g.chunk_size <= MAX_KERNEL_CHUNK:
+            from codec.gpu.select import select
+
+            return select(delta, buf, layout, gi, beta, freeze)
+        work = self._scratch()
+        src = layout.group_view(delta, gi)
+        gi_idx, gi_vals = [], []
+        for first, rs, cs in _blocks(g, self.block_elements):
+            view = src[rs, cs]
+            n = view.shape[0] * view.shape[1]
+            rows = work[2][: n * g.chunk_size].view(n, -1) if freeze else buf[first : first + n]
+            if freeze:
+                rows.view(view.shape).copy_(view)
+            else:
+                torch.add(view, rows.view(view.shape), alpha=beta, out=rows.view(view.shape))
+            pos, kept = topk_rows(rows, g.k, (work[0], work[1]))
+            gi_idx.append(pos)
+            gi_vals.append(kept)
+        return torch.cat(gi_idx), torch.cat(gi_vals)
 
     def error(self, name: str) -> torch.Tensor:
         """A copy of the EF buffer of ``name`` in the tensor's own shape."""

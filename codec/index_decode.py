@@ -8,28 +8,35 @@ states have given back the raw bits they carried."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from codec.bitio import BitReader, pack_fields
 from codec.errors import DecodeError
-from codec.index_model import SplitTables, leaf_columns, split_tables
+from codec.index_model import MAX_LEAF_BLOCK, SplitTables, leaf_columns, split_tables
 from codec.index_nodes import (
     Nodes,
     Split,
     dense_depth,
-    grid_busy,
     grid_busy_t,
     grid_eff,
     grid_tids,
+    transposed,
 )
 from codec.rans import STATE_BITS, STATE_LOW, Round, decode_round
 
 _EMPTY = np.zeros(0, np.int64)
 _Lone = tuple[np.ndarray, np.ndarray, int]  # (output slot, block start, raw width)
+RoundDecoder = Callable[[np.ndarray, Round, np.ndarray, SplitTables, BitReader], np.ndarray]
+"""`codec.rans.decode_round`, or its device twin (`codec.gpu.rans.decode_round`)."""
 
 
-def decode_body(body: bytes, chunk_size: int, k: int, n: int) -> np.ndarray:
-    """Positions (n, k) from the bit stream of `n` chunks (header already parsed and checked)."""
+def decode_body(
+    body: bytes, chunk_size: int, k: int, n: int, rounds: RoundDecoder = decode_round
+) -> np.ndarray:
+    """Positions (n, k) from the bit stream of `n` chunks (header already parsed and checked);
+    `rounds` runs the rANS steps of each tree level."""
     tables = split_tables(chunk_size, k)
     levels = tables.levels
     reader = BitReader(body)
@@ -40,8 +47,8 @@ def decode_body(body: bytes, chunk_size: int, k: int, n: int) -> np.ndarray:
         lone.append((np.arange(n, dtype=np.int64), np.zeros(n, np.int64), levels))
     else:
         dense = dense_depth(k, levels)
-        nodes = _dense_phase(x, tables, reader, n, dense, out, lone)
-        _sparse_phase(x, tables, reader, n, dense, nodes, out, lone)
+        nodes = _dense_phase(x, tables, reader, rounds, n, dense, out, lone)
+        _sparse_phase(x, tables, reader, rounds, n, dense, nodes, out, lone)
     widths = np.concatenate([np.full(p.size, w, np.int64) for p, _, w in lone])
     raw = _read_raw(reader, x, widths, n)
     slots = np.concatenate([p for p, _, _ in lone])
@@ -50,13 +57,19 @@ def decode_body(body: bytes, chunk_size: int, k: int, n: int) -> np.ndarray:
 
 
 def _decode_splits(
-    x: np.ndarray, nodes: Nodes, split: Split, tables: SplitTables, reader: BitReader, n: int
+    x: np.ndarray,
+    nodes: Nodes,
+    split: Split,
+    tables: SplitTables,
+    reader: BitReader,
+    rounds: RoundDecoder,
+    n: int,
 ) -> np.ndarray:
     """Each node's value: j for a split (forced ones keep their only value), rank for a leaf."""
     value = split.lo.copy()
     if split.sym.any():
         sym = split.sym
-        value[sym] = decode_round(x, Round.build(nodes.row[sym], n), split.tid[sym], tables, reader)
+        value[sym] = rounds(x, Round.build(nodes.row[sym], n), split.tid[sym], tables, reader)
     return value
 
 
@@ -64,46 +77,48 @@ def _dense_phase(
     x: np.ndarray,
     tables: SplitTables,
     reader: BitReader,
+    rounds: RoundDecoder,
     n: int,
     dense: int,
     out: np.ndarray,
     lone: list[_Lone],
 ) -> Nodes:
     """Grid levels. Grids are cell-major, (cells, n), the order the round decodes them in, so a
-    cell's row is one rANS step and the one cell per level that straddles C is one row to fix."""
+    cell's row is one rANS step and the one cell per level that straddles C is one row to fix.
+    Counts (<= k <= 1024) are int16 and output slots int32 (while n * k fits): the grids are
+    the bulk of the work, and narrow integers cut its memory traffic to a quarter."""
     k = tables.k
     levels = tables.levels
-    m = np.full((1, n), k, dtype=np.int64)
-    dst = (np.arange(n, dtype=np.int64) * k)[None, :]  # output slot of each cell's first position
+    m = np.full((1, n), k, dtype=np.int16)
+    slots = np.int32 if n * k <= np.iinfo(np.int32).max else np.int64
+    dst = (np.arange(n, dtype=np.int64) * k).astype(slots)[None, :]  # each cell's first slot
     for level in range(dense):
         size, half = 1 << (levels - level), 1 << (levels - level - 1)
         cells = 1 << level
         eff = grid_eff(tables, level)
         busy = grid_busy_t(m, eff, size)
-        tid = m * busy
-        tid += grid_tids(tables, level, np.zeros(1, np.int64), eff)[:, None]
-        left = decode_round(x, Round.grid(n, cells), tid.reshape(-1), tables, reader)
-        left = left.reshape(cells, n)
-        leaf = tables.is_leaf.take(tid)
-        if leaf.any():  # a leaf's value is its rank: it writes its positions, has no children
+        tid = grid_tids(tables, level, np.zeros(1, np.int64), eff)[:, None] + m * busy
+        left = rounds(x, Round.grid(n, cells), tid.reshape(-1), tables, reader)
+        left = left.astype(np.int16).reshape(cells, n)
+        if size <= MAX_LEAF_BLOCK and (leaf := tables.is_leaf.take(tid)).any():
+            # a leaf's value is its rank: it writes its positions and has no children
             at = np.flatnonzero(leaf)
-            cell = at // n
             _write_leaves(
                 out,
                 dst.reshape(-1).take(at),
-                cell * size,
+                (at // n) * size,
                 m.reshape(-1).take(at),
                 left.reshape(-1).take(at),
                 size,
             )
             busy &= ~leaf
             left *= busy
-        child = np.empty((cells, 2, n), np.int64)
+        child = np.empty((cells, 2, n), np.int16)
         child[:, 0] = left  # 0 where the cell coded nothing
         np.subtract(m, left, out=child[:, 1])
         child[:, 1] *= busy
         m = child.reshape(2 * cells, n)
-        child_dst = np.empty((cells, 2, n), np.int64)
+        child_dst = np.empty((cells, 2, n), slots)
         child_dst[:, 0] = dst
         np.add(dst, left, out=child_dst[:, 1])
         dst = child_dst.reshape(2 * cells, n)
@@ -113,28 +128,29 @@ def _dense_phase(
         single[odd] = False  # a lone position must fill a whole power-of-two block
         at = np.flatnonzero(single)
         lone.append((dst.reshape(-1).take(at), (at // n) * half, levels - level - 1))
-        full = m == half
-        full[odd] = (m[odd] == child_eff[odd, None]) & (m[odd] > 0)
-        if full.any():
-            at = np.flatnonzero(full)
-            cell = at // n
-            _write_full(out, dst.reshape(-1).take(at), cell * half, child_eff.take(cell))
+        if ((child_eff > 0) & (child_eff <= k)).any():  # else no child can be full
+            full = m == half
+            full[odd] = (m[odd] == child_eff[odd, None]) & (m[odd] > 0)
+            if full.any():
+                at = np.flatnonzero(full)
+                cell = at // n
+                _write_full(out, dst.reshape(-1).take(at), cell * half, child_eff.take(cell))
     size = 1 << (levels - dense)
     eff = grid_eff(tables, dense)
-    m = np.ascontiguousarray(m.T)  # nodes go in (chunk, position) order
-    at = np.flatnonzero(grid_busy(m, eff, size))
+    # nodes go in (chunk, position) order: transpose the (one byte) busy mask, not the grids
+    at = np.flatnonzero(transposed(grid_busy_t(m, eff, size)))
     row, cell = at >> dense, at & ((1 << dense) - 1)
-    m = m.reshape(-1).take(at)
     at = cell * n + row
-    rank = dst.reshape(-1).take(at)
+    rank = dst.reshape(-1).take(at).astype(np.int64)
     rank -= row * k
-    return Nodes(row, cell * size, eff.take(cell), m, rank)
+    return Nodes(row, cell * size, eff.take(cell), m.reshape(-1).take(at).astype(np.int64), rank)
 
 
 def _sparse_phase(
     x: np.ndarray,
     tables: SplitTables,
     reader: BitReader,
+    rounds: RoundDecoder,
     n: int,
     start_level: int,
     nodes: Nodes,
@@ -147,7 +163,7 @@ def _sparse_phase(
         if nodes.row.size == 0:
             break
         split = Split.of(nodes, level, tables)
-        value = _decode_splits(x, nodes, split, tables, reader, n)
+        value = _decode_splits(x, nodes, split, tables, reader, rounds, n)
         if split.leaf.any():
             sel = np.flatnonzero(split.leaf)
             dst = nodes.row.take(sel) * k + nodes.rank.take(sel)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from codec.index_model import SplitTables
 
@@ -107,6 +108,13 @@ class Split:
         )
 
 
+def transposed(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy of the transpose of a 2-D array of 1- or 2-byte items. (torch's
+    blocked copy: numpy's copy of a transposed view strides through memory, several times
+    slower on the (n, cells) <-> (cells, n) grids here.)"""
+    return torch.from_numpy(np.ascontiguousarray(a)).t().contiguous().numpy()
+
+
 GRID_ITEMS_PER_CELL = 2  # grid levels go down to cells holding about this many positions
 
 
@@ -136,8 +144,12 @@ def grid_tids(tables: SplitTables, level: int, m: np.ndarray, eff: np.ndarray) -
 
 def grid_busy_t(m: np.ndarray, eff: np.ndarray, size: int) -> np.ndarray:
     """`grid_busy` of a cell-major (2**level, n) grid: 2 <= m < size, but 1 <= m < e in the cell
-    straddling C (where a lone position is no full block) and none in the cells past it."""
-    busy = (m - 2).view(np.uint64) < size - 2
+    straddling C (where a lone position is no full block) and none in the cells past it. `m` is
+    any signed integer type; counts never exceed its range."""
+    if size - 2 <= np.iinfo(m.dtype).max:  # one unsigned comparison tests 2 <= m < size
+        busy = (m - 2).view(np.dtype(f"u{m.itemsize}")) < size - 2
+    else:  # m < size holds for every count of this type
+        busy = m >= 2
     odd = np.flatnonzero(eff != size)
     busy[odd] = grid_busy(m[odd], eff[odd, None], size)
     return busy

@@ -16,17 +16,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from codec.index_model import SplitTables, binomials
+from codec.index_model import MAX_LEAF_BLOCK, SplitTables, binomials
 from codec.index_nodes import (
     Nodes,
     Split,
     dense_depth,
-    grid_busy,
     grid_busy_t,
     grid_cells,
     grid_eff,
     grid_tids,
     items_before,
+    transposed,
 )
 
 
@@ -67,23 +67,25 @@ def _dense_phase(
     flat = arr.reshape(-1)
     cell = arr >> (levels - dense)
     cell += np.arange(n, dtype=np.int64)[:, None] << dense
-    fine = np.bincount(cell.reshape(-1), minlength=n << dense).reshape(n, 1 << dense)
-    hist = [np.ascontiguousarray(fine.T)]  # cell-major grids (cells, n), as they are coded
+    cell = cell.reshape(-1)  # each item's finest grid cell, (chunk, position) order
+    fine = np.bincount(cell, minlength=n << dense).reshape(n, 1 << dense)
+    # cell-major grids (cells, n), as they are coded; counts (<= k <= 1024) fit int16
+    hist = [transposed(fine.astype(np.int16))]
     for _ in range(dense):
         hist.insert(0, hist[0][0::2] + hist[0][1::2])
+    # item index of the first item of each finest cell; a coarser cell starts where its first
+    # finest cell does, so one running sum serves every level
+    first = (items_before(hist[dense]) + np.arange(n, dtype=np.int64) * k).reshape(-1)
     alive: np.ndarray | None = None  # cells not inside a leaf (None: all of them)
     for level in range(dense):
         size, half = 1 << (levels - level), 1 << (levels - level - 1)
         m, eff = hist[level] if alive is None else hist[level] * alive, grid_eff(tables, level)
         busy = grid_busy_t(m, eff, size)
-        tid = m * busy
-        tid += grid_tids(tables, level, np.zeros(1, np.int64), eff)[:, None]
+        tid = grid_tids(tables, level, np.zeros(1, np.int64), eff)[:, None] + m * busy
         value = hist[level + 1][0::2] * busy  # j, or 0 where the cell codes nothing
-        leaf = tables.is_leaf.take(tid)
-        if leaf.any():
+        if size <= MAX_LEAF_BLOCK and (leaf := tables.is_leaf.take(tid)).any():
             at = np.flatnonzero(leaf)
-            first = items_before(hist[level])  # true counts: leaves' items too
-            items = first.reshape(-1).take(at) + (at % n) * k
+            items = first.take(_finest(at, n, dense - level))
             value.reshape(-1)[at] = leaf_ranks(flat, items, m.reshape(-1).take(at), size)
             busy &= ~leaf
             alive = ~leaf if alive is None else alive & ~leaf
@@ -95,17 +97,26 @@ def _dense_phase(
         lone[np.flatnonzero(child_eff != half)] = False
         lone.reshape(-1, 2, n)[...] &= busy[:, None, :]
         at = np.flatnonzero(lone)
-        rank = items_before(child_m).reshape(-1).take(at)
-        rank += (at % n) * k
-        out.add_raw(flat.take(rank) & (half - 1), levels - level - 1)
+        out.add_raw(
+            flat.take(first.take(_finest(at, n, dense - level - 1))) & (half - 1),
+            levels - level - 1,
+        )
         if alive is not None:
             alive = np.repeat(alive, 2, axis=0)
     size = 1 << (levels - dense)
     eff = grid_eff(tables, dense)
-    m = fine if alive is None else fine * alive.T
-    busy = grid_busy(m, eff, size)
+    m = hist[dense] if alive is None else hist[dense] * alive
+    busy = transposed(grid_busy_t(m, eff, size))  # (chunk, position) order
     nodes = grid_cells(busy, fine, eff, dense, size)
-    return nodes, flat.take(np.flatnonzero(np.repeat(busy.reshape(-1), fine.reshape(-1))))
+    return nodes, flat[busy.reshape(-1).take(cell)]
+
+
+def _finest(at: np.ndarray, n: int, shift: int) -> np.ndarray:
+    """Flat index, in the finest cell-major grid, of the first finest cell of each cell `at` of
+    a cell-major grid `shift` levels coarser (both grids n lanes wide)."""
+    if shift == 0:
+        return at
+    return at + (at // n) * (n * ((1 << shift) - 1))
 
 
 def _item_phase(
@@ -144,7 +155,7 @@ def _item_phase(
         flat = np.empty(2 * j.size, dtype=np.int64)  # items per child, leaves' ones included
         flat[0::2] = j
         np.subtract(nodes.m, j, out=flat[1::2])
-        item_val = item_val.take(np.flatnonzero(np.repeat(active, flat)))
+        item_val = item_val[np.repeat(active, flat)]
         nodes = split.pick(nodes, counts, j, active)
 
 

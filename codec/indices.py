@@ -32,16 +32,24 @@ of it to the packed lane states and renormalisation fields.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import numpy as np
 import torch
 
+from codec import gpu
 from codec.bitio import BitReader, join_bits, pack_fields
 from codec.errors import DecodeError
-from codec.index_decode import decode_body
-from codec.index_model import MAX_CHUNK_BITS, MAX_K, split_tables
+from codec.index_decode import RoundDecoder, decode_body
+from codec.index_model import MAX_CHUNK_BITS, MAX_K, SplitTables, split_tables
 from codec.index_walk import walk
-from codec.rans import STATE_BITS, STATE_LOW, Round, encode_round
+from codec.rans import STATE_BITS, STATE_LOW, Round, decode_round, encode_round
 from codec.varint import read_varint, write_varint
+
+RoundEncoder = Callable[
+    [np.ndarray, Round, np.ndarray, SplitTables], list[tuple[np.ndarray, np.ndarray]]
+]
 
 MAGIC = b"TI"
 VERSION = 2
@@ -74,8 +82,13 @@ def _as_rows(idx: torch.Tensor | np.ndarray, chunk_size: int) -> np.ndarray:
     return arr
 
 
-def encode(idx: torch.Tensor | np.ndarray, chunk_size: int) -> bytes:
-    """Encode sorted, unique per-row chunk positions (n_chunks, k) into bytes."""
+def encode(idx: torch.Tensor | np.ndarray, chunk_size: int, triton: bool | None = None) -> bytes:
+    """Encode sorted, unique per-row chunk positions (n_chunks, k) into bytes.
+
+    CUDA indices have their rANS steps run by Triton kernels on their device (`codec.gpu`);
+    ``triton`` forces (True) or forbids (False) that. The bytes are the same either way.
+    """
+    rounds = _round_encoder(idx, triton)
     arr = _as_rows(idx, chunk_size)
     n, k = arr.shape
     out = _header(chunk_size, k, n)
@@ -94,7 +107,7 @@ def encode(idx: torch.Tensor | np.ndarray, chunk_size: int) -> bytes:
     fields: list[tuple[np.ndarray, np.ndarray]] = []
     for rows, entries in reversed(tree.rounds):
         rnd = Round.grid(n, entries.size // n) if rows is None else Round.build(rows, n)
-        fields[:0] = encode_round(x, rnd, entries, tables)
+        fields[:0] = rounds(x, rnd, entries, tables)
     vals = np.concatenate([x - STATE_LOW, *[v for v, _ in fields]])
     widths = np.concatenate([np.full(n, STATE_BITS, np.int64), *[w for _, w in fields]])
     head, head_bits = pack_fields(vals, widths)
@@ -105,8 +118,12 @@ def decode(
     data: bytes | memoryview,
     max_indices: int = DEFAULT_MAX_INDICES,
     expect: tuple[int, int, int] | None = None,
+    device: torch.device | str | None = None,
+    triton: bool | None = None,
 ) -> torch.Tensor:
-    """Decode bytes from `encode` into a LongTensor (n_chunks, k) with sorted rows.
+    """Decode bytes from `encode` into a LongTensor (n_chunks, k) with sorted rows, on `device`
+    (default: the CPU). On a CUDA device the rANS steps run as Triton kernels there; ``triton``
+    forces (True) or forbids (False) that. The indices are the same either way.
 
     Every malformed input raises `DecodeError`; allocations are bounded by `max_indices` and by
     what the input's length can possibly describe. `expect` = (chunk_size, k, n_chunks) makes
@@ -133,7 +150,25 @@ def decode(
     if n == 0 or k in (0, chunk_size):
         if body:
             raise DecodeError("unexpected bytes after a trivial index stream")
-        return torch.arange(k, dtype=torch.long).expand(n, k).clone()
+        return torch.arange(k, dtype=torch.long, device=device).expand(n, k).clone()
     if n * STATE_BITS > 8 * len(body):
         raise DecodeError(f"{len(body)} bytes cannot hold {n} chunks")
-    return torch.from_numpy(decode_body(body, chunk_size, k, n))
+    rounds = _round_decoder(torch.device(device or "cpu"), triton)
+    return torch.from_numpy(decode_body(body, chunk_size, k, n, rounds)).to(device)
+
+
+def _round_encoder(idx: torch.Tensor | np.ndarray, triton: bool | None) -> RoundEncoder:
+    on = torch.device("cpu") if not isinstance(idx, torch.Tensor) else idx.device
+    if not (gpu.enabled(torch.empty(0, device=on)) if triton is None else triton):
+        return encode_round
+    from codec.gpu import rans
+
+    return partial(rans.encode_round, device=on)
+
+
+def _round_decoder(device: torch.device, triton: bool | None) -> RoundDecoder:
+    if not (gpu.enabled(torch.empty(0, device=device)) if triton is None else triton):
+        return decode_round
+    from codec.gpu import rans
+
+    return partial(rans.decode_round, device=device)

@@ -33,9 +33,12 @@ _M = PRECISION_BITS
 _SLOT_MASK = (1 << PRECISION_BITS) - 1
 
 
-def bitlen(x: np.ndarray) -> np.ndarray:
-    """Bit length of each non-negative int64 below 2**53."""
-    return np.frexp(x.astype(np.float64))[1]
+def _exponent(x: np.ndarray) -> np.ndarray:
+    """The float64 exponent field of each int64 0 <= x < 2**53 (exact in float64): the bit
+    length plus 1022 for x > 0, 0 for x = 0."""
+    e = x.astype(np.float64).view(np.int64)
+    e >>= 52
+    return e
 
 
 @dataclass(frozen=True)
@@ -110,13 +113,17 @@ def encode_round(
                 lower *= freq[rnd.step(t)][r0:busy]
             lower <<= STATE_BITS - (s - first + 1) * _M
             xs = xo[r0:busy]
-            nbits = bitlen(xs) - bitlen(lower)
+            nbits = _exponent(xs) - _exponent(lower)  # bit length difference (both > 0)
             nbits -= (xs >> nbits) < lower
             fields.append((xs & ((1 << nbits) - 1), nbits))
             xo[r0:busy] = xs >> nbits
         sl = rnd.step(s)
-        q, r = np.divmod(xo[:busy], freq[sl])
-        xo[:busy] = (q << _M) + r + cum[sl]
+        xs, f = xo[:busy], freq[sl]
+        # x < 2**31 and f < 2**16: the float64 quotient truncates to the exact one (it lies at
+        # least 1/f below the next integer, far more than its rounding error)
+        q = np.divide(xs, f).astype(np.int64)
+        xs += q * ((1 << _M) - f)  # (q << M) + (x - q * f)
+        xs += cum[sl]
     if rnd.order is not None:
         x[rnd.order] = xo
     fields.reverse()
@@ -126,43 +133,52 @@ def encode_round(
 def decode_round(
     x: np.ndarray, rnd: Round, tids: np.ndarray, tables: SplitTables, reader: BitReader
 ) -> np.ndarray:
-    """Decode one round; updates lane states `x`; returns each symbol's value (j or leaf rank)."""
+    """Decode one round; updates lane states `x`; returns each symbol's value (j or leaf rank).
+
+    Everything a step needs is gathered per step, so the working set stays in cache."""
     t = tids if rnd.perm is None else tids.take(rnd.perm)
-    cpos = tables.coarse_base.take(t)
-    cshift = tables.coarse_shift.take(t)
-    entries = np.empty(t.size, dtype=np.int64)
+    values = np.empty(t.size, dtype=np.int64)
     coarse, packed, end = tables.coarse, tables.packed, tables.end
+    cbase, cshift, vbase = tables.coarse_base, tables.coarse_shift, tables.value_base
     xo = x if rnd.order is None else x.take(rnd.order)
     for s in range(rnd.n_steps):
         busy, sl = rnd.busy[s], rnd.step(s)
+        ts = t[sl]
         xs = xo[:busy]
         slot = xs & _SLOT_MASK
-        e = cpos[sl]
-        e += slot >> cshift[sl]
+        e = slot >> cshift.take(ts)
+        e += cbase.take(ts)
         e = coarse.take(e)
         behind = np.flatnonzero(slot >= end.take(e))
         while behind.size:  # the few slots past their bucket's first candidate
             e[behind] += 1
             behind = behind[slot.take(behind) >= end.take(e.take(behind))]
-        entries[sl] = e
         p = packed.take(e)  # freq << 32 | cum
+        np.subtract(e, vbase.take(ts), out=values[sl])
         xs >>= _M
         xs *= p >> 32
         xs += slot
-        xs -= p & 0xFFFFFFFF
+        p &= 0xFFFFFFFF
+        xs -= p
         r0 = rnd.readers(s)
         if r0 < busy:
             tail = xs[r0:]
-            nbits = STATE_BITS + 1 - bitlen(tail)
-            if nbits.max(initial=0) > STATE_BITS:
-                raise DecodeError("index stream is corrupt: a lane state collapsed")
+            nbits = _renorm_bits(tail)
             tail <<= nbits
             tail |= reader.read(nbits)
     if rnd.order is not None:
         x[rnd.order] = xo
-    entries -= tables.value_base.take(t)
     if rnd.perm is None:
-        return entries
-    out = np.empty_like(entries)
-    out[rnd.perm] = entries
+        return values
+    out = np.empty_like(values)
+    out[rnd.perm] = values
     return out
+
+
+def _renorm_bits(x: np.ndarray) -> np.ndarray:
+    """Bits that bring each decoded state back into [2**R, 2**(R+1)): R + 1 - bitlen(x)."""
+    nbits = _exponent(x)
+    np.subtract(STATE_BITS + 1 + 1022, nbits, out=nbits)
+    if nbits.max(initial=0) > STATE_BITS:  # x == 0 (exponent field 0) lands here too
+        raise DecodeError("index stream is corrupt: a lane state collapsed")
+    return nbits

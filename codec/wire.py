@@ -111,7 +111,7 @@ def payload_digest(payload: bytes | memoryview) -> bytes:
 
 
 def _pack_codes(codes: torch.Tensor) -> bytes:
-    flat = codes.reshape(-1).to(torch.uint8).numpy()
+    flat = codes.reshape(-1).to("cpu", torch.uint8).numpy()
     pad = (-flat.size) % 4
     if pad:
         flat = np.concatenate([flat, np.zeros(pad, np.uint8)])
@@ -169,8 +169,8 @@ def encode_update(
     squeezed = zstandard.ZstdCompressor(level=3).compress(packed) if packed else b""
     use_zstd = len(squeezed) < (1 - ZSTD_MIN_GAIN) * len(packed)
     codes_section = squeezed if use_zstd else packed
-    scales_section = torch.cat(scales).to(torch.uint8).numpy().tobytes() if scales else b""
-    books_section = b"".join(b.numpy().astype("<f4").tobytes() for b in books)
+    scales_section = torch.cat(scales).to("cpu", torch.uint8).numpy().tobytes() if scales else b""
+    books_section = b"".join(b.cpu().numpy().astype("<f4").tobytes() for b in books)
     payload = b"".join([*idx_parts, codes_section, scales_section, books_section])
     digest = payload_digest(payload)
     header = WireHeader(

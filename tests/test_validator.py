@@ -132,7 +132,10 @@ def test_perturbed_copy_is_caught_and_the_later_upload_is_the_copier(update: lis
     hist = SketchHistory(4)
 
     def explained(stamps: dict[int, Stamp]) -> dict[int, tuple[float, tuple]]:
-        return {u: (d.share, d.sources) for u, d in explain_window(sk, stamps, hist).items()}
+        return {
+            u: (e.window.share, e.window.sources)
+            for u, e in explain_window(sk, stamps, hist).items()
+        }
 
     later0 = explained(
         {0: Stamp(t + timedelta(seconds=5), True), 1: Stamp(t, True), 2: Stamp(t, True)}
@@ -174,8 +177,8 @@ def test_replay_of_an_older_window_is_detected_and_history_is_bounded(update: li
     hist = SketchHistory(windows=2)
     hist.add(1, [_sk(0, 1, update)])
     replay = _sk(2, 2, perturbed_copy(update, RUN.codec, torch.Generator()))
-    d = explain_window({2: replay}, {}, hist)[2]
-    assert d.share > 0.9 and d.sources[0] == (0, 1)
+    e = explain_window({2: replay}, {}, hist)[2]
+    assert e.history.share > 0.9 and e.history.sources == ((0, 1),) and e.window.share == 0.0
     fresh = noise_update(SPEC, RUN, 0.01, torch.Generator().manual_seed(9))
     assert explain(_sk(2, 2, fresh), hist.entries()).share < 0.05
     hist.add(3, [])

@@ -20,7 +20,7 @@ from protocol.runconfig import RunConfig
 from validator.checks import Verdict, classify_fetch, in_sync, norm_verdicts
 from validator.config import ValidatorConfig
 from validator.copies import (
-    Derivation,
+    Explained,
     Match,
     Sketch,
     SketchHistory,
@@ -47,7 +47,7 @@ class PeerCheck:
     in_sync: bool | None = None
     sketch: Sketch | None = None
     closest: Match | None = None
-    derived: Derivation | None = None
+    explained: Explained | None = None
 
     @property
     def ok(self) -> bool:
@@ -97,8 +97,8 @@ def check_window(
 def _copies_and_replays(
     checks: dict[int, PeerCheck], history: SketchHistory, cfg: ValidatorConfig
 ) -> None:
-    """`validator.copies.find_derived` over the updates still OK: ``copy`` when a source of
-    this window explains the update, ``replay`` when only earlier windows do."""
+    """`validator.copies.explain_window` over the updates still OK: ``copy`` when this window's
+    earlier uploads explain the update, else ``replay`` when one earlier object does."""
     sketches = {u: c.sketch for u, c in checks.items() if c.ok and c.sketch is not None}
     for uid, match in best_matches(sketches).items():
         checks[uid].closest = match
@@ -106,10 +106,10 @@ def _copies_and_replays(
         u: Stamp(checks[u].upload.last_modified, checks[u].upload.keeps_clock)  # type: ignore[union-attr]
         for u in sketches
     }
-    for uid, d in explain_window(sketches, stamps, history).items():
+    for uid, e in explain_window(sketches, stamps, history).items():
         c = checks[uid]
-        c.derived = d
-        if d.share >= cfg.copy_threshold:
-            same_window = any(w == sketches[uid].window for _, w in d.sources)
-            c.verdict = Verdict.COPY if same_window else Verdict.REPLAY
-            c.detail = d.detail()
+        c.explained = e
+        if e.window.share >= cfg.copy_threshold:
+            c.verdict, c.detail = Verdict.COPY, e.window.detail()
+        elif e.history.share >= cfg.replay_threshold:
+            c.verdict, c.detail = Verdict.REPLAY, e.history.detail()

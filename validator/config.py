@@ -18,7 +18,12 @@ class ValidatorConfig(BaseModel):
     # fast filters
     norm_ratio: float = Field(10.0, gt=1, description="norm > ratio x median norm is an outlier")
     # copies and replays (see `validator.copies`)
-    copy_threshold: float = Field(0.5, gt=0, le=1, description="pooled index Jaccard of a copy")
+    copy_threshold: float = Field(
+        0.5, gt=0, le=1, description="share of an update this window's earlier uploads explain"
+    )
+    replay_threshold: float = Field(
+        0.8, gt=0, le=1, description="share of an update one earlier update or aggregate explains"
+    )
     sketch_size: int = Field(1 << 16, ge=256, description="sampled index positions per update")
     history_windows: int = Field(4, ge=0, le=64, description="earlier windows checked for replays")
     # loss scoring (see `validator.scoring`)

@@ -23,8 +23,8 @@ sources' values at the positions it keeps: a chunk mix is ``A|x + B|x`` exactly 
 mixing ratio or granularity), the Top-k of ``A + B`` is ``A|x + B|x`` up to quantisation, a
 re-quantised or scaled copy is ``c·A|x``. An honest update shares with another peer only the
 positions both selected (the large, common gradient entries), and its values there agree only as
-far as the two peers' gradients do. The sources are chosen greedily (`MAX_SOURCES` at most, each
-one the candidate that explains most of what is left), from every *eligible* candidate:
+far as the two peers' gradients do. The sources are chosen greedily (each one the candidate that
+explains most of what is left), from the *eligible* candidates:
 
 * the other updates of the window that were provably uploaded earlier (`Stamp`, `may_copy`):
   a source's time counts only when its bucket's provider keeps the clock (`Stamp.trusted`), and
@@ -34,10 +34,14 @@ one the candidate that explains most of what is left), from every *eligible* can
 * every update of the last ``history_windows`` windows, the suspect's own included (replays);
 * the aggregate each of those windows applied (`aggregate_sketch`: recycling).
 
-An update whose explained share is at least ``copy_threshold`` is a ``copy`` when a source of
-the same window is among those that explain it, else a ``replay``. Equal payload digests are
-explained fully. The separation (honest shares against derivatives) is measured by
-`scripts/validator_separation.py` and stated in the README.
+Two shares are kept per update (`Explained`): by the window's eligible uploads, combined, and
+by the single closest update or aggregate of the last windows. An honest update is not far from
+*history* in direction — training moves the same coordinates the same way window after window,
+so several earlier updates together explain about half of it (measured) — but no single earlier
+object explains it the way a replay or a recycled aggregate is explained (≥ 0.95). So: a share of
+at least ``copy_threshold`` by the window's uploads is a ``copy``; otherwise a single-source
+share of at least ``replay_threshold`` by history is a ``replay``. The separation (honest shares
+against derivatives) is measured by `scripts/validator_separation.py` and stated in the README.
 """
 
 from __future__ import annotations
@@ -261,16 +265,26 @@ def may_copy(source: int, suspect: int, stamps: Mapping[int, Stamp]) -> bool:
     return (s.time, source) < (x.time, suspect)  # type: ignore[union-attr,operator]
 
 
+@dataclass(frozen=True)
+class Explained:
+    """What explains one update: the window's earlier uploads (up to `MAX_SOURCES` combined),
+    and the single closest update or aggregate of an earlier window."""
+
+    window: Derivation
+    history: Derivation
+
+
 def explain_window(
     sketches: Mapping[int, Sketch], stamps: Mapping[int, Stamp], history: SketchHistory
-) -> dict[int, Derivation]:
-    """Every update's explained share by its eligible sources: this window's updates that
-    `may_copy` allows, and everything in `history` from earlier windows."""
+) -> dict[int, Explained]:
+    """Every update's `Explained`: by this window's updates that `may_copy` allows, and by
+    `history`'s entries from earlier windows one at a time."""
     earlier = history.entries()
     out = {}
     for uid, x in sorted(sketches.items()):
         pool = [s for u, s in sketches.items() if u != uid and may_copy(u, uid, stamps)]
-        out[uid] = explain(x, pool + [s for s in earlier if s.window < x.window])
+        past = [s for s in earlier if s.window < x.window]
+        out[uid] = Explained(explain(x, pool), explain(x, past, max_sources=1))
     return out
 
 

@@ -28,7 +28,7 @@ from protocol.runconfig import RunConfig
 from validator.checks import Verdict
 from validator.classify import PeerCheck
 from validator.config import ValidatorConfig
-from validator.copies import Derivation, Match
+from validator.copies import Explained, Match
 from validator.ratings import Book
 from validator.reveal import (
     CommitRecord,
@@ -51,9 +51,14 @@ class OverlapReport(_Model):
     overlap: float
 
 
-class ExplainedReport(_Model):
+class DerivationReport(_Model):
     share: float  # R² of the update on its sources, at its own positions
     sources: list[tuple[int, int]]  # (uid, window); uid -1: that window's applied aggregate
+
+
+class ExplainedReport(_Model):
+    window: DerivationReport  # by this window's earlier uploads (copy rule)
+    history: DerivationReport  # by the closest earlier update or aggregate (replay rule)
 
 
 class LossReport(_Model):
@@ -138,8 +143,13 @@ def _overlap(m: Match | None) -> OverlapReport | None:
     return OverlapReport(other_uid=m.other_uid, other_window=m.other_window, overlap=m.overlap)
 
 
-def _explained(d: Derivation | None) -> ExplainedReport | None:
-    return ExplainedReport(share=d.share, sources=list(d.sources)) if d is not None else None
+def _explained(e: Explained | None) -> ExplainedReport | None:
+    if e is None:
+        return None
+    window, history = (
+        DerivationReport(share=d.share, sources=list(d.sources)) for d in (e.window, e.history)
+    )
+    return ExplainedReport(window=window, history=history)
 
 
 def _loss(s: LossScore | None) -> LossReport | None:
@@ -210,7 +220,7 @@ def peer_report(
         selected=selected,
         aggregated=applied,
         closest=_overlap(c.closest),
-        explained=_explained(c.derived),
+        explained=_explained(c.explained),
         loss=_loss(loss),
         standing=_standing(book, c.uid, weight),
     )

@@ -45,8 +45,8 @@ STATE_ROOT = Path("/data/state")
 SHM_PER_RANK = 512 << 20
 """/dev/shm a multi-GPU peer needs per rank (NCCL's shared-memory transport); Docker gives 64 MiB."""
 USER_FIX = (
-    'run the container as the key\'s owner: `user: "${UID}:${GID}"` in docker/compose.yml (the '
-    "default) with UID={uid} and GID={gid} in docker/.env"
+    'run the container as the key\'s owner: `user: "${{UID}}:${{GID}}"` in docker/compose.yml '
+    "(the default) with UID={uid} and GID={gid} in docker/.env"
 )
 
 

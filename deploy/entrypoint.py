@@ -178,10 +178,17 @@ def data_problems(tokenizer: str, dataset: str, environ: dict[str, str]) -> list
                 f"dataset {dataset} has no {INDEX_NAME}: prepare it with `tessera data prep` "
                 "into the cache volume (/data/cache) and point the run config at it"
             )
+    elif dataset.startswith("s3://"):
+        if not any(environ.get(k) for k in ("TESSERA_S3_ACCESS_KEY_ID", "AWS_ACCESS_KEY_ID")):
+            problems.append(
+                f"dataset {dataset} is read from S3 with TESSERA_S3_* (or AWS_*) keys and none "
+                "are set"
+            )
     else:
         problems.append(
             f"dataset {dataset} is not something this node opens: prepare token shards with "
-            "`tessera data prep` and name the folder (file:///data/cache/...) in the run config"
+            "`tessera data prep` (--input files or --hf DATASET) into /data/cache or an S3 bucket "
+            "(`tessera data upload`) and name that in the run config"
         )
     return problems
 

@@ -137,10 +137,12 @@ def test_data_the_node_cannot_open_is_reported_before_start(tmp_path: Path) -> N
     big = RunConfig.preset("8B")
     problems = data_problems(big.tokenizer, big.dataset, {"HF_HOME": str(tmp_path)})
     assert len(problems) == 2
-    assert "HF_TOKEN" in problems[0] and "tessera data prep" in problems[1]
-    assert len(data_problems(big.tokenizer, big.dataset, {"HF_TOKEN": "x"})) == 1
+    assert "HF_TOKEN" in problems[0] and "TESSERA_S3_*" in problems[1]
+    keyed = {"HF_TOKEN": "x", "TESSERA_S3_ACCESS_KEY_ID": "k"}
+    assert data_problems(big.tokenizer, big.dataset, keyed) == []
     (tmp_path / "hub").mkdir()  # a filled cache volume is enough without a token
     assert len(data_problems(big.tokenizer, big.dataset, {"HF_HOME": str(tmp_path)})) == 1
+    assert "tessera data prep" in data_problems(tiny.tokenizer, "hf://org/data", {})[0]
     missing = data_problems("embedded://tiny-bpe-4096", f"file://{tmp_path}/none", {})
     assert len(missing) == 1 and "index.json" in missing[0]
     assert data_problems(f"file://{tmp_path}/tok.json", "embedded://tiny-corpus", {})

@@ -107,26 +107,28 @@ def readable_by(st: os.stat_result, uid: int, gids: Sequence[int], mode: int = o
 
 
 def wallet_problem(hotkey_file: Path, uid: int, gids: Sequence[int], mount: Path) -> str | None:
-    """Why the hotkey file cannot be read by this user (with the fix), or None when it can."""
-    if not hotkey_file.exists():
-        return (
-            f"no hotkey at {hotkey_file}: mount the wallets folder at {mount} (WALLETS in "
-            "docker/.env) and set TESSERA_WALLET / TESSERA_HOTKEY to an existing hotkey"
-        )
-    parents = [p for p in reversed(hotkey_file.parents) if p == mount or mount in p.parents]
-    for folder in parents:
-        st = folder.stat()
-        if not readable_by(st, uid, gids, os.X_OK):
+    """Why the hotkey file cannot be read by this user (with the fix), or None when it can.
+
+    Folders are checked from the mount down before the file is touched: a wallets folder of
+    mode 0700 (the usual) hides even whether the key exists from any other user.
+    """
+    missing = (
+        f"no hotkey at {hotkey_file}: mount the wallets folder at {mount} (WALLETS in "
+        "docker/.env) and set TESSERA_WALLET / TESSERA_HOTKEY to an existing hotkey"
+    )
+    folders = [p for p in reversed(hotkey_file.parents) if p == mount or mount in p.parents]
+    for path in [*folders, hotkey_file]:
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return missing
+        kind, mode = ("hotkey", os.R_OK) if path == hotkey_file else ("folder", os.X_OK)
+        if not readable_by(st, uid, gids, mode):
+            verb = "read" if mode == os.R_OK else "entered"
             return (
-                f"folder {folder} (owner {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}) cannot "
-                f"be entered by uid {uid}: " + USER_FIX.format(uid=st.st_uid, gid=st.st_gid)
+                f"{kind} {path} (owner {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}) cannot be "
+                f"{verb} by uid {uid}: " + USER_FIX.format(uid=st.st_uid, gid=st.st_gid)
             )
-    st = hotkey_file.stat()
-    if not readable_by(st, uid, gids):
-        return (
-            f"hotkey {hotkey_file} (owner {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}) is not "
-            f"readable by uid {uid}: " + USER_FIX.format(uid=st.st_uid, gid=st.st_gid)
-        )
     return None
 
 

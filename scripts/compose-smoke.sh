@@ -21,6 +21,7 @@ WINDOWS=${WINDOWS:-3}
 PROJECT=tessera-smoke
 
 skip() { echo "SKIP compose smoke: $*"; exit 0; }
+fail() { echo "FAIL compose smoke: $*" >&2; if [ -n "${WORK:-}" ]; then compose logs --tail 60 >&2 || true; fi; exit 1; }
 docker info >/dev/null 2>&1 || skip "no Docker daemon (start one: dockerd --iptables=false &)"
 docker compose version --short 2>/dev/null | grep -q '^v\?2\.' || skip "no Docker Compose v2 plugin"
 docker image inspect "$BASE_IMAGE" >/dev/null 2>&1 || skip "no base image $BASE_IMAGE (README, Docker)"
@@ -55,20 +56,22 @@ text = Path("docker/.env.example").read_text()
 for key, value in {"UID": uid, "GID": uid, "WALLETS": f"{work}/wallets", "IMAGE": image,
                    "SHM_SIZE": "256mb", "LOCAL_RUN": "/config/run.toml"}.items():
     text = re.sub(rf"(?m)^{key}=.*$", f"{key}={value}", text)
-(work / "docker" / ".env").write_text(text + f"SMOKE_RUN_CONFIG={work}/run.toml\n")
+(work / "docker" / ".env").write_text(text + f"SMOKE_RUN_CONFIG={work}/config/run.toml\n")
 EOF
-# The run: the tiny preset with 30 one-second blocks per window (as `tessera sim` uses).
-PYTHONPATH=$ROOT python3 -c "
+# The run: the tiny preset with 30 one-second blocks per window (as `tessera sim` uses), and the
+# miner's hotkey made as HOST_UID (mode 0600, owned by that host user); the chain job creates the
+# validator's the same way through the user mapping. Both made with the image's own Python.
+mkdir -p "$WORK/wallets" "$WORK/config" && chown "$HOST_UID:$HOST_UID" "$WORK/wallets" "$WORK/config"
+chmod 700 "$WORK/wallets"
+chmod 755 "$WORK"
+docker run --rm --network none --user "$HOST_UID:$HOST_UID" -v "$WORK:/smoke" --entrypoint python \
+    "$IMAGE" -c "
 from deploy.sim.layout import sim_run_config
-sim_run_config(100, 1.0, 30).dump('$WORK/run.toml')"
-# The miner's hotkey made on the host, owned by HOST_UID, mode 0600 (the chain job creates the
-# validator's, as HOST_UID through the user mapping).
-PYTHONPATH=$ROOT python3 -c "
 from protocol.keys import create_hotkey
-create_hotkey('local', 'miner', root='$WORK/wallets')"
-chown -R "$HOST_UID:$HOST_UID" "$WORK/wallets"
-chmod 700 "$WORK/wallets" && chmod 600 "$WORK/wallets/local/hotkeys/miner"
-chmod 755 "$WORK" "$WORK/run.toml"
+sim_run_config(100, 1.0, 30).dump('/smoke/config/run.toml')
+create_hotkey('local', 'miner', root='/smoke/wallets')"
+[ "$(stat -c '%u %a' "$WORK/wallets/local/hotkeys/miner")" = "$HOST_UID 600" ] \
+    || fail "the host hotkey is not owned by $HOST_UID with mode 0600"
 
 compose() { docker compose -p "$PROJECT" -f "$WORK/docker/compose.yml" -f "$WORK/docker/compose.smoke.yml" --profile local "$@"; }
 cleanup() {
@@ -78,7 +81,6 @@ cleanup() {
     fi
 }
 trap cleanup EXIT
-fail() { echo "FAIL compose smoke: $*" >&2; compose logs --tail 40 >&2 || true; exit 1; }
 
 # reports.jsonl of a node (one JSON line per finished window)
 reports() { compose exec -T "$1" sh -c "cat /data/state/$2/*/*/reports.jsonl 2>/dev/null" || true; }
@@ -96,7 +98,7 @@ set +e
 refusal=$(compose run --rm --no-deps --user 10001:10001 local-miner 2>&1)
 rc=$?
 set -e
-[ "$rc" -eq 2 ] || fail "the image's default user started with a 0600 hotkey it cannot read (rc $rc)"
+[ "$rc" -eq 2 ] || fail "the image's default user did not get the wallet refusal (rc $rc): $refusal"
 grep -q 'user: "${UID}:${GID}"' <<<"$refusal" || fail "no user-mapping fix printed: $refusal"
 echo "ok: without the mapping the miner refuses to start and prints: user: \"\${UID}:\${GID}\""
 

@@ -116,7 +116,8 @@ def test_a_wallet_folder_others_cannot_enter_is_reported(tmp_path: Path) -> None
 
 
 def test_a_missing_hotkey_names_the_mount_and_the_variables(tmp_path: Path) -> None:
-    problem = wallet_problem(tmp_path / "w" / "hotkeys" / "h", 1000, [1000], tmp_path)
+    me = os.getuid()
+    problem = wallet_problem(tmp_path / "w" / "hotkeys" / "h", me, [os.getgid()], tmp_path)
     assert problem is not None and "WALLETS" in problem and "TESSERA_HOTKEY" in problem
 
 

@@ -58,7 +58,7 @@ for key, value in {"UID": uid, "GID": uid, "WALLETS": f"{work}/wallets", "IMAGE"
     text = re.sub(rf"(?m)^{key}=.*$", f"{key}={value}", text)
 (work / "docker" / ".env").write_text(text + f"SMOKE_RUN_CONFIG={work}/config/run.toml\n")
 EOF
-# The run: the tiny preset with 30 one-second blocks per window (as `tessera sim` uses), and the
+# The run: the tiny preset with 40 one-second blocks per window (a loaded 2-core box), and the
 # miner's hotkey made as HOST_UID (mode 0600, owned by that host user); the chain job creates the
 # validator's the same way through the user mapping. Both made with the image's own Python.
 mkdir -p "$WORK/wallets" "$WORK/config" && chown "$HOST_UID:$HOST_UID" "$WORK/wallets" "$WORK/config"
@@ -68,7 +68,7 @@ docker run --rm --network none --user "$HOST_UID:$HOST_UID" -v "$WORK:/smoke" --
     "$IMAGE" -c "
 from deploy.sim.layout import sim_run_config
 from protocol.keys import create_hotkey
-sim_run_config(100, 1.0, 30).dump('/smoke/config/run.toml')
+sim_run_config(100, 1.0, 40).dump('/smoke/config/run.toml')
 create_hotkey('local', 'miner', root='/smoke/wallets')"
 [ "$(stat -c '%u %a' "$WORK/wallets/local/hotkeys/miner")" = "$HOST_UID 600" ] \
     || fail "the host hotkey is not owned by $HOST_UID with mode 0600"
@@ -110,17 +110,22 @@ wait_for 900 "the miner's first window" first_window
 first_s=$(( $(date +%s) - start ))
 echo "time to first window: ${first_s} s (containers started, chain made, corpus built)"
 
-scored() {  # the validator aggregated the miner's update in >= WINDOWS windows
+scored() {  # windows whose report scores the miner: update accepted, loss probe positive
     reports local-validator validator | python3 -c "
 import json, sys
 rows = [json.loads(l) for l in sys.stdin if l.strip()]
-sys.exit(0 if sum(1 for r in rows if r['aggregated'] and r['weights'].get(str(r['aggregated'][0]), 0) > 0) >= $WINDOWS else 1)"
+good = [r['window'] for r in rows for p in r['peers']
+        if p['uid'] == 0 and p['verdict'] == 'ok' and p['aggregated'] and (p['loss'] or {}).get('score', 0) > 0]
+sys.exit(0 if len(good) >= $WINDOWS else 1)"
 }
 wait_for $(( 120 * WINDOWS + 300 )) "$WINDOWS windows in which the validator scored the miner" scored
-echo "ok: the validator scored and aggregated the miner in >= $WINDOWS windows"
-reports local-validator validator | tail -n 1 | python3 -c "
-import json, sys; r = json.loads(sys.stdin.read())
-print(f'   last window {r[\"window\"]}: aggregated {r[\"aggregated\"]}, weights {r[\"weights\"]}')"
+echo "ok: the validator scored and aggregated the miner (uid 0) in >= $WINDOWS windows:"
+reports local-validator validator | python3 -c "
+import json, sys
+for r in map(json.loads, filter(str.strip, sys.stdin)):
+    p = r['peers'][0] if r['peers'] else {}
+    score = (p.get('loss') or {}).get('score')
+    print(f'   window {r[\"window\"]}: verdict {p.get(\"verdict\")}, loss score {score}, aggregated {r[\"aggregated\"]}, weights {r[\"weights\"] or r[\"weights_status\"]}')"
 
 # -- 2b. stop saves state, start resumes it ------------------------------------------------------
 compose stop local-miner >/dev/null 2>&1

@@ -31,6 +31,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "bucket": ("deploy.bucket_cli", "create our bucket with the write key (idempotent)"),
     "commit": ("deploy.commit_cli", "post our bucket commitment (read key) on chain"),
+    "plan": ("deploy.plan_cli", "GPU memory per GPU of a peer under DDP and FSDP2, per preset"),
+    "entrypoint": (
+        "deploy.entrypoint",
+        "what the Docker image runs: container checks, doctor, then exec the node",
+    ),
 }
 
 

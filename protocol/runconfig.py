@@ -216,6 +216,12 @@ class RunConfig(_Frozen):
     model: ModelConfig
     tokenizer: str = Field(pattern=_REF_RE)
     dataset: str = Field(pattern=_REF_RE, description="e.g. embedded://tiny-corpus, s3://b/p")
+    dataset_digest: str | None = Field(
+        None,
+        pattern=r"^sha256:[0-9a-f]{64}$",
+        description="content digest of the dataset's tokens (`tessera data digest`); peers "
+        "refuse a dataset with another one. Unset: not pinned (and not in the run id)",
+    )
     seed: int = Field(0, ge=0, lt=1 << 63, description="initial weights and data assignment")
     seq_len: int = Field(ge=8)
     micro_batch_size: int = Field(ge=1, description="sequences per forward/backward pass")
@@ -240,9 +246,17 @@ class RunConfig(_Frozen):
 
     # -- identity -------------------------------------------------------------------------
 
+    def _plain(self) -> dict[str, Any]:
+        """The config as plain data; an unset `dataset_digest` is left out (so configs made
+        before the field existed keep their run id)."""
+        data = self.model_dump(mode="json")
+        if data.get("dataset_digest") is None:
+            data.pop("dataset_digest", None)
+        return data
+
     def canonical_json(self) -> bytes:
         """The canonical byte form the run id is computed from."""
-        return _canonical(self.model_dump(mode="json"))
+        return _canonical(self._plain())
 
     @property
     def run_id(self) -> str:
@@ -344,11 +358,11 @@ class RunConfig(_Frozen):
 
     def to_json(self) -> str:
         """Pretty JSON with the run id first (the id is checked again on load)."""
-        return json.dumps({"run_id": self.run_id, **self.model_dump(mode="json")}, indent=2)
+        return json.dumps({"run_id": self.run_id, **self._plain()}, indent=2)
 
     def to_toml(self) -> str:
         header = f"# Tessera run config. run_id = {self.run_id}\n"
-        return header + _to_toml(self.model_dump(mode="json"))
+        return header + _to_toml(self._plain())
 
     def dump(self, path: str | Path) -> Path:
         """Write to `path`: JSON for a `.json` suffix, TOML otherwise. Returns the path."""

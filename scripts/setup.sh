@@ -6,5 +6,6 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
-python -m pip install -q torch==2.13.0
-python -m pip install -q -e '.[dev]'
+# torch and any other pin come from scripts/constraints.txt, which the Docker image uses too
+python -m pip install -q -c scripts/constraints.txt torch
+python -m pip install -q -c scripts/constraints.txt -e '.[dev]'

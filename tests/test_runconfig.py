@@ -111,6 +111,8 @@ def _changed(value: Any, path: tuple[str, ...]) -> Any:
         return {"name": "adamw", "schedule": "cosine"}.get(path[-1], value + "x")
     if isinstance(value, list):
         return [v * 0.5 for v in value]
+    if value is None and path == ("dataset_digest",):
+        return "sha256:" + "ab" * 32
     raise AssertionError(path)
 
 

@@ -28,10 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from node.runtime.logs import setup_logging
+    from node.runtime.shutdown import Stopped, install_stop_handler
     from validator.config import ValidatorConfig
     from validator.loop import Validator
 
     setup_logging(args.log_level, args.log_format)
+    install_stop_handler()
     run_cfg = load_run(args.run)
     keypair, chain, store = connect(args, "validator")
     cfg = ValidatorConfig(
@@ -48,5 +50,8 @@ def run(args: argparse.Namespace) -> int:
         "run %s, uid %d, starting at window %d", run_cfg.run_id, validator.uid,
         validator.next_window,
     )  # fmt: skip
-    validator.run_windows(args.windows)
+    try:
+        validator.run_windows(args.windows)
+    except Stopped as stop:  # SIGTERM: the last finished window is saved; a restart resumes it
+        logging.getLogger("tessera.validator").info("%s at window %d", stop, validator.next_window)
     return 0

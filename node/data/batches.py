@@ -60,6 +60,12 @@ def open_run_dataset(
     """The tokenizer and dataset of a run, checked against the model's vocabulary size."""
     tokenizer = load_tokenizer(cfg.tokenizer, cache_dir=cache_dir)
     dataset = Dataset.open(cfg.dataset, tokenizer, cfg.seq_len, cache_dir=cache_dir, source=source)
+    if cfg.dataset_digest is not None and dataset.index.digest != cfg.dataset_digest:
+        raise DataError(
+            f"dataset {cfg.dataset} holds other tokens than the run pins: digest "
+            f"{dataset.index.digest}, run config {cfg.dataset_digest} (another corpus, tokenizer "
+            "or Python build for embedded://; fetch the run's dataset)"
+        )
     if dataset.vocab_size > cfg.model.vocab_size:
         raise DataError(
             f"dataset vocabulary ({dataset.vocab_size}) exceeds the model's "

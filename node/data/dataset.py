@@ -12,8 +12,9 @@ what `fingerprint` digests: two nodes with the same fingerprint number every slo
 
 `Dataset.open(ref, tokenizer, seq_len)` accepts ``embedded://tiny-corpus`` (built from
 `node.data.corpus` with the given tokenizer on first use and cached as a shard folder), a local folder
-(``file:///abs/dir`` or a path) prepared by ``tessera data prep``, or any other reference
-together with an explicit `source` (e.g. a `StoreShardSource` over a dataset bucket).
+(``file:///abs/dir`` or a path) prepared by ``tessera data prep``, token shards in any S3 bucket
+(``s3://BUCKET/PREFIX?endpoint=…``, uploaded by ``tessera data upload``; downloaded once into the
+verified cache), or any other reference together with an explicit `source`.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from node.data.shards import (
     ShardIndex,
     ShardSource,
     ShardWriter,
+    store_source,
     tokenize_documents,
 )
 from node.data.tokenizer import eos_token_id, load_tokenizer, tokenizer_sha256
@@ -147,9 +149,12 @@ class Dataset:
                 raise DataError(f"unknown embedded dataset {ref!r} (known: {EMBEDDED_DATASET})")
             elif _is_local_ref(ref):
                 source = LocalShardSource(_local_dir(ref))
+            elif ref.startswith("s3://"):
+                source = store_source(ref, cache_dir)
             else:
                 raise DataError(
-                    f"dataset {ref!r} is not local: pass source= (e.g. a StoreShardSource)"
+                    f"dataset {ref!r} is neither local nor s3://: pass source= "
+                    "(e.g. a StoreShardSource)"
                 )
         index = ShardIndex.parse(source.read_index())
         if index.tokenizer_sha256 != tokenizer_sha256(tok):

@@ -12,6 +12,11 @@ and writes `shard-NNNNNN.npy` files of `--shard-tokens` tokens plus `index.json`
 - ``*.jsonl``: one JSON object per line, its ``--text-field`` (default ``text``) is a document;
 - either may be gzip-compressed (``*.gz``).
 
+``--hf DATASET`` instead streams a Hugging Face dataset through `datasets` (`node.data.hub`).
+``tessera data upload DIR s3://BUCKET/PREFIX?endpoint=…`` copies prepared shards to any S3 bucket
+(run configs then name ``dataset = "s3://BUCKET/PREFIX?…"``), and ``tessera data digest --run R``
+prints the digest that pins a run's dataset (``dataset_digest``; `info` prints it too).
+
 The output folder must be empty or new (``--force`` replaces the index and shards in it). Shards are written atomically
 and the index last, so an interrupted prep leaves a folder that readers refuse, never a
 truncated dataset. A training run then uses ``dataset = "file:///data/tiny-shards"`` and the
@@ -25,13 +30,14 @@ import glob
 import gzip
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import IO
 
 from rich.console import Console
 from rich.table import Table
+from tokenizers import Tokenizer
 
 from node.data.shards import (
     INDEX_NAME,
@@ -39,12 +45,21 @@ from node.data.shards import (
     LocalShardSource,
     ShardIndex,
     ShardWriter,
+    split_store_ref,
     tokenize_documents,
+    upload_shards,
 )
 from node.data.tokenizer import TokenizerError, eos_token_id, load_tokenizer
-from node.runtime.progress import make_progress
+from node.runtime.progress import make_progress, tracked
 
-__all__ = ["add_arguments", "expand_inputs", "iter_documents", "prepare_shards", "run"]
+__all__ = [
+    "add_arguments",
+    "expand_inputs",
+    "iter_documents",
+    "prepare_documents",
+    "prepare_shards",
+    "run",
+]
 
 DEFAULT_SHARD_TOKENS = 100_000_000
 
@@ -53,14 +68,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="data_command", metavar="ACTION")
     sub.required = True
     prep = sub.add_parser("prep", help="tokenize text files into training shards")
-    prep.add_argument(
+    source = prep.add_mutually_exclusive_group(required=True)
+    source.add_argument(
         "--input",
         nargs="+",
         action="extend",
-        required=True,
         metavar="FILE_OR_GLOB",
         help="text (.txt) or JSON-lines (.jsonl) files, optionally .gz; globs allowed",
     )
+    source.add_argument(
+        "--hf",
+        metavar="DATASET",
+        help="stream a Hugging Face dataset (hub name, or json/parquet/text with --hf-data-files)",
+    )
+    prep.add_argument("--hf-config", default=None, help="the dataset's configuration name")
+    prep.add_argument("--hf-split", default="train")
+    prep.add_argument("--hf-data-files", nargs="+", default=None, metavar="FILE_OR_URL")
+    prep.add_argument("--max-documents", type=int, default=None, help="stop after N documents")
     prep.add_argument(
         "--tokenizer",
         required=True,
@@ -81,6 +105,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     info.add_argument("directory", type=Path)
     info.add_argument("--verify", action="store_true", help="check every shard's sha256")
     info.set_defaults(_data_run=_run_info)
+    upload = sub.add_parser("upload", help="copy a prepared shard folder to s3://BUCKET/PREFIX")
+    upload.add_argument("directory", type=Path)
+    upload.add_argument("dest", help="s3://BUCKET/PREFIX?endpoint=… (write key from TESSERA_S3_*)")
+    upload.set_defaults(_data_run=_run_upload)
+    digest = sub.add_parser(
+        "digest", help="the digest of a run's dataset, to pin it as dataset_digest in a run config"
+    )
+    digest.add_argument("--run", default="tiny", help="preset name or run config file")
+    digest.add_argument("--cache-dir", type=Path, default=None, help="cache root override")
+    digest.set_defaults(_data_run=_run_digest)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -143,6 +177,32 @@ def iter_documents(
             on_bytes(raw.tell())
 
 
+def _writer(
+    tokenizer_ref: str, out: Path, shard_tokens: int, cache_dir: Path | None
+) -> tuple[Tokenizer, int | None, ShardWriter]:
+    tokenizer = load_tokenizer(tokenizer_ref, cache_dir=cache_dir)
+    eos = eos_token_id(tokenizer)
+    writer = ShardWriter(
+        out, tokenizer_ref=tokenizer_ref, tokenizer=tokenizer, shard_tokens=shard_tokens, eos_id=eos
+    )
+    return tokenizer, eos, writer
+
+
+def prepare_documents(
+    documents: Iterable[str],
+    tokenizer_ref: str,
+    out: Path,
+    shard_tokens: int,
+    *,
+    cache_dir: Path | None = None,
+) -> ShardIndex:
+    """Tokenize a stream of documents (e.g. `node.data.hub.iter_hf_documents`) into shards."""
+    tokenizer, eos, writer = _writer(tokenizer_ref, out, shard_tokens, cache_dir)
+    for tokens in tracked(tokenize_documents(tokenizer, documents, eos), "tokenizing documents"):
+        writer.add(tokens)
+    return writer.close()
+
+
 def prepare_shards(
     files: list[Path],
     tokenizer_ref: str,
@@ -154,11 +214,7 @@ def prepare_shards(
     show_progress: bool | None = None,
 ) -> ShardIndex:
     """Tokenize `files` into shards in `out` (see the module docstring); returns the index."""
-    tokenizer = load_tokenizer(tokenizer_ref, cache_dir=cache_dir)
-    eos = eos_token_id(tokenizer)
-    writer = ShardWriter(
-        out, tokenizer_ref=tokenizer_ref, tokenizer=tokenizer, shard_tokens=shard_tokens, eos_id=eos
-    )
+    tokenizer, eos, writer = _writer(tokenizer_ref, out, shard_tokens, cache_dir)
     sizes = [f.stat().st_size for f in files]
     with make_progress(enabled=show_progress, in_bytes=True) as progress:
         task = progress.add_task("tokenizing", total=sum(sizes))
@@ -198,12 +254,26 @@ def _summary(index: ShardIndex, where: Path) -> Table:
     table.add_row("eos id", str(index.eos_id))
     table.add_row("shards", f"{len(index.shards):,}")
     table.add_row("tokens", f"{index.total_tokens:,}")
+    table.add_row("digest (dataset_digest)", index.digest)
     return table
 
 
 def _run_prep(args: argparse.Namespace) -> int:
     if args.shard_tokens < 1:
         raise DataError("--shard-tokens must be positive")
+    if args.hf:
+        from node.data.hub import iter_hf_documents
+
+        _prepare_out(args.out, args.force)
+        documents = iter_hf_documents(
+            args.hf, config=args.hf_config, split=args.hf_split, data_files=args.hf_data_files,
+            text_field=args.text_field, limit=args.max_documents,
+        )  # fmt: skip
+        index = prepare_documents(
+            documents, args.tokenizer, args.out, args.shard_tokens, cache_dir=args.cache_dir
+        )
+        Console().print(_summary(index, args.out))
+        return 0
     files = expand_inputs(args.input)
     _prepare_out(args.out, args.force)
     index = prepare_shards(
@@ -232,3 +302,24 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="tessera data")
     add_arguments(parser)
     sys.exit(run(parser.parse_args()))
+
+
+def _run_upload(args: argparse.Namespace) -> int:
+    from protocol.stores import open_store
+
+    store_url, prefix = split_store_ref(args.dest)
+    index = upload_shards(args.directory, open_store(store_url), prefix)
+    Console().print(_summary(index, args.directory))
+    print(f'dataset = "{args.dest}"\ndataset_digest = "{index.digest}"')
+    return 0
+
+
+def _run_digest(args: argparse.Namespace) -> int:
+    from node.data.batches import open_run_dataset
+    from node.runtime.node_args import load_run
+
+    run = load_run(args.run)
+    unpinned = run.model_copy(update={"dataset_digest": None})
+    _, dataset = open_run_dataset(unpinned, cache_dir=args.cache_dir)
+    print(f'dataset = "{run.dataset}"\ndataset_digest = "{dataset.index.digest}"')
+    return 0

@@ -24,6 +24,7 @@ import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Literal, Protocol
+from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -32,7 +33,7 @@ from tokenizers import Tokenizer
 from node.data.tokenizer import tokenizer_sha256
 from node.runtime.atomic_files import atomic_path, write_json_atomic
 from node.runtime.cache import cache_root
-from protocol.stores import ReadableStore
+from protocol.stores import ObjectStore, ReadableStore, StoreError
 
 __all__ = [
     "INDEX_NAME",
@@ -45,8 +46,11 @@ __all__ = [
     "ShardWriter",
     "StoreShardSource",
     "file_sha256",
+    "split_store_ref",
+    "store_source",
     "token_dtype",
     "tokenize_documents",
+    "upload_shards",
 ]
 
 INDEX_NAME = "index.json"
@@ -83,6 +87,14 @@ class ShardIndex(_Strict):
     @property
     def total_tokens(self) -> int:
         return sum(s.tokens for s in self.shards)
+
+    @property
+    def digest(self) -> str:
+        """``sha256:<hex>`` of the tokens: format, tokenizer sha256, vocabulary, eos, dtype and
+        every shard's name, size and sha256 (not the tokenizer's reference string). A run config
+        pins its dataset by this value (`RunConfig.dataset_digest`)."""
+        body = self.model_dump_json(exclude={"tokenizer"}).encode("utf-8")
+        return "sha256:" + hashlib.sha256(b"tessera/shards/v1\x00" + body).hexdigest()
 
     @classmethod
     def parse(cls, raw: bytes) -> ShardIndex:
@@ -250,6 +262,41 @@ class LocalShardSource:
         return path
 
 
+def split_store_ref(ref: str) -> tuple[str, str]:
+    """``s3://BUCKET/PREFIX?QUERY`` → (``s3://BUCKET?QUERY``, ``PREFIX``): the store URL (as in
+    `protocol.stores.open_store`) and the key prefix of the dataset in it."""
+    parts = urlsplit(ref)
+    if parts.scheme != "s3" or not parts.netloc:
+        raise DataError(f"not an s3://BUCKET/PREFIX dataset reference: {ref!r}")
+    return urlunsplit(("s3", parts.netloc, "", parts.query, "")), parts.path.strip("/")
+
+
+def store_source(ref: str, cache_dir: str | os.PathLike[str] | None = None) -> StoreShardSource:
+    """The shards at ``s3://BUCKET/PREFIX?endpoint=…`` (credentials from TESSERA_S3_* or AWS_*)."""
+    from protocol.stores import open_store
+
+    store_url, prefix = split_store_ref(ref)
+    try:
+        store = open_store(store_url)
+    except StoreError as exc:
+        raise DataError(f"cannot open the dataset bucket of {ref!r}: {exc}") from exc
+    return StoreShardSource(store, prefix, cache_dir=cache_dir)
+
+
+def upload_shards(directory: Path, store: ObjectStore, prefix: str) -> ShardIndex:
+    """Copy a prepared shard folder under `prefix` of `store`: every shard (checked against its
+    sha256 first), then the index, so readers never see an index without its shards."""
+    source = LocalShardSource(directory, verify=True)
+    raw = source.read_index()
+    index = ShardIndex.parse(raw)
+    key = prefix.strip("/")
+    for entry in index.shards:
+        path = source.fetch(entry)
+        store.put(f"{key}/{entry.name}" if key else entry.name, path.read_bytes())
+    store.put(f"{key}/{INDEX_NAME}" if key else INDEX_NAME, raw)
+    return index
+
+
 class StoreShardSource:
     """Shards in an object store under `prefix`, downloaded once into a verified local cache."""
 
@@ -273,7 +320,11 @@ class StoreShardSource:
         return f"{self.prefix}/{name}" if self.prefix else name
 
     def read_index(self) -> bytes:
-        return self.store.get(self._key(INDEX_NAME), max_bytes=MAX_INDEX_BYTES)
+
+        try:
+            return self.store.get(self._key(INDEX_NAME), max_bytes=MAX_INDEX_BYTES)
+        except StoreError as exc:
+            raise DataError(f"cannot read the index of {self.description}: {exc}") from exc
 
     def fetch(self, entry: ShardEntry) -> Path:
         dest = self.cache / f"{entry.sha256}.npy"

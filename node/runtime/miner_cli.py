@@ -24,8 +24,10 @@ def run(args: argparse.Namespace) -> int:
     from node.runtime.logs import setup_logging
     from node.runtime.multigpu import init_ranks
     from node.runtime.preflight import check_disk
+    from node.runtime.shutdown import Stopped, install_stop_handler
 
     setup_logging(args.log_level, args.log_format)
+    install_stop_handler()
     run_cfg = load_run(args.run)
     ranks, device = init_ranks(args.device, run_cfg)  # one peer on all torchrun processes
     if not ranks.is_main:
@@ -45,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         peer.run(args.windows)
+    except Stopped as stop:  # SIGTERM: the last finished window is saved; a restart resumes it
+        logging.getLogger("tessera.miner").info("%s at window %d", stop, peer.next_window)
     finally:
         ranks.close()
     return 0

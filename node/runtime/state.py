@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from node.runtime.atomic_files import write_bytes_atomic
+from node.runtime.shutdown import deferred_stop
 
 STATE_FILE = "state.pt"
 PREVIOUS_FILE = "state.prev.pt"
@@ -39,13 +40,15 @@ class PeerState:
 
 def save_rotating(current: Path, previous: Path, body: dict[str, Any]) -> Path:
     """Write `body` (torch-serialised) to `current` atomically, keeping the old file as
-    `previous`: a crash at any moment leaves at least one complete file."""
-    current.parent.mkdir(parents=True, exist_ok=True)
-    buf = io.BytesIO()
-    torch.save(body, buf)
-    if current.exists():
-        os.replace(current, previous)
-    return write_bytes_atomic(current, buf.getbuffer())
+    `previous`: a crash at any moment leaves at least one complete file, and a SIGTERM waits
+    until the save is done (`node.runtime.shutdown`)."""
+    with deferred_stop():  # a SIGTERM now stops the node once this save is complete
+        current.parent.mkdir(parents=True, exist_ok=True)
+        buf = io.BytesIO()
+        torch.save(body, buf)
+        if current.exists():
+            os.replace(current, previous)
+        return write_bytes_atomic(current, buf.getbuffer())
 
 
 def load_rotating(current: Path, previous: Path, run_id: str) -> dict[str, Any] | None:

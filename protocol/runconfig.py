@@ -136,9 +136,13 @@ class InnerOptimizerConfig(_Frozen):
 
 
 class OuterConfig(_Frozen):
-    """The SparseLoCo outer step: error feedback, its freeze period, the outer learning rate."""
+    """The outer step: its optimizer and learning rate; SparseLoCo's error feedback and freeze."""
 
-    alpha: float = Field(0.8, gt=0, le=2, description="outer learning rate")
+    optimizer: Literal["sgd", "nesterov"] = Field(
+        "sgd", description="outer optimizer on the aggregate: plain SGD, or SGD with Nesterov momentum"
+    )
+    momentum: float = Field(0.9, ge=0, lt=1, description="Nesterov momentum (optimizer=nesterov)")
+    alpha: float = Field(0.8, gt=0, le=4, description="outer learning rate")
     beta: float = Field(0.95, ge=0, lt=1, description="error-feedback decay")
     ef_freeze_fraction: float = Field(
         0.05, ge=0, le=1, description="fraction of total_windows with error feedback frozen"
@@ -149,6 +153,12 @@ class OuterConfig(_Frozen):
     def ef_freeze_windows(self) -> int:
         """Number of leading windows during which error feedback is frozen."""
         return math.ceil(self.ef_freeze_fraction * self.total_windows)
+
+
+class DenseConfig(_Frozen):
+    """How a dense strategy (`diloco`) puts its pseudo-gradients on the wire."""
+
+    dtype: Literal["bf16", "fp32"] = Field("bf16", description="value type of dense updates")
 
 
 class TimingConfig(_Frozen):
@@ -193,7 +203,9 @@ class RunConfig(_Frozen):
     """Everything all peers of a run must share. Its content hash is the run id."""
 
     name: str = Field(pattern=_NAME_RE, description="human-readable run name")
-    strategy: str = Field("sparseloco", pattern=r"^[a-z0-9][a-z0-9-]{0,31}$")
+    strategy: Literal["sparseloco", "diloco"] = Field(
+        "sparseloco", description="what peers send and how it is applied (`node.strategy`)"
+    )
     preset_name: str = Field(pattern=_NAME_RE, description="model preset the shape came from")
     model: ModelConfig
     tokenizer: str = Field(pattern=_REF_RE)
@@ -206,6 +218,7 @@ class RunConfig(_Frozen):
     optimizer: InnerOptimizerConfig = InnerOptimizerConfig()
     outer: OuterConfig
     codec: CodecParams = CodecParams()
+    dense: DenseConfig = DenseConfig()
     codec_version: int = Field(CODEC_VERSION, ge=1)
     timing: TimingConfig
     gather_size: int = Field(ge=1, le=4096, description="peers aggregated per window")

@@ -14,7 +14,13 @@ TARGETS = {"decode_M_per_s": 20.0, "encode_M_per_s": 10.0, "total_ratio": 4.0, "
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("what", choices=["codec"], help="which benchmark to run")
+    from deploy.bench_train import cli as train
+
+    parser.add_argument(
+        "what",
+        choices=["codec", "train"],
+        help="codec: index coder, values, compression speed; train: strategies' held-out loss",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument(
         "--quick", action="store_true", help="smaller sizes (seconds, for smoke tests)"
@@ -22,9 +28,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--numel", type=int, default=None, help="elements of the compression tensor (default 1e8)"
     )
+    train.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.what == "train":
+        from deploy.bench_train import cli as train
+
+        return train.run(args)
     from codec import bench
 
     quick = args.quick

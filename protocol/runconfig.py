@@ -139,7 +139,8 @@ class OuterConfig(_Frozen):
     """The outer step: its optimizer and learning rate; SparseLoCo's error feedback and freeze."""
 
     optimizer: Literal["sgd", "nesterov"] = Field(
-        "sgd", description="outer optimizer on the aggregate: plain SGD, or SGD with Nesterov momentum"
+        "sgd",
+        description="outer optimizer on the aggregate: plain SGD, or SGD with Nesterov momentum",
     )
     momentum: float = Field(0.9, ge=0, lt=1, description="Nesterov momentum (optimizer=nesterov)")
     alpha: float = Field(0.8, gt=0, le=4, description="outer learning rate")

@@ -9,6 +9,7 @@ from codec.compress import Compressor
 from codec.spec import ModelSpec
 from node.model.fingerprint import fingerprint
 from node.model.llama import build_model
+from node.strategy import make_strategy
 from node.window.exchange import encode_signed
 from node.window.history import (
     HistoryError,
@@ -38,7 +39,7 @@ def test_late_peer_replays_checkpoint_and_aggregates(tmp_path) -> None:
     fingerprints = {}
     for window in range(4):
         if window == 2:
-            publish_checkpoint(store, run, window, 2, validator, live)
+            publish_checkpoint(store, run, window, 2, validator, live, outer={})
         raw = {}
         for uid in range(2):
             sparse = [
@@ -48,20 +49,28 @@ def test_late_peer_replays_checkpoint_and_aggregates(tmp_path) -> None:
             raw[uid] = encode_signed(sparse, run, spec, window, uid, keys[uid])
         publish_aggregate(store, run, window, 2, validator, raw)
         # what the live peers did: the same replay of the same bytes
-        catch_up(live, run, spec, source, hotkeys, window, window + 1)
+        catch_up(live, make_strategy(run, spec), source, hotkeys, window, window + 1)
         fingerprints[window + 1] = fingerprint(live)
 
     late = build_model(run.model, run.seed)
-    assert catch_up(late, run, spec, source, hotkeys, 0, 4) == 4
+    assert catch_up(late, make_strategy(run, spec), source, hotkeys, 0, 4) == 4
     assert fingerprint(late) == fingerprints[4]
 
     # a publisher with no history replays nothing
     other = build_model(run.model, run.seed)
-    assert catch_up(other, run, spec, Source(2, keys[0].ss58_address, store), hotkeys, 0, 4) == 0
+    stranger = Source(2, keys[0].ss58_address, store)
+    assert catch_up(other, make_strategy(run, spec), stranger, hotkeys, 0, 4) == 0
 
     # a history signed by someone else is refused
     forged = open_store(f"file://{tmp_path}?bucket=forged")
     fake = publish_aggregate(forged, run, 0, 2, keys[0], {0: raw[0]})
     forged.put(aggregate_key(run.run_id, 0, 2, validator.ss58_address), forged.get(fake, 1 << 24))
     with pytest.raises(HistoryError, match="signature"):
-        catch_up(other, run, spec, Source(2, validator.ss58_address, forged), hotkeys, 0, 1)
+        catch_up(
+            other,
+            make_strategy(run, spec),
+            Source(2, validator.ss58_address, forged),
+            hotkeys,
+            0,
+            1,
+        )

@@ -28,11 +28,14 @@ update (its own or another peer's) of the last ``history_windows`` windows is a 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
+from typing import Any
 
 import numpy as np
+import torch
 
 from codec.chunking import ChunkLayout
 from codec.compress import SparseTensor
@@ -72,28 +75,37 @@ def sketch(
     uid: int,
     window: int,
     digest: bytes,
-    update: Sequence[SparseTensor],
+    update: Sequence[Any],
     spec: ModelSpec,
     params: CodecParams,
     size: int,
     salt: int,
+    support: Callable[[Any], torch.Tensor] | None = None,
 ) -> Sketch:
-    """The (sub-sampled) global index set of one decoded update."""
+    """The (sub-sampled) global index set of one decoded update.
+
+    ``support`` maps a piece of the update to its flat positions (`Strategy.support`: a dense
+    update's Top-k positions per chunk); by default a sparse piece's kept positions."""
     offsets, off = {}, 0
     for t in spec.tensors:
         offsets[t.name] = off
         off += t.numel
     rate = min(1.0, size / max(1, kept_per_update(spec, params)))
     parts = []
-    for sparse in update:
-        layout = sparse.layout(params)
-        for gi, g in enumerate(sparse.groups):
-            flat = layout.flat_positions(gi, g.idx).reshape(-1).numpy().astype(np.uint64)
-            parts.append(flat + np.uint64(offsets[sparse.name]))
+    for piece in update:
+        flat = (support or partial(_kept, params=params))(piece)
+        parts.append(flat.reshape(-1).numpy().astype(np.uint64) + np.uint64(offsets[piece.name]))
     pos = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.uint64)
     if rate < 1.0:
         pos = pos[_mix(pos, salt) < np.uint64(int(rate * float(2**64 - 1)))]
     return Sketch(uid=uid, window=window, digest=bytes(digest), positions=pos)
+
+
+def _kept(sparse: SparseTensor, params: CodecParams) -> torch.Tensor:
+    layout = sparse.layout(params)
+    return torch.cat(
+        [layout.flat_positions(gi, g.idx).reshape(-1) for gi, g in enumerate(sparse.groups)]
+    )
 
 
 def overlap(a: Sketch, b: Sketch) -> float:

@@ -10,7 +10,7 @@
 4. score the updates that passed against the model at the start of the window (`scoring`), on
    samples drawn from the window's secret, committed to before the window (`reveal`);
 5. update ratings, EMAs and penalties (`ratings`);
-6. take the window's one outer step (`node.window.outer_step`) and publish our fingerprint;
+6. take the window's one outer step (`node.strategy`) and publish our fingerprint;
 7. every M windows set weights on chain (`weights`);
 8. publish the score report (revealing the window's secret), the commitment of a later window,
    and every N windows a checkpoint and the run config;
@@ -35,6 +35,7 @@ from node.data.batches import open_run_dataset
 from node.model.fingerprint import fingerprint
 from node.model.llama import build_model
 from node.runtime.clock import ChainClock
+from node.strategy import make_strategy
 from node.window.consensus import Agreement, Roster, wait_for_manifest, window_roster
 from node.window.history import (
     catch_up_any,
@@ -43,7 +44,6 @@ from node.window.history import (
     publish_checkpoint,
     resync,
 )
-from node.window.outer_step import apply_updates
 from protocol.chain.base import Chain
 from protocol.chain.errors import NotRegistered
 from protocol.naming import fingerprint_key, run_prefix, scores_key
@@ -101,6 +101,7 @@ class Validator:
         self.clock = ChainClock(chain, run)
         self.model = build_model(run.model, run.seed).to(self.device)
         self.spec = ModelSpec.from_module(self.model)
+        self.strategy = make_strategy(run, self.spec, self.device)
         _, self.dataset = open_run_dataset(run)
         uid = chain.uid_of(keypair.ss58_address)
         if uid is None:
@@ -183,7 +184,7 @@ class Validator:
             log.warning("window %d: forked from the lead validator: resyncing", window)
             sources, peers = history_sources(self.chain, self.local_root)
             resync(
-                self.model, self.run, self.spec, [s for s in sources if s.uid != self.uid], peers,
+                self.model, self.strategy, [s for s in sources if s.uid != self.uid], peers,
                 window, agreed.manifest.fingerprint_start,
             )  # fmt: skip
         try:  # our own history: the exact bytes we applied
@@ -225,9 +226,9 @@ class Validator:
         return out
 
     def _outer_step(self, agreed: Agreement) -> None:
-        """The window's one outer step (`node.window.outer_step`), as every peer takes it."""
+        """The window's one outer step (`node.strategy`), as every peer takes it."""
         updates = {u: up.tensors for u, up in agreed.updates.items()}
-        apply_updates(self.model, updates, self.run, self.spec, self.device)
+        self.strategy.step(self.model, updates)
         self.fingerprint = fingerprint(self.model)
 
     def _maybe_set_weights(self, window: int, weights: dict[int, float]) -> str:
@@ -263,7 +264,8 @@ class Validator:
         if (window + 1) % self.cfg.checkpoint_every == 0:
             steps.append(("run config", self._publish_run_config))
             steps.append(("checkpoint", lambda: publish_checkpoint(
-                self.store, self.run, window + 1, uid, self.keypair, self.model)))  # fmt: skip
+                self.store, self.run, window + 1, uid, self.keypair, self.model,
+                outer=self.strategy.outer_state_dict())))  # fmt: skip
         for what, step in steps:
             try:
                 step()
@@ -298,6 +300,7 @@ class Validator:
                 records=self.book.records,
                 sketches=self.history.entries(),
                 reveal_key=self.reveal_key,
+                outer=self.strategy.outer_state_dict(),
             ),
         )
 
@@ -308,7 +311,7 @@ class Validator:
         if window == 0:
             return 0
         sources, peers = history_sources(self.chain, self.local_root)
-        reached = catch_up_any(self.model, self.run, self.spec, sources, peers, 0, window)
+        reached = catch_up_any(self.model, self.strategy, sources, peers, 0, window)
         log.info("started mid-run: model rebuilt from published history up to window %d", reached)
         return reached
 
@@ -329,6 +332,7 @@ class Validator:
             self._commit_ahead()
             return
         self.model.load_state_dict(state.model)
+        self.strategy.load_outer_state_dict(state.outer)
         if fingerprint(self.model) != state.fingerprint:
             raise RuntimeError("restored model does not match its saved fingerprint")
         self.next_window, self.fingerprint, self.salt = state.window, state.fingerprint, state.salt

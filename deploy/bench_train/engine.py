@@ -48,6 +48,7 @@ class Curve:
     bytes_sent: list[int] = field(default_factory=list)  # one replica, each window
     wall_s: list[float] = field(default_factory=list)
     initial_loss: float = float("nan")
+    weights: dict[str, torch.Tensor] = field(default_factory=dict)  # the synchronised model's
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,7 @@ def run_local(m: MethodSpec, setup: Setup, tick: Tick) -> Curve:
         curve.bytes_sent.append(max(sizes))
         curve.wall_s.append(time.perf_counter() - began)
         tick(w, curve.loss[-1])
+    curve.weights = {n: p.detach().clone() for n, p in sync.named_parameters()}
     return curve
 
 
@@ -153,6 +155,7 @@ def run_ddp(m: MethodSpec, setup: Setup, tick: Tick) -> Curve:
         curve.bytes_sent.append(run.inner_steps * gradient_bytes)  # one fp32 gradient a step
         curve.wall_s.append(time.perf_counter() - began)
         tick(w, curve.loss[-1])
+    curve.weights = {n: p.detach().clone() for n, p in model.named_parameters()}
     return curve
 
 

@@ -10,7 +10,7 @@ from codec.spec import ModelSpec
 from node.model.fingerprint import fingerprint
 from node.model.llama import build_model
 from node.strategy import make_strategy
-from node.window.exchange import encode_signed
+from node.window.exchange import check_update, encode_signed
 from node.window.history import (
     HistoryError,
     Source,
@@ -74,3 +74,47 @@ def test_late_peer_replays_checkpoint_and_aggregates(tmp_path) -> None:
             0,
             1,
         )
+
+
+def test_a_late_peer_restores_nesterov_momentum_from_a_checkpoint(tmp_path) -> None:
+    """DiLoCo with outer Nesterov: the checkpoint carries the momentum, so a late peer that
+    starts from it (windows 0-1 are not even published) lands on the live weights bit for bit."""
+    run = RunConfig.preset(
+        "tiny", name="history-nesterov", strategy="diloco",
+        outer={"optimizer": "nesterov", "momentum": 0.9, "alpha": 0.7},
+    )  # fmt: skip
+    keys = [create_hotkey("w", f"k{i}", root=tmp_path / "wallets") for i in range(3)]
+    store = open_store(f"file://{tmp_path}?bucket=validator")
+    hotkeys = {i: k.ss58_address for i, k in enumerate(keys)}
+    source = Source(2, keys[2].ss58_address, store)
+    live = build_model(run.model, run.seed)
+    spec = ModelSpec.from_module(live)
+    strategy = make_strategy(run, spec)
+    gen = torch.Generator().manual_seed(1)
+    for window in range(4):
+        if window == 2:
+            outer = strategy.outer_state_dict()
+            assert outer  # there is momentum to carry
+            publish_checkpoint(store, run, window, 2, keys[2], live, outer=outer)
+        raw = {}
+        for uid in range(2):
+            deltas = {
+                n: torch.randn(p.shape, generator=gen) * 1e-3 for n, p in live.named_parameters()
+            }
+            update = make_strategy(run, spec).encode(deltas, window)
+            raw[uid] = encode_signed(update, run, spec, window, uid, keys[uid])
+        if window < 2:  # applied live, never published: only the checkpoint can bring a peer here
+            updates = {
+                u: check_update(d, u, hotkeys[u], run, spec, window).tensors for u, d in raw.items()
+            }
+            strategy.step(live, updates)
+        else:
+            publish_aggregate(store, run, window, 2, keys[2], raw)
+            catch_up(live, strategy, source, hotkeys, window, window + 1)
+
+    late = build_model(run.model, run.seed)
+    late_strategy = make_strategy(run, spec)
+    assert catch_up(late, late_strategy, source, hotkeys, 0, 4) == 4
+    assert fingerprint(late) == fingerprint(live)
+    theirs, ours = late_strategy.outer_state_dict(), strategy.outer_state_dict()
+    assert theirs.keys() == ours.keys() and all(torch.equal(theirs[k], ours[k]) for k in ours)

@@ -147,7 +147,7 @@ def test_sparseloco_with_every_entry_and_exact_values_is_dense_local_sgd() -> No
         base,
     )
     _, dataset = open_run_dataset(base)
-    setup = Setup(base, dataset, 2, 2, heldout_set(dataset, base.run_id, 8), base.run_id)
+    setup = Setup(base, dataset, (0, 1), 2, heldout_set(dataset, base.run_id, 8), base.run_id)
     sparse, dense = (run_local(m, setup, lambda w, loss: None) for m in methods)
     for name, w in dense.weights.items():
         torch.testing.assert_close(sparse.weights[name], w, rtol=1e-6, atol=1e-7)

@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"--strategies: {exc}") from None
     _, dataset = open_run_dataset(base)
     heldout = heldout_set(dataset, base.run_id, args.heldout or (16 if quick else 128))
-    setup = Setup(base, dataset, replicas, windows, heldout, base.run_id)
+    setup = Setup(base, dataset, tuple(range(replicas)), windows, heldout, base.run_id)
     console = Console(stderr=True)
     curves = []
     with Progress(

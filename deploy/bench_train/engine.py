@@ -57,15 +57,19 @@ class Setup:
 
     base: RunConfig  # the run the token stream is keyed by
     dataset: Dataset
-    replicas: int
+    uids: tuple[int, ...]  # replica r trains on uid uids[r]'s samples
     windows: int
     heldout: torch.Tensor
     data_run_id: str
 
+    @property
+    def replicas(self) -> int:
+        return len(self.uids)
+
     def batch(self, replica: int, window: int, step: int) -> torch.Tensor:
         run = self.base
         return assigned_batch(
-            self.dataset, self.data_run_id, replica, window, step,
+            self.dataset, self.data_run_id, self.uids[replica], window, step,
             n_steps=run.inner_steps, batch_size=run.batch_size,
         )  # fmt: skip
 

@@ -356,7 +356,8 @@ class RunConfig(_Frozen):
 # -- presets --------------------------------------------------------------------------------
 # Shapes follow the LLaMA family: `1B` = Llama-3.2-1B, `8B` = Llama-3-8B, `70B` = Llama-3-70B
 # (max_seq_len kept at 8192 without RoPE scaling). `150M` is a GPT-2-vocabulary LLaMA-style model;
-# `tiny` trains on two CPU cores in minutes. Training values are starting points, not tuned.
+# `tiny` trains on two CPU cores in minutes. `tiny`'s SparseLoCo settings (k, α) are tuned with
+# `tessera bench train`; the larger presets follow the SparseLoCo paper (docs/training.md).
 
 _LLAMA3_VOCAB = 128256
 
@@ -388,7 +389,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "batch_size": 8,
         "inner_steps": 10,
         "optimizer": {"lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 20, "weight_decay": 0.1},
-        "outer": {"total_windows": 100},
+        "codec": {"k": 256},  # tuned with `tessera bench train` (docs/training.md)
+        "outer": {"total_windows": 100, "alpha": 2.0},
         "timing": {
             "block_time_s": 1.0,
             "blocks_per_window": 20,

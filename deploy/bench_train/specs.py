@@ -35,7 +35,7 @@ from protocol.runconfig import RunConfig, RunConfigError
 DEFAULT_STRATEGIES = (
     "ddp,"
     "diloco:outer=sgd,alpha=1,dtype=fp32,label=dense local SGD,"
-    "diloco:outer=nesterov,alpha=0.7,momentum=0.9,dtype=bf16,label=DiLoCo,"
+    "diloco:outer=nesterov,alpha=0.1,momentum=0.9,dtype=bf16,label=DiLoCo,"
     "sparseloco"
 )
 QUICK_STRATEGIES = "ddp,diloco:outer=sgd,alpha=1,dtype=fp32,sparseloco"

@@ -27,7 +27,10 @@ position ``p`` of a ``c x d`` tile is element ``(p // d, p % d)`` of that tile. 
 ``1 x C`` tile, so its local position is simply the offset from its first element.
 
 A group keeps ``k_g = clamp(round_half_up(k * C_g / C), 1, C_g)`` entries per chunk, so every
-group has (about) the density ``k / C`` of a full chunk.
+group has (about) the density ``k / C`` of a full chunk; except a 1-D tensor shorter than one
+chunk (a norm's weights, a bias), which keeps ``min(k, N)``: such a vector is a few hundred
+entries of a model of millions, and at ``k * N / C`` a 128-element norm would send 2 of them a
+window, so it would barely train.
 """
 
 from __future__ import annotations
@@ -102,6 +105,8 @@ def _groups_2d(rows: int, cols: int, params: CodecParams) -> tuple[ChunkGroup, .
 
 def _groups_1d(n: int, params: CodecParams) -> tuple[ChunkGroup, ...]:
     c = params.chunk_size
+    if n < c:  # a short vector keeps min(k, n) entries (see the module docstring)
+        return (ChunkGroup(n, 1, min(params.k, n), (0, 0), (1, 1), (1, n)),)
     nf, tail = divmod(n, c)
     rects = [((0, 0), (1, nf), (1, c)), ((0, nf * c), (1, 1), (1, tail))]
     return tuple(_group(o, g, s, params) for o, g, s in rects if g[1] > 0 and s[1] > 0)

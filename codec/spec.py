@@ -9,8 +9,10 @@ from collections.abc import Iterable, Mapping
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-CODEC_VERSION = 1
-"""Bump when the bytes an encoder produces change meaning. Part of every run id."""
+CODEC_VERSION = 2
+"""Bump when the bytes an encoder produces change meaning. Part of every run id.
+
+2: a 1-D tensor shorter than one chunk keeps ``min(k, N)`` entries (`codec.chunking`)."""
 
 
 class CodecParams(BaseModel):

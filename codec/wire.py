@@ -28,8 +28,6 @@ header, verifies the signature over `header_digest`, and only then calls `decode
 
 from __future__ import annotations
 
-import hashlib
-import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -43,15 +41,15 @@ from codec import indices
 from codec.chunking import ChunkLayout
 from codec.compress import SparseGroup, SparseTensor
 from codec.errors import DecodeError
+from codec.frame import Frame, pack_header, payload_digest, unpack_header
 from codec.quantize import MAX_ROWS
 from codec.spec import CODEC_VERSION, CodecParams, ModelSpec
 
 MAGIC = b"TSRU"
 FORMAT_VERSION = 2  # 2: the signature covers the header
-MAX_HEADER_BYTES = 4 << 20
+FRAME = Frame(MAGIC, FORMAT_VERSION, "Tessera update")
 DEFAULT_MAX_UPDATE_BYTES = 1 << 32
 ZSTD_MIN_GAIN = 0.02
-_PREFIX = struct.Struct("<4sBI")
 
 MetaValue = str | int
 
@@ -104,10 +102,6 @@ class DecodedUpdate:
     def signed_digest(self) -> bytes:
         """The digest the sender's signature covers (`header_digest`)."""
         return header_digest(self.header)
-
-
-def payload_digest(payload: bytes | memoryview) -> bytes:
-    return hashlib.blake2b(payload, digest_size=32).digest()
 
 
 def _pack_codes(codes: torch.Tensor) -> bytes:
@@ -196,18 +190,16 @@ _ENTRY_FIELDS = tuple(TensorEntry.model_fields)
 def _pack_header(header: WireHeader) -> bytes:
     obj = header.model_dump(mode="python")
     obj["tensors"] = [[e[f] for f in _ENTRY_FIELDS] for e in obj["tensors"]]  # positional: compact
-    return msgpack.packb(obj, use_bin_type=True)
+    return pack_header(obj)
 
 
 def header_digest(header: WireHeader) -> bytes:
     """What an update's signature covers: BLAKE2b-256 of its framed header with ``sig`` empty."""
-    raw = _pack_header(header.model_copy(update={"sig": b""}))
-    return payload_digest(_PREFIX.pack(MAGIC, FORMAT_VERSION, len(raw)) + raw)
+    return FRAME.digest(_pack_header(header.model_copy(update={"sig": b""})))
 
 
 def _frame(header: WireHeader, payload: bytes | memoryview) -> bytes:
-    raw = _pack_header(header)
-    return _PREFIX.pack(MAGIC, FORMAT_VERSION, len(raw)) + raw + bytes(payload)
+    return FRAME.pack(_pack_header(header), payload)
 
 
 def with_signature(data: bytes, sig: bytes, meta: Mapping[str, MetaValue] | None = None) -> bytes:
@@ -223,20 +215,8 @@ def read_header(
     data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_UPDATE_BYTES
 ) -> tuple[WireHeader, memoryview]:
     """Parse and check the frame and header (cheap; no payload decoding). Returns the payload."""
-    view = memoryview(data)
-    if len(view) > max_bytes:
-        raise DecodeError(f"update of {len(view)} bytes exceeds the limit of {max_bytes}")
-    if len(view) < _PREFIX.size:
-        raise DecodeError("update truncated before its header")
-    magic, version, header_len = _PREFIX.unpack_from(view)
-    if magic != MAGIC:
-        raise DecodeError("not a Tessera update (bad magic)")
-    if version != FORMAT_VERSION:
-        raise DecodeError(f"unsupported update format version {version}")
-    if header_len > min(MAX_HEADER_BYTES, len(view) - _PREFIX.size):
-        raise DecodeError(f"header length {header_len} is impossible for this object")
-    header = _parse_header(view[_PREFIX.size : _PREFIX.size + header_len])
-    payload = view[_PREFIX.size + header_len :]
+    raw, payload = FRAME.split(data, max_bytes)
+    header = _parse_header(raw)
     if len(payload) != header.payload_bytes:
         raise DecodeError(f"payload is {len(payload)} bytes, header says {header.payload_bytes}")
     return header, payload
@@ -245,18 +225,8 @@ def read_header(
 def _parse_header(raw: memoryview) -> WireHeader:
     """The header from its msgpack bytes: bounded parse, strict validation, canonical form only."""
     try:
-        obj = msgpack.unpackb(
-            raw,
-            raw=False,
-            use_list=False,
-            strict_map_key=True,
-            max_str_len=1024,
-            max_bin_len=256,
-            max_array_len=1 << 16,
-            max_map_len=64,
-            max_ext_len=0,
-        )
-        if not isinstance(obj, dict) or not isinstance(obj.get("tensors"), tuple):
+        obj = unpack_header(raw)
+        if not isinstance(obj.get("tensors"), tuple):
             raise ValueError("header is not a map with a tensor table")
         table = obj["tensors"]
         if not all(isinstance(t, tuple) and len(t) == len(_ENTRY_FIELDS) for t in table):

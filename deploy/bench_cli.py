@@ -17,7 +17,13 @@ ENTRY_BITS_OVER_INDEX = 2.5
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("what", choices=["codec"], help="which benchmark to run")
+    from deploy.bench_train import cli as train
+
+    parser.add_argument(
+        "what",
+        choices=["codec", "train"],
+        help="codec: index coder, values, compression speed; train: strategies' held-out loss",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument(
         "--quick", action="store_true", help="smaller sizes (seconds, for smoke tests)"
@@ -34,9 +40,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="cpu",
         help="cuda: the Triton path on the first GPU, plus its copy reference and a 1B model",
     )
+    train.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.what == "train":
+        from deploy.bench_train import cli as train
+
+        return train.run(args)
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():

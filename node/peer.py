@@ -1,12 +1,14 @@
-"""The peer: one SparseLoCo outer step per window, resumable, tolerant of every other node failing.
+"""The peer: one outer step per window, resumable, tolerant of every other node failing.
 
 `Peer.run_window` is the whole per-window flow, top to bottom:
 
 1. train the H inner steps on the samples assigned to (run, uid, window);
-2. pseudo-gradient against the window's starting weights, error feedback, compression;
+2. pseudo-gradient against the window's starting weights, encoded by the run's strategy
+   (`node.strategy`; SparseLoCo: error feedback and compression);
 3. sign and upload to our own bucket (before the deadline);
 4. at the deadline, gather the selected peers' updates, verify and decode them strictly,
    aggregate deterministically, and take the outer step from the window's starting weights;
+   settle our own update (SparseLoCo puts it back into error feedback if it was not applied);
 5. publish our parameter fingerprint and save the local state atomically;
 6. append the window's report to the (rotated) local log and prune our bucket's old objects
    (`node.runtime.retention`).
@@ -25,7 +27,6 @@ from pathlib import Path
 import torch
 from substrateinterface import Keypair
 
-from codec.compress import Compressor, SparseTensor
 from codec.spec import ModelSpec
 from node.data.batches import assigned_batches, open_run_dataset
 from node.model.fingerprint import fingerprint
@@ -39,11 +40,11 @@ from node.runtime.progress import tracked
 from node.runtime.report_log import REPORTS, append_line
 from node.runtime.retention import prune_own_bucket
 from node.runtime.state import PeerState, load_error_feedback, load_state, save_ef_shard, save_state
+from node.strategy import make_strategy
 from node.window.consensus import Agreement, agree, wait_for_manifest, window_roster
 from node.window.exchange import encode_signed, publish
 from node.window.gather import Fetched, gather
 from node.window.history import catch_up_any, history_sources, resync
-from node.window.outer_step import apply_mean, window_mean
 from protocol.chain.base import Chain
 from protocol.naming import fingerprint_key
 from protocol.runconfig import RunConfig
@@ -70,7 +71,7 @@ class WindowReport:
 
 
 class Peer:
-    """A SparseLoCo peer bound to one run, one hotkey, one chain and its own bucket."""
+    """A peer bound to one run, one hotkey, one chain and its own bucket."""
 
     def __init__(
         self,
@@ -91,7 +92,9 @@ class Peer:
         self.model = build_model(run.model, run.seed).to(self.device)
         self.spec = ModelSpec.from_module(self.model)
         self.optimizer = make_optimizer(self.model, run)
-        self.compressor = Compressor(self.ranks.shard_of(self.spec), run.codec, device=self.device)
+        self.strategy = make_strategy(
+            run, self.spec, self.device, owned=self.ranks.shard_of(self.spec)
+        )
         _, self.dataset = open_run_dataset(run)
         self.uid = self._registered_uid()
         self.metrics = PeerMetrics()
@@ -103,11 +106,13 @@ class Peer:
     def run_window(self, window: int) -> WindowReport:
         start, start_fp = self._weights(), fingerprint(self.model)
         inner = self._train(window)
-        sparse = self._compress(start, window)
-        upload_bytes, upload_s = self._publish(sparse, window)
+        sent = self._encode(start, window)
+        upload_bytes, upload_s = self._publish(self.ranks.gather_pieces(sent, self.spec), window)
         fetched, agreed = self._exchange(window, start_fp)
         start = self._resync_if_forked(window, agreed, start)
         self._outer_step(start, agreed)
+        applied = self.ranks.broadcast_object(agreed is not None and self.uid in agreed.updates)
+        self.strategy.settle(sent, applied, window)
         fp = self._publish_fingerprint(window)
         self._save(window + 1, fp)
         return WindowReport(
@@ -159,7 +164,7 @@ class Peer:
         while self.next_window < window:
             sources, peers = history_sources(self.chain, self.local_root)
             self.next_window = catch_up_any(
-                self.model, self.cfg, self.spec, sources, peers, self.next_window, window
+                self.model, self.strategy, sources, peers, self.next_window, window
             )
             if self.next_window >= window:
                 log.info("caught up to window %d", window)
@@ -208,23 +213,19 @@ class Peer:
         inner = train_window(self.trainer, self.optimizer, steps, self.cfg, window, self.device)
         return self.ranks.reduce_inner(inner)
 
-    def _compress(self, start: dict[str, torch.Tensor], window: int) -> list[SparseTensor]:
-        """Compress this rank's tensors; the whole update on rank 0, [] on the other ranks."""
-        freeze = window < self.cfg.outer.ef_freeze_windows
+    def _encode(self, start: dict[str, torch.Tensor], window: int) -> list:
+        """This rank's tensors' pseudo-gradients, encoded by the strategy (with its state)."""
         params = dict(self.model.named_parameters())
-        out = []
         with torch.no_grad():
-            for name in (t.name for t in self.compressor.spec.tensors):
-                delta = start[name] - params[name].detach()
-                out.append(
-                    self.compressor.compress(name, delta, self.cfg.outer.beta, freeze=freeze)
-                )
-        return self.ranks.gather_sparse(out, self.spec)
+            deltas = {
+                t.name: start[t.name] - params[t.name].detach() for t in self.strategy.owned.tensors
+            }
+        return self.strategy.encode(deltas, window)
 
-    def _publish(self, sparse: list[SparseTensor], window: int) -> tuple[int, float]:
+    def _publish(self, update: list, window: int) -> tuple[int, float]:
         if not self.ranks.is_main:  # one upload per peer
             return 0, math.nan
-        data = encode_signed(sparse, self.cfg, self.spec, window, self.uid, self.keypair)
+        data = encode_signed(update, self.cfg, self.spec, window, self.uid, self.keypair)
         try:
             done = publish(self.store, data, self.cfg, window, self.uid, self.keypair.ss58_address)
         except StoreError as exc:  # keep training: a missed upload costs us one window's score
@@ -261,20 +262,22 @@ class Peer:
             log.warning("window %d: forked from the validator: resyncing", window)
             sources, peers = history_sources(self.chain, self.local_root)
             resync(
-                self.model, self.cfg, self.spec, sources, peers, window,
+                self.model, self.strategy, sources, peers, window,
                 agreed.manifest.fingerprint_start,
             )  # fmt: skip
+        outer = self.ranks.broadcast_object(
+            self.strategy.outer_state_dict() if self.ranks.is_main else None
+        )
+        self.strategy.load_outer_state_dict(outer)
         return self.ranks.broadcast_aggregate(
             self._weights() if self.ranks.is_main else None, self.spec, self.device
         )
 
     def _outer_step(self, start: dict[str, torch.Tensor], agreed: Agreement | None) -> None:
         updates = {u: up.tensors for u, up in agreed.updates.items()} if agreed else {}
-        mean = (
-            window_mean(updates, self.cfg, self.spec, self.device) if self.ranks.is_main else None
-        )
+        mean = self.strategy.mean(updates) if self.ranks.is_main else None
         mean = self.ranks.broadcast_aggregate(mean, self.spec, self.device)
-        apply_mean(self.model, mean, self.cfg, start)
+        self.strategy.apply(self.model, mean, start)
 
     def _publish_fingerprint(self, window: int) -> str:
         if not self.ranks.is_main:
@@ -313,7 +316,7 @@ class Peer:
 
     def _write_state(self, next_window: int, fp: str) -> None:
         if not self.ranks.is_main:  # EF shards first: a state.pt on disk finds all of its own
-            ef = self.compressor.state_dict()
+            ef = self.strategy.local_state_dict()
             save_ef_shard(self.state_dir, self.cfg.run_id, next_window, self.ranks.rank, ef)
         self.ranks.barrier()
         if not self.ranks.is_main:
@@ -325,8 +328,9 @@ class Peer:
                 window=next_window,
                 model={k: v.cpu() for k, v in self.model.state_dict().items()},
                 optimizer=self.optimizer.state_dict(),
-                error_feedback=self.compressor.state_dict(),
+                error_feedback=self.strategy.local_state_dict(),
                 fingerprint=fp,
+                outer=self.strategy.outer_state_dict(),
             ),
         )
 
@@ -337,7 +341,9 @@ class Peer:
         self.model.load_state_dict(state.model)
         self.optimizer.load_state_dict(state.optimizer)
         ef = load_error_feedback(self.state_dir, state)
-        self.compressor.load_state_dict({t.name: ef[t.name] for t in self.compressor.spec.tensors})
+        owned = self.strategy.owned.tensors
+        self.strategy.load_local_state_dict({t.name: ef[t.name] for t in owned if t.name in ef})
+        self.strategy.load_outer_state_dict(state.outer)
         if fingerprint(self.model) != state.fingerprint:
             raise RuntimeError("restored model does not match its saved fingerprint")
         log.info("resumed at window %d (fingerprint %s)", state.window, state.fingerprint[:12])

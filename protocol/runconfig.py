@@ -136,9 +136,14 @@ class InnerOptimizerConfig(_Frozen):
 
 
 class OuterConfig(_Frozen):
-    """The SparseLoCo outer step: error feedback, its freeze period, the outer learning rate."""
+    """The outer step: its optimizer and learning rate; SparseLoCo's error feedback and freeze."""
 
-    alpha: float = Field(0.8, gt=0, le=2, description="outer learning rate")
+    optimizer: Literal["sgd", "nesterov"] = Field(
+        "sgd",
+        description="outer optimizer on the aggregate: plain SGD, or SGD with Nesterov momentum",
+    )
+    momentum: float = Field(0.9, ge=0, lt=1, description="Nesterov momentum (optimizer=nesterov)")
+    alpha: float = Field(0.8, gt=0, le=4, description="outer learning rate")
     beta: float = Field(0.95, ge=0, lt=1, description="error-feedback decay")
     ef_freeze_fraction: float = Field(
         0.05, ge=0, le=1, description="fraction of total_windows with error feedback frozen"
@@ -149,6 +154,12 @@ class OuterConfig(_Frozen):
     def ef_freeze_windows(self) -> int:
         """Number of leading windows during which error feedback is frozen."""
         return math.ceil(self.ef_freeze_fraction * self.total_windows)
+
+
+class DenseConfig(_Frozen):
+    """How a dense strategy (`diloco`) puts its pseudo-gradients on the wire."""
+
+    dtype: Literal["bf16", "fp32"] = Field("bf16", description="value type of dense updates")
 
 
 class TimingConfig(_Frozen):
@@ -211,7 +222,9 @@ class RunConfig(_Frozen):
     """Everything all peers of a run must share. Its content hash is the run id."""
 
     name: str = Field(pattern=_NAME_RE, description="human-readable run name")
-    strategy: str = Field("sparseloco", pattern=r"^[a-z0-9][a-z0-9-]{0,31}$")
+    strategy: Literal["sparseloco", "diloco"] = Field(
+        "sparseloco", description="what peers send and how it is applied (`node.strategy`)"
+    )
     preset_name: str = Field(pattern=_NAME_RE, description="model preset the shape came from")
     model: ModelConfig
     tokenizer: str = Field(pattern=_REF_RE)
@@ -230,6 +243,7 @@ class RunConfig(_Frozen):
     optimizer: InnerOptimizerConfig = InnerOptimizerConfig()
     outer: OuterConfig
     codec: CodecParams = CodecParams()
+    dense: DenseConfig = DenseConfig()
     codec_version: int = Field(CODEC_VERSION, ge=1)
     timing: TimingConfig
     gather_size: int = Field(ge=1, le=4096, description="peers aggregated per window")
@@ -375,7 +389,8 @@ class RunConfig(_Frozen):
 # -- presets --------------------------------------------------------------------------------
 # Shapes follow the LLaMA family: `1B` = Llama-3.2-1B, `8B` = Llama-3-8B, `70B` = Llama-3-70B
 # (max_seq_len kept at 8192 without RoPE scaling). `150M` is a GPT-2-vocabulary LLaMA-style model;
-# `tiny` trains on two CPU cores in minutes. Training values are starting points, not tuned.
+# `tiny` trains on two CPU cores in minutes. `tiny`'s SparseLoCo settings (k, α) are tuned with
+# `tessera bench train`; the larger presets follow the SparseLoCo paper (docs/training.md).
 
 _LLAMA3_VOCAB = 128256
 
@@ -407,7 +422,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "batch_size": 8,
         "inner_steps": 10,
         "optimizer": {"lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 20, "weight_decay": 0.1},
-        "outer": {"total_windows": 100},
+        "codec": {"k": 256},  # tuned with `tessera bench train` (docs/training.md)
+        "outer": {"total_windows": 100, "alpha": 2.0},
         "timing": {
             "block_time_s": 1.0,
             "blocks_per_window": 20,

@@ -24,11 +24,11 @@ from deploy.sim.layout import build_world
 from deploy.sim.processes import command
 from node.model.llama import build_model
 from node.runtime.commit import commitment_for
+from node.strategy import make_strategy
 from node.window.buckets import peer_buckets
 from node.window.exchange import check_update, encode_signed
 from node.window.gather import update_request
 from node.window.history import publish_aggregate
-from node.window.outer_step import window_mean
 from protocol.chain.local import LocalChain
 from protocol.chain.local_db import LocalChainDB, create_local_chain
 from protocol.commitment import render_commitment
@@ -198,7 +198,7 @@ def test_recycler_uploads_the_last_aggregate(world) -> None:
     publish_aggregate(stores[2], RUN, 3, 2, keys[2], data)
     recycled = adv_mod._recycled(make("recycler"), 4)
     assert recycled is not None
-    mean = window_mean(ups, RUN, SPEC)
+    mean = make_strategy(RUN, SPEC).mean(ups)
     assert _cos(_dense(recycled), mean) > 0.9
     assert abs(_cos(_dense(recycled), _dense(_honest(9)))) < 0.05  # unlike any other update
 
@@ -211,7 +211,7 @@ def test_recycler_of_unrelated_updates_keeps_what_top_k_can(world) -> None:
     recycled = adv_mod._recycled(make("recycler"), 6)
     assert recycled is not None
     # Top-k of the mean keeps about half of its ~2k entries per chunk: cosine ~ sqrt(energy kept)
-    assert _cos(_dense(recycled), window_mean(ups, RUN, SPEC)) > 0.6
+    assert _cos(_dense(recycled), make_strategy(RUN, SPEC).mean(ups)) > 0.6
 
 
 def _compressed(common: dict[str, torch.Tensor], noise: float, seed: int) -> list:

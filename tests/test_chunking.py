@@ -47,7 +47,13 @@ def test_groups_partition_the_tensor(case: tuple[ChunkLayout, CodecParams]) -> N
     for g in layout.groups:
         assert g.chunk_size <= params.chunk_size
         assert 1 <= g.k <= g.chunk_size
-        assert g.k == group_k(params.k, g.chunk_size, params.chunk_size)
+        short = len(layout.shape) == 1 and layout.numel < params.chunk_size
+        want = (
+            min(params.k, g.chunk_size)
+            if short
+            else group_k(params.k, g.chunk_size, params.chunk_size)
+        )
+        assert g.k == want
     # every element lands in exactly one chunk
     positions = torch.cat(
         [
@@ -140,3 +146,12 @@ def test_rejects_bad_input() -> None:
         layout.merge(layout.split(torch.zeros(5, 5))[:-1])
     with pytest.raises(ValueError):
         layout.flat_positions(0, torch.zeros(2, 2, dtype=torch.int64))
+
+
+def test_a_short_vector_keeps_min_k_n() -> None:
+    """A 128-element norm keeps k entries (not k * 128 / 4096 = 2), a 40-element one all 40; a
+    long vector's tail chunk keeps the proportional share."""
+    params = CodecParams(tile=64, k=64)
+    assert [g.k for g in ChunkLayout.for_shape((128,), params).groups] == [64]
+    assert [g.k for g in ChunkLayout.for_shape((40,), params).groups] == [40]
+    assert [g.k for g in ChunkLayout.for_shape((4096 + 128,), params).groups] == [64, 2]

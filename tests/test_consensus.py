@@ -17,6 +17,7 @@ from codec.compress import Compressor, SparseTensor
 from codec.spec import ModelSpec
 from node.model.fingerprint import fingerprint
 from node.model.llama import build_model
+from node.strategy import make_strategy
 from node.window.buckets import PeerBucket
 from node.window.consensus import Roster, agree, local_choice
 from node.window.exchange import check_update, encode_signed
@@ -30,7 +31,6 @@ from node.window.manifest import (
     publish_manifest,
     read_manifest,
 )
-from node.window.outer_step import apply_updates, window_mean
 from protocol.chain.models import Metagraph, Neuron
 from protocol.keys import create_hotkey
 from protocol.naming import applied_key
@@ -109,7 +109,7 @@ def _decide(store: object, keys: dict, applied: dict[int, bytes], start_fp: str)
 
 def _apply(updates: dict) -> str:
     model = build_model(RUN.model, RUN.seed)
-    apply_updates(model, {u: up.tensors for u, up in updates.items()}, RUN, SPEC)
+    make_strategy(RUN, SPEC).step(model, {u: up.tensors for u, up in updates.items()})
     return fingerprint(model)
 
 
@@ -226,7 +226,7 @@ def test_one_update_moves_the_model_at_most_the_median_norm(shared: dict) -> Non
     median = (norms[1] + norms[2]) / 2
     assert update_norm(scaled) > 4 * median
 
-    mean = window_mean(updates, RUN, SPEC)
+    mean = make_strategy(RUN, SPEC).mean(updates)
     # the honest updates clipped by hand (the largest honest one sits a little above the median)
     clipped = {u: _scaled(up, min(1.0, median / update_norm(up))) for u, up in honest.items()}
     honest_mean = aggregate(clipped, SPEC, RUN.codec)

@@ -91,7 +91,7 @@ def _tiny_window(ranks: Ranks) -> tuple[dict[str, torch.Tensor], float, list[Spa
     deltas = {t.name: torch.randn(t.shape, generator=gen) * 1e-3 for t in spec.tensors}
     compressor = Compressor(ranks.shard_of(spec), run.codec)
     mine = [compressor.compress(t.name, deltas[t.name], 0.9) for t in compressor.spec.tensors]
-    sparse = ranks.gather_sparse(mine, spec)
+    sparse = ranks.gather_pieces(mine, spec)
     weights = {n: p.detach().clone() for n, p in model.named_parameters()}
     return weights, inner.mean_loss, sparse
 

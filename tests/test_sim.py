@@ -39,6 +39,9 @@ def test_simulation_with_every_adversary(tmp_path: Path, monkeypatch: pytest.Mon
         if p["kind"] == "honest" and p["loss"]
     ]
     assert losses and losses[-1] < losses[0]
+    synced = [row["synced_loss"] for row in report["windows"]]  # the validator's model, held out
+    assert None not in synced and synced[-1] < synced[0]
+    assert all(row["ddp_loss"] is not None for row in report["windows"])
 
 
 @pytest.mark.slow
@@ -139,3 +142,49 @@ def test_the_verdict_fails_a_run_that_saved_a_non_finite_honest_model(tmp_path: 
     report = collect(world, codes, 1, 1, {})
     assert report.non_finite == [1]
     assert "non-finite in windows [1]" in verdict(world, report, codes)
+
+
+def test_the_report_scores_the_validators_replayed_model_and_ddp(tmp_path: Path) -> None:
+    """The loss plot's two curves: the validator's published history replayed window by window
+    (the same weights the live model reached) and DDP over the honest peers' tokens."""
+    import torch
+
+    from codec.spec import ModelSpec
+    from deploy.bench_train.engine import heldout_loss, heldout_set
+    from deploy.sim.baseline import HELDOUT_SAMPLES, ddp_losses, synced_losses
+    from deploy.sim.layout import build_world
+    from node.data.batches import open_run_dataset
+    from node.model.llama import build_model
+    from node.strategy import make_strategy
+    from node.window.exchange import encode_signed
+    from node.window.history import publish_aggregate
+    from protocol.keys import load_hotkey
+    from protocol.stores import open_store
+
+    world = build_world(tmp_path, 2, 1.0, 10, 2, [], "file")
+    run = world.run.model_copy(update={"inner_steps": 2})
+    world.run = run
+    validator = world.of_kind("validator")[0]
+    store = open_store(validator.store_url)
+    keys = {m.uid: load_hotkey("sim", m.name, root=tmp_path / "wallets") for m in world.members}
+    live = build_model(run.model, run.seed)
+    spec = ModelSpec.from_module(live)
+    strategy = make_strategy(run, spec)
+    _, dataset = open_run_dataset(run)
+    heldout = heldout_set(dataset, run.run_id, HELDOUT_SAMPLES)
+    gen = torch.Generator().manual_seed(0)
+    expected = {}
+    for w in range(2):
+        updates, raw = {}, {}
+        for m in world.of_kind("honest"):
+            grads = {
+                n: torch.randn(p.shape, generator=gen) * 1e-3 for n, p in live.named_parameters()
+            }
+            updates[m.uid] = make_strategy(run, spec).encode(grads, 10)
+            raw[m.uid] = encode_signed(updates[m.uid], run, spec, w, m.uid, keys[m.uid])
+        publish_aggregate(store, run, w, validator.uid, keys[validator.uid], raw)
+        strategy.step(live, updates)
+        expected[w] = heldout_loss(live, heldout)
+    assert synced_losses(world, [0, 1, 2]) == expected  # window 2 is not published: left out
+    ddp = ddp_losses(world, [0, 1])
+    assert sorted(ddp) == [0, 1] and ddp[1] < ddp[0]

@@ -14,8 +14,8 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from codec.aggregate import update_norm
 from codec.spec import ModelSpec
+from node.strategy import make_strategy
 from protocol.runconfig import RunConfig
 from validator.checks import Verdict, classify_fetch, in_sync, norm_verdicts
 from validator.config import ValidatorConfig
@@ -68,6 +68,7 @@ def check_window(
 ) -> dict[int, PeerCheck]:
     """Every registered peer's `PeerCheck` (keyed by uid)."""
     out: dict[int, PeerCheck] = {}
+    strategy = make_strategy(run, spec)  # norms and supports of the run's update kind
     for uid, hotkey in sorted(hotkeys.items()):
         up = uploads.get(uid)
         if up is None:
@@ -79,10 +80,10 @@ def check_window(
         if up.fetched.update is None:
             continue
         try:
-            out[uid].norm = update_norm(up.fetched.update.tensors)
+            out[uid].norm = strategy.norm(up.fetched.update.tensors)
             out[uid].sketch = sketch(
                 uid, window, up.fetched.update.digest, up.fetched.update.tensors,
-                spec, run.codec, cfg.sketch_size, salt,
+                spec, run.codec, cfg.sketch_size, salt, strategy.entries,
             )  # fmt: skip
         except Exception as exc:  # one bad peer never stops the window
             log.exception("window %d: checking uid %d failed", window, uid)

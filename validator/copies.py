@@ -47,15 +47,18 @@ against derivatives) is measured by `scripts/validator_separation.py` and stated
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
+from typing import Any
 
 import numpy as np
+import torch
 
 from codec.chunking import ChunkLayout
-from codec.compress import SparseTensor
 from codec.spec import CodecParams, ModelSpec
+from node.strategy.sparseloco import sparse_entries
 
 _GOLDEN, _M1, _M2 = (
     np.uint64(0x9E3779B97F4A7C15),
@@ -100,25 +103,27 @@ def sketch(
     uid: int,
     window: int,
     digest: bytes,
-    update: Sequence[SparseTensor],
+    update: Sequence[Any],
     spec: ModelSpec,
     params: CodecParams,
     size: int,
     salt: int,
+    entries: Callable[[Any], tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> Sketch:
-    """The (sub-sampled) global positions and values of one decoded update."""
+    """The (sub-sampled) global positions and values of one decoded update. ``entries`` maps a
+    piece of it to (flat positions, values) (`Strategy.entries`); by default a sparse piece's."""
     offsets, off = {}, 0
     for t in spec.tensors:
         offsets[t.name] = off
         off += t.numel
     rate = min(1.0, size / max(1, kept_per_update(spec, params)))
     pos_parts, val_parts = [], []
-    for sparse in update:
-        layout = sparse.layout(params)
-        for gi, (g, vals) in enumerate(zip(sparse.groups, sparse.values(), strict=True)):
-            flat = layout.flat_positions(gi, g.idx).reshape(-1).numpy().astype(np.uint64)
-            pos_parts.append(flat + np.uint64(offsets[sparse.name]))
-            val_parts.append(vals.reshape(-1).float().numpy())
+    for piece in update:
+        flat, vals = (entries or partial(sparse_entries, params=params))(piece)
+        pos_parts.append(
+            flat.reshape(-1).numpy().astype(np.uint64) + np.uint64(offsets[piece.name])
+        )
+        val_parts.append(vals.reshape(-1).float().numpy())
     pos = np.concatenate(pos_parts) if pos_parts else np.zeros(0, np.uint64)
     val = np.concatenate(val_parts) if val_parts else np.zeros(0, np.float32)
     if rate < 1.0:

@@ -10,7 +10,7 @@
 4. score the updates that passed against the model at the start of the window (`scoring`), on
    samples drawn from the window's secret, committed to before the window (`reveal`);
 5. update ratings, EMAs and penalties (`ratings`);
-6. take the window's one outer step (`node.window.outer_step`) and publish our fingerprint;
+6. take the window's one outer step (`node.strategy`) and publish our fingerprint;
 7. every M windows set weights on chain (`weights`);
 8. publish the score report (revealing the window's secret), the commitment of a later window,
    and every N windows a checkpoint and the run config;
@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from substrateinterface import Keypair
 
-from codec.aggregate import clip_factors, update_norm
+from codec.aggregate import clip_factors
 from codec.spec import ModelSpec
 from node.data.batches import open_run_dataset
 from node.model.fingerprint import fingerprint
@@ -38,6 +38,7 @@ from node.model.llama import build_model
 from node.runtime.clock import ChainClock
 from node.runtime.report_log import REPORTS, append_line
 from node.runtime.retention import prune_own_bucket
+from node.strategy import make_strategy
 from node.window.consensus import Agreement, Roster, wait_for_manifest, window_roster
 from node.window.history import (
     catch_up_any,
@@ -46,7 +47,6 @@ from node.window.history import (
     publish_checkpoint,
     resync,
 )
-from node.window.outer_step import apply_updates
 from protocol.chain.base import Chain
 from protocol.chain.errors import NotRegistered
 from protocol.naming import fingerprint_key, run_prefix, scores_key
@@ -104,6 +104,7 @@ class Validator:
         self.clock = ChainClock(chain, run)
         self.model = build_model(run.model, run.seed).to(self.device)
         self.spec = ModelSpec.from_module(self.model)
+        self.strategy = make_strategy(run, self.spec, self.device)
         _, self.dataset = open_run_dataset(run)
         uid = chain.uid_of(keypair.ss58_address)
         if uid is None:
@@ -189,7 +190,7 @@ class Validator:
             log.warning("window %d: forked from the lead validator: resyncing", window)
             sources, peers = history_sources(self.chain, self.local_root)
             resync(
-                self.model, self.run, self.spec, [s for s in sources if s.uid != self.uid], peers,
+                self.model, self.strategy, [s for s in sources if s.uid != self.uid], peers,
                 window, agreed.manifest.fingerprint_start,
             )  # fmt: skip
         try:  # our own history: the exact bytes we applied
@@ -248,10 +249,10 @@ class Validator:
             if mine is None or mine.digest != up.digest:  # the lead's copy, not ours
                 mine = sketch(
                     u, window, up.digest, up.tensors, self.spec, self.run.codec,
-                    self.cfg.sketch_size, self.salt,
+                    self.cfg.sketch_size, self.salt, self.strategy.entries,
                 )  # fmt: skip
             members.append(mine)
-        factors = clip_factors([update_norm(agreed.updates[u].tensors) for u in uids])
+        factors = clip_factors([self.strategy.norm(agreed.updates[u].tensors) for u in uids])
         return aggregate_sketch(window, members, [f / len(uids) for f in factors])
 
     def _scoring_deadline(self, window: int) -> float:
@@ -261,9 +262,9 @@ class Validator:
         return time.monotonic() + blocks * self.run.timing.block_time_s
 
     def _outer_step(self, agreed: Agreement) -> None:
-        """The window's one outer step (`node.window.outer_step`), as every peer takes it."""
+        """The window's one outer step (`node.strategy`), as every peer takes it."""
         updates = {u: up.tensors for u, up in agreed.updates.items()}
-        apply_updates(self.model, updates, self.run, self.spec, self.device)
+        self.strategy.step(self.model, updates)
         self.fingerprint = fingerprint(self.model)
 
     def _maybe_set_weights(self, window: int, weights: dict[int, float]) -> str:
@@ -299,7 +300,8 @@ class Validator:
         if (window + 1) % self.cfg.checkpoint_every == 0:
             steps.append(("run config", self._publish_run_config))
             steps.append(("checkpoint", lambda: publish_checkpoint(
-                self.store, self.run, window + 1, uid, self.keypair, self.model)))  # fmt: skip
+                self.store, self.run, window + 1, uid, self.keypair, self.model,
+                outer=self.strategy.outer_state_dict())))  # fmt: skip
         for what, step in steps:
             try:
                 step()
@@ -334,6 +336,7 @@ class Validator:
                 records=self.book.records,
                 sketches=self.history.entries(),
                 reveal_key=self.reveal_key,
+                outer=self.strategy.outer_state_dict(),
             ),
         )
 
@@ -344,7 +347,7 @@ class Validator:
         if window == 0:
             return 0
         sources, peers = history_sources(self.chain, self.local_root)
-        reached = catch_up_any(self.model, self.run, self.spec, sources, peers, 0, window)
+        reached = catch_up_any(self.model, self.strategy, sources, peers, 0, window)
         log.info("started mid-run: model rebuilt from published history up to window %d", reached)
         return reached
 
@@ -365,6 +368,7 @@ class Validator:
             self._commit_ahead()
             return
         self.model.load_state_dict(state.model)
+        self.strategy.load_outer_state_dict(state.outer)
         if fingerprint(self.model) != state.fingerprint:
             raise RuntimeError("restored model does not match its saved fingerprint")
         self.next_window, self.fingerprint, self.salt = state.window, state.fingerprint, state.salt

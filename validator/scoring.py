@@ -54,8 +54,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from codec.compress import SparseTensor, scatter_add
+from codec.compress import SparseTensor
+from codec.spec import ModelSpec
 from node.data.dataset import Dataset
+from node.strategy import make_strategy
 from protocol.runconfig import RunConfig
 from validator.config import ValidatorConfig
 from validator.reveal import SampleReveal, own_slots
@@ -216,6 +218,7 @@ class LossProbe:
     ) -> None:
         self.model, self.run, self.dataset, self.window = model, run, dataset, window
         self.reveal, self.cfg, self.device = reveal, cfg, device
+        self.strategy = make_strategy(run, ModelSpec.from_module(model), device)
         self.eta = cfg.score_scale * run.outer.alpha
         self.target = reference_norm(norms)
         self.members = [
@@ -251,8 +254,8 @@ class LossProbe:
         ref = {k: torch.zeros_like(p) for k, p in params.items()}
         for uid in self.members:
             f = self._factor(norms[uid]) / len(self.members)
-            for sparse in reference[uid]:
-                scatter_add(ref[sparse.name], sparse, self.run.codec, f)
+            for piece in reference[uid]:
+                self.strategy.add_into(ref[piece.name], piece, f)
         return ref
 
     def _stepped(
@@ -267,8 +270,8 @@ class LossProbe:
                     for name, delta in step.items():
                         params[name].sub_(delta)
                 elif step is not None:
-                    for sparse in step:
-                        scatter_add(params[sparse.name].data, sparse, self.run.codec, -factor)
+                    for piece in step:
+                        self.strategy.add_into(params[piece.name].data, piece, -factor)
             return [self._rows(b) for b in batches]
         finally:
             with torch.no_grad():

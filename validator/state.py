@@ -1,7 +1,7 @@
 """The validator's state, saved atomically after every window and restored on restart.
 
 One file, ``validator.pt`` (the previous one kept as ``validator.prev.pt``): the model at the start
-of the next window and its fingerprint, the per-peer records (`validator.ratings.PeerRecord`, as
+of the next window, its fingerprint and the strategy's outer state (`node.strategy`), the per-peer records (`validator.ratings.PeerRecord`, as
 JSON), the copy-detection history and its secret salt, and the key the evaluation secrets are
 derived from (`validator.reveal`: a restart must reveal the secrets it committed to). Written to a temporary file, fsynced and
 renamed (`node.runtime.atomic_files`), so a crash leaves the old state or the new one.
@@ -35,6 +35,7 @@ class ValidatorState:
     records: dict[int, PeerRecord] = field(default_factory=dict)
     sketches: list[Sketch] = field(default_factory=list)
     reveal_key: bytes = b""  # empty in states written before commit-reveal
+    outer: dict[str, torch.Tensor] = field(default_factory=dict)  # the strategy's outer state
 
 
 def _encode(state: ValidatorState) -> dict[str, Any]:
@@ -46,6 +47,7 @@ def _encode(state: ValidatorState) -> dict[str, Any]:
         "fingerprint": state.fingerprint,
         "salt": str(state.salt),
         "reveal_key": state.reveal_key.hex(),
+        "outer": state.outer,
         "records": json.dumps({str(u): r.model_dump() for u, r in state.records.items()}),
         "sketches": [
             {
@@ -68,6 +70,7 @@ def _decode(raw: dict) -> ValidatorState:
         fingerprint=raw["fingerprint"],
         salt=int(raw["salt"]),
         reveal_key=bytes.fromhex(raw.get("reveal_key", "")),
+        outer=raw.get("outer", {}),
         records={int(u): PeerRecord(**r) for u, r in json.loads(raw["records"]).items()},
         sketches=[
             Sketch(

@@ -151,8 +151,8 @@ def _recycled(adv: Adversary, window: int) -> list[SparseTensor] | None:
 
 def _published_mean(adv: Adversary, window: int) -> dict[str, torch.Tensor] | None:
     """The dense mean of the updates a validator published as `window`'s aggregate, if any."""
+    from node.strategy import make_strategy
     from node.window.history import HistoryError, history_sources, read_aggregate
-    from node.window.outer_step import window_mean
 
     sources, peers = history_sources(adv.chain, adv.local_root)
     for source in sources:
@@ -160,7 +160,7 @@ def _published_mean(adv: Adversary, window: int) -> dict[str, torch.Tensor] | No
             updates = read_aggregate(source, adv.run, adv.spec, window, peers)
         except (HistoryError, StoreError):
             continue
-        return window_mean(updates, adv.run, adv.spec)
+        return make_strategy(adv.run, adv.spec).mean(updates)
     return None
 
 

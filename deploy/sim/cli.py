@@ -1,8 +1,9 @@
 """`tessera sim`: chain, storage, N honest peers, adversaries and a validator on one machine.
 
 The whole run, top to bottom: build the world (run config, embedded chain, wallets, buckets),
-start one process per member, supervise them, train the AdamW baseline on the same tokens, then
-write `report.json` and `report.html` and print a summary. Exits non-zero when an honest model
+start one process per member, supervise them, replay the validator's published history to score
+its synchronised model on held-out data, train a DDP baseline on the same tokens, then write
+`report.json` and `report.html` and print a summary. Exits non-zero when an honest model
 becomes non-finite, when honest peers (or the validator) end up with different models, or when
 the validator or an honest peer fails.
 """
@@ -35,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--blocks-per-window", type=int, default=30)
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before giving up")
     parser.add_argument("--force", action="store_true", help="replace an existing --out folder")
-    parser.add_argument("--no-baseline", action="store_true", help="skip the AdamW baseline")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the DDP baseline")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -96,7 +97,7 @@ def _report(
     world: World, exit_codes: dict[str, int | None], args: argparse.Namespace, console: Console
 ) -> int:
     from codec.chunking import ChunkLayout
-    from deploy.sim.baseline import adamw_baseline
+    from deploy.sim.baseline import ddp_losses, synced_losses
     from deploy.sim.collect import collect
     from deploy.sim.html import render
     from node.model.llama import build_model
@@ -107,10 +108,9 @@ def _report(
     kept = sum(
         ChunkLayout.for_shape(tuple(p.shape), run_cfg.codec).n_values for p in model.parameters()
     )
-    honest = [m for m in world.members if m.kind == "honest"]
     windows = _windows_done(world)
-    baseline = {} if args.no_baseline else adamw_baseline(run_cfg, [m.uid for m in honest], windows)
-    report = collect(world, exit_codes, dense, kept, baseline)
+    baseline = {} if args.no_baseline else ddp_losses(world, windows)
+    report = collect(world, exit_codes, dense, kept, baseline, synced_losses(world, windows))
     (world.out / "report.json").write_text(report.model_dump_json(indent=2))
     summary = _summary(report)
     (world.out / "report.html").write_text(render(report, summary))
@@ -150,6 +150,10 @@ def _windows_done(world: World) -> list[int]:
     return [r["window"] for r in read_json_lines(world.of_kind("honest")[0].state_dir / REPORTS)]
 
 
+def _loss(x: float | None) -> str:
+    return f"{x:.4f}" if x is not None else "–"
+
+
 def _summary(r: SimReport) -> list[tuple[str, str]]:
     weights, rules = r.final_weights, r.final_rules()
     honest = sum(w for n, w in weights.items() if n.startswith("peer"))
@@ -179,10 +183,14 @@ def _summary(r: SimReport) -> list[tuple[str, str]]:
             "honest weight spread, window 3 on",
             f"±{spread:.1%}" if (spread := r.honest_spread()) is not None else "–",
         ),
-        ("final honest loss (mean)", f"{sum(losses) / len(losses):.4f}" if losses else "–"),
+        ("final honest inner loss (mean)", f"{sum(losses) / len(losses):.4f}" if losses else "–"),
+        ("final held-out loss, validator's model", _loss(last.synced_loss if last else None)),
+        ("final held-out loss, DDP (same tokens)", _loss(last.ddp_loss if last else None)),
         (
-            "final baseline loss",
-            f"{last.baseline_loss:.4f}" if last and last.baseline_loss else "–",
+            "validator's model / DDP",
+            f"{last.synced_loss / last.ddp_loss:.3f}"
+            if last and last.synced_loss and last.ddp_loss
+            else "–",
         ),
         ("bytes per update (mean)", f"{sum(ups) / len(ups):,.0f}" if ups else "–"),
         ("dense fp32 update", f"{r.dense_bytes:,}"),

@@ -30,7 +30,8 @@ class PeerWindow(BaseModel):
 
 class WindowRow(BaseModel):
     window: int
-    baseline_loss: float | None = None
+    synced_loss: float | None = None  # held-out loss of the validator's model after the window
+    ddp_loss: float | None = None  # held-out loss of DDP on the honest peers' tokens
     validator_fingerprint: str | None = None
     peers: list[PeerWindow]
 
@@ -69,7 +70,8 @@ def collect(
     exit_codes: dict[str, int | None],
     dense_bytes: int,
     kept: int,
-    baseline: dict[int, float],
+    ddp: dict[int, float],
+    synced: dict[int, float] | None = None,
 ) -> SimReport:
     peer_logs = {
         m.name: {r["window"]: r for r in read_json_lines(m.state_dir / REPORTS)}
@@ -106,7 +108,11 @@ def collect(
         fp = scores.get(w, {}).get("fingerprint_end")
         rows.append(
             WindowRow(
-                window=w, baseline_loss=baseline.get(w), validator_fingerprint=fp, peers=peers
+                window=w,
+                synced_loss=(synced or {}).get(w),
+                ddp_loss=ddp.get(w),
+                validator_fingerprint=fp,
+                peers=peers,
             )
         )
     trained = [r for r in rows if any(p.kind == "honest" and p.loss for p in r.peers)]

@@ -36,11 +36,19 @@ def _lines(ax: plt.Axes, series: dict[str, tuple[list[int], list[float]]]) -> No
 
 
 def loss_plot(ax: plt.Axes, r: SimReport) -> None:
-    _lines(ax, {k: v for k, v in _series(r, "loss").items() if "honest" in k})
-    base = [(row.window, row.baseline_loss) for row in r.windows if row.baseline_loss is not None]
-    if base:
-        ax.plot(*zip(*base, strict=True), color="black", lw=2, label="AdamW baseline (same tokens)")
-    ax.set(title="Inner loss per window", xlabel="window", ylabel="loss")
+    """The synchronised model's held-out loss beside DDP's; the peers' inner losses faintly."""
+    for label, (xs, ys) in sorted(_series(r, "loss").items()):
+        if "honest" in label:
+            ax.plot(xs, ys, lw=0.8, alpha=0.35, ls=":", label=f"{label}: inner loss")
+    for field, style, label in (
+        ("synced_loss", {"color": "tab:blue", "lw": 2.5}, "validator's model (held-out)"),
+        ("ddp_loss", {"color": "black", "lw": 2}, "DDP, same tokens (held-out)"),
+    ):
+        pts = [(row.window, getattr(row, field)) for row in r.windows]
+        pts = [(w, v) for w, v in pts if v is not None]
+        if pts:
+            ax.plot(*zip(*pts, strict=True), marker="o", ms=3, label=label, **style)
+    ax.set(title="Held-out loss of the synchronised model", xlabel="window", ylabel="loss")
 
 
 def bytes_plot(ax: plt.Axes, r: SimReport) -> None:

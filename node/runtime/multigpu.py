@@ -8,9 +8,9 @@ identically; `Ranks` is what `node.peer.Peer` asks at the few points where ranks
 - inner steps: the model is wrapped in DDP (`wrap`) and every inner step's batch is split into
   N contiguous, equal row slices (`local_rows`), so the gradient DDP averages is the 1-device
   batch gradient (same math, another summation order);
-- compression: each rank keeps error-feedback buffers and runs EF + Top-k + quantization only
-  for its share of the tensors (`shard_of`, balanced by element count, deterministic);
-- `gather_sparse` brings the compressed shares to rank 0, which alone encodes, signs, uploads,
+- encoding: each rank keeps the strategy's local state (SparseLoCo's error feedback) and encodes
+  only its share of the tensors (`shard_of`, balanced by element count, deterministic);
+- `gather_pieces` brings the encoded shares to rank 0, which alone encodes, signs, uploads,
   fetches and decodes the other peers' updates and aggregates them; `broadcast_aggregate` sends
   the dense mean to every rank so they all take the identical outer step;
 - rank 0 alone publishes the fingerprint and writes ``state.pt``; every other rank saves its EF
@@ -45,6 +45,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from codec.compress import SparseGroup, SparseTensor
+from codec.dense import DenseTensor
 from codec.spec import ModelSpec
 from node.model.train import InnerResult
 from protocol.runconfig import RunConfig
@@ -101,8 +102,8 @@ class Ranks:
         """The whole peer's inner result: mean losses, all tokens, the slowest rank's time."""
         return result
 
-    def gather_sparse(self, local: list[SparseTensor], spec: ModelSpec) -> list[SparseTensor]:
-        """Every rank's compressed tensors on rank 0, in spec order; [] on the other ranks."""
+    def gather_pieces(self, local: list[Any], spec: ModelSpec) -> list[Any]:
+        """Every rank's encoded tensors on rank 0, in spec order; [] on the other ranks."""
         return local
 
     def broadcast_aggregate(
@@ -153,7 +154,7 @@ class DistributedRanks(Ranks):
             losses=losses, tokens=sum(p[1] for p in parts), seconds=max(p[2] for p in parts)
         )
 
-    def gather_sparse(self, local: list[SparseTensor], spec: ModelSpec) -> list[SparseTensor]:
+    def gather_pieces(self, local: list[Any], spec: ModelSpec) -> list[Any]:
         parts: list[Any] = [None] * self.world if self.is_main else []
         dist.gather_object([_to_cpu(s) for s in local], parts if self.is_main else None, dst=0)
         if not self.is_main:
@@ -186,9 +187,13 @@ class DistributedRanks(Ranks):
             dist.destroy_process_group()
 
 
-def _to_cpu(sparse: SparseTensor) -> SparseTensor:
-    groups = [SparseGroup(g.idx.cpu(), g.codes.cpu(), g.scales.cpu()) for g in sparse.groups]
-    return replace(sparse, groups=groups, codebook=sparse.codebook.cpu())
+def _to_cpu(piece: Any) -> Any:
+    if isinstance(piece, DenseTensor):
+        return replace(piece, values=piece.values.cpu())
+    if not isinstance(piece, SparseTensor):
+        raise TypeError(f"cannot move a {type(piece).__name__} between ranks")
+    groups = [SparseGroup(g.idx.cpu(), g.codes.cpu(), g.scales.cpu()) for g in piece.groups]
+    return replace(piece, groups=groups, codebook=piece.codebook.cpu())
 
 
 def init_ranks(device: str, run: RunConfig) -> tuple[Ranks, torch.device]:

@@ -1,7 +1,7 @@
 """The peer's local state, saved atomically after every window and restored after any crash.
 
-One file, `state.pt`, holds the model, the inner optimizer, the error-feedback buffers and the
-next window to train. It is written to a temporary file, fsynced and renamed over the old one, so
+One file, `state.pt`, holds the model, the inner optimizer, the strategy's local state (error
+feedback) and outer-optimizer state (`node.strategy`), and the next window to train. It is written to a temporary file, fsynced and renamed over the old one, so
 a `kill -9` at any moment leaves either the previous window's state or the new one, never a torn
 file. The previous file is kept as `state.prev.pt` in case the newest is ever unreadable.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import io
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ class PeerState:
     optimizer: dict[str, Any]
     error_feedback: dict[str, torch.Tensor]
     fingerprint: str
+    outer: dict[str, torch.Tensor] = field(default_factory=dict)  # e.g. Nesterov momentum
 
 
 def save_rotating(current: Path, previous: Path, body: dict[str, Any]) -> Path:

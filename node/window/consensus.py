@@ -15,7 +15,7 @@ The rule (reasoning and attacks in docs/consensus.md):
    lead's hotkey and every entry is a selected uid with the roster's hotkey. Each entry's bytes
    are the node's own fetched copy when its digest matches, else the copy in the lead's aggregate
    object; every update is then verified and decoded strictly (`check_update`) and the window
-   takes the one outer step (`node.window.outer_step`). The lead can leave updates out (censor);
+   takes the one outer step (`node.strategy`). The lead can leave updates out (censor);
    it cannot put in anything a selected peer did not sign, nor move the model further than the
    outer step's bounds allow.
 4. **Without a manifest** by ``fetch_budget_s + manifest_wait_s`` after the gather point, a node
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from codec.spec import ModelSpec
-from codec.wire import DecodedUpdate
+from node.strategy.base import Decoded
 from node.window.buckets import PeerBucket, buckets_from
 from node.window.exchange import check_update
 from node.window.gather import Fetched
@@ -146,12 +146,12 @@ def resolve(
     lead_copies: Callable[[], Mapping[int, bytes]],
     run: RunConfig,
     spec: ModelSpec,
-) -> dict[int, DecodedUpdate]:
+) -> dict[int, Decoded]:
     """Every manifest entry's verified update: our own copy when its digest matches, else the
     lead's copy (`lead_copies` is called at most once). `ManifestError` if any entry cannot be
     resolved to bytes with its digest that verify and decode."""
     check_manifest(manifest, roster)
-    out: dict[int, DecodedUpdate] = {}
+    out: dict[int, Decoded] = {}
     theirs: Mapping[int, bytes] | None = None
     for e in manifest.entries:
         own = fetched.get(e.uid)
@@ -170,7 +170,7 @@ def resolve(
     return out
 
 
-def local_choice(roster: Roster, fetched: Mapping[int, Fetched]) -> dict[int, DecodedUpdate]:
+def local_choice(roster: Roster, fetched: Mapping[int, Fetched]) -> dict[int, Decoded]:
     """The fallback without a manifest: our own verified copies of the selected updates."""
     return {
         uid: fetched[uid].update  # type: ignore[misc]
@@ -183,7 +183,7 @@ def local_choice(roster: Roster, fetched: Mapping[int, Fetched]) -> dict[int, De
 class Agreement:
     """What a node applies for a window, and how it got there."""
 
-    updates: dict[int, DecodedUpdate]
+    updates: dict[int, Decoded]
     manifest: WindowManifest | None
     forked: bool  # our model at the start of the window differs from the lead validator's
     note: str  # "manifest of validator uid N" | why we fell back to our own choice

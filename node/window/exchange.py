@@ -8,13 +8,14 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from substrateinterface import Keypair
 
-from codec.compress import SparseTensor
 from codec.errors import DecodeError
 from codec.spec import ModelSpec
-from codec.wire import DecodedUpdate, decode_update, encode_update, header_digest, read_header
+from node.strategy import make_strategy
+from node.strategy.base import Decoded
 from protocol.naming import update_key
 from protocol.runconfig import RunConfig
 from protocol.signing import sign_update, verify_update
@@ -31,26 +32,22 @@ class Published:
 
 
 def max_update_bytes(spec: ModelSpec, run: RunConfig) -> int:
-    """A generous cap on a legitimate update's size: 32 bits per kept entry, plus 1 MiB."""
-    kept = spec.numel * run.codec.k // run.codec.chunk_size + len(spec.tensors) * run.codec.k
-    return 4 * kept + (1 << 20)
+    """A generous cap on a legitimate update's size under the run's strategy."""
+    return make_strategy(run, spec).max_update_bytes()
 
 
 def encode_signed(
-    sparse: Sequence[SparseTensor],
+    update: Sequence[Any],
     run: RunConfig,
     spec: ModelSpec,
     window: int,
     uid: int,
     keypair: Keypair,
 ) -> bytes:
+    """Our update (every tensor of the spec, in spec order) as signed wire bytes."""
     meta = {"run_id": run.run_id, "window": window, "uid": uid, "hotkey": keypair.ss58_address}
-    return encode_update(
-        sparse,
-        run.codec,
-        spec,
-        meta=meta,
-        sign=lambda digest: sign_update(keypair, run.run_id, window, uid, digest),
+    return make_strategy(run, spec).to_bytes(
+        update, meta, lambda digest: sign_update(keypair, run.run_id, window, uid, digest)
     )
 
 
@@ -65,18 +62,22 @@ def publish(
 
 def check_update(
     data: bytes, peer_uid: int, peer_hotkey: str, run: RunConfig, spec: ModelSpec, window: int
-) -> DecodedUpdate:
+) -> Decoded:
     """Authenticate, then strictly decode one peer's bytes; `SignatureError`/`DecodeError` if not.
 
     Verify first: only the (bounded) header is parsed before the signature, which covers the
     header and through its payload digest the payload, is checked; the payload is decoded only
-    for an update its peer really signed for this run, window and uid.
+    for an update its peer really signed for this run, window and uid. The wire format is the
+    run's strategy's (`node.strategy`): another strategy's bytes fail at the frame.
     """
-    cap = max_update_bytes(spec, run)
-    header, _ = read_header(data, max_bytes=cap)
+    strategy = make_strategy(run, spec)
+    cap = strategy.max_update_bytes()
+    header = strategy.read_header(data, cap)
     expected = {"run_id": run.run_id, "window": window, "uid": peer_uid, "hotkey": peer_hotkey}
     for field, value in expected.items():
         if header.meta.get(field) != value:
             raise DecodeError(f"update meta {field}={header.meta.get(field)!r}, expected {value!r}")
-    verify_update(peer_hotkey, header.sig, run.run_id, window, peer_uid, header_digest(header))
-    return decode_update(data, spec, run.codec, max_bytes=cap)
+    verify_update(
+        peer_hotkey, header.sig, run.run_id, window, peer_uid, strategy.signed_digest(header)
+    )
+    return strategy.decode(data, cap)

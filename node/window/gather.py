@@ -20,7 +20,7 @@ from datetime import datetime
 
 from codec.errors import DecodeError
 from codec.spec import ModelSpec
-from codec.wire import DecodedUpdate
+from node.strategy.base import Decoded
 from node.window.buckets import PeerBucket
 from node.window.exchange import check_update, max_update_bytes
 from node.window.manifest import bytes_digest
@@ -38,7 +38,7 @@ class Fetched:
     """One peer's update for a window, or why we could not use it."""
 
     uid: int
-    update: DecodedUpdate | None
+    update: Decoded | None
     reason: str
     data: bytes | None = None  # the exact bytes, kept only when they verified and decoded
     last_modified: datetime | None = None

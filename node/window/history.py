@@ -5,9 +5,14 @@ A validator publishes, in its own bucket:
 * per window, an **aggregate** object: the exact wire bytes of every update that window applied
   (each still signed by its own peer), signed by the validator, so a node that replays it
   re-verifies and re-aggregates them and lands on bit-identical weights;
-* every few windows, a **checkpoint** (safetensors of the weights at the *start* of a window) and
-  its **manifest** (run id, window, size, SHA-256), signed by the validator and written after the
-  checkpoint, so a manifest never points at a missing file.
+* every few windows, a **checkpoint** (safetensors of the weights at the *start* of a window, and
+  of the strategy's outer-optimizer state under ``outer/`` names, e.g. Nesterov momentum, so a
+  replay from it continues bit for bit) and its **manifest** (run id, window, size, SHA-256),
+  signed by the validator and written after the checkpoint, so a manifest never points at a
+  missing file.
+
+Replaying takes the window's one outer step through the run's strategy (`node.strategy`), which
+carries the outer state along; callers pass the strategy that belongs to the model they replay.
 
 Everything read here is hostile. Sizes are capped from the run config (`HistoryCaps`), never from
 what a publisher claims; every field is type-checked before it is hashed, converted or used to
@@ -21,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,9 +41,9 @@ from codec.errors import DecodeError
 from codec.spec import ModelSpec
 from node.model.fingerprint import fingerprint
 from node.model.llama import build_model
+from node.strategy import Strategy, make_strategy
 from node.window.buckets import peer_buckets
 from node.window.exchange import check_update, max_update_bytes
-from node.window.outer_step import apply_updates
 from protocol.chain.base import Chain
 from protocol.naming import ObjectKind, aggregate_key, checkpoint_key, manifest_key, parse_key
 from protocol.runconfig import RunConfig
@@ -48,6 +54,7 @@ log = logging.getLogger(__name__)
 
 MANIFEST_CAP = 4096
 SAFETENSORS_SLACK = 1 << 20  # header: names, dtypes, shapes and offsets of every tensor
+OUTER_PREFIX = "outer/"  # checkpoint names of the outer optimizer's state
 
 
 class HistoryError(RuntimeError):
@@ -72,8 +79,9 @@ class HistoryCaps:
 
     @classmethod
     def of(cls, run: RunConfig, spec: ModelSpec) -> HistoryCaps:
+        outer = sum(math.prod(s) for s in make_strategy(run, spec).outer_shapes().values())
         return cls(
-            checkpoint=4 * spec.numel + SAFETENSORS_SLACK,
+            checkpoint=4 * (spec.numel + outer) + SAFETENSORS_SLACK,
             aggregate=run.gather_size * (max_update_bytes(spec, run) + 64) + 4096,
         )
 
@@ -106,9 +114,13 @@ def publish_checkpoint(
     uid: int,
     keypair: Keypair,
     model: torch.nn.Module,
+    *,
+    outer: Mapping[str, torch.Tensor],
 ) -> str:
-    """Publish the weights at the start of `window`, then their signed manifest."""
+    """Publish the weights at the start of `window` with the outer optimizer's state there
+    (`Strategy.outer_state_dict`), then their signed manifest."""
     params = {k: v.detach().cpu().contiguous() for k, v in model.named_parameters()}  # tied once
+    params |= {OUTER_PREFIX + k: v.detach().cpu().contiguous() for k, v in outer.items()}
     data = save_safetensors(params)
     store.put(checkpoint_key(run.run_id, window, uid, keypair.ss58_address), data)
     body = {
@@ -232,8 +244,10 @@ def _read_manifest(source: Source, run: RunConfig, window: int) -> dict:
 
 
 def _load_checkpoint(
-    source: Source, run: RunConfig, spec: ModelSpec, window: int
-) -> dict[str, torch.Tensor]:
+    source: Source, strategy: Strategy, window: int
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(weights, outer state) of a verified checkpoint that fits this model and strategy."""
+    run, spec = strategy.run, strategy.spec
     manifest = _read_manifest(source, run, window)
     cap = HistoryCaps.of(run, spec).checkpoint
     if not 0 < manifest["bytes"] <= cap:
@@ -242,23 +256,28 @@ def _load_checkpoint(
     if len(data) != manifest["bytes"] or hashlib.sha256(data).hexdigest() != manifest["sha256"]:
         raise HistoryError(f"checkpoint of window {window} does not match its manifest")
     try:
-        weights = load_safetensors(data)
+        tensors = load_safetensors(data)
     except Exception as exc:  # safetensors raises its own error types on garbage
         raise HistoryError(f"checkpoint of window {window} is not safetensors") from exc
     shapes = {t.name: tuple(t.shape) for t in spec.tensors}
-    if {n: tuple(w.shape) for n, w in weights.items()} != shapes:
+    outer_shapes = {OUTER_PREFIX + k: s for k, s in strategy.outer_shapes().items()}
+    got = {n: tuple(w.shape) for n, w in tensors.items()}
+    if got not in (shapes, shapes | outer_shapes):  # no outer state yet: before the first step
         raise HistoryError(f"checkpoint of window {window} does not fit this model")
-    if any(w.dtype != torch.float32 or not torch.isfinite(w).all() for w in weights.values()):
+    if any(w.dtype != torch.float32 or not torch.isfinite(w).all() for w in tensors.values()):
         raise HistoryError(f"checkpoint of window {window} holds non-float32 or non-finite values")
-    return weights
+    weights = {n: w for n, w in tensors.items() if n in shapes}
+    outer = {n[len(OUTER_PREFIX) :]: w for n, w in tensors.items() if n in outer_shapes}
+    return weights, outer
 
 
 def latest_checkpoint(
-    source: Source, run: RunConfig, spec: ModelSpec, at_most: int
-) -> tuple[int, dict[str, torch.Tensor]] | None:
-    """The newest verified checkpoint of this source starting at a window <= `at_most`."""
+    source: Source, strategy: Strategy, at_most: int
+) -> tuple[int, dict[str, torch.Tensor], dict[str, torch.Tensor]] | None:
+    """The newest verified checkpoint of this source starting at a window <= `at_most`:
+    (window, weights, outer state)."""
     windows = []
-    for info in source.store.list(f"{run.run_id}/"):
+    for info in source.store.list(f"{strategy.run.run_id}/"):
         try:
             key = parse_key(info.key)
         except ValueError:
@@ -267,7 +286,7 @@ def latest_checkpoint(
             windows.append(key.window)
     for window in sorted(windows, reverse=True):
         try:
-            return window, _load_checkpoint(source, run, spec, window)
+            return window, *_load_checkpoint(source, strategy, window)
         except (HistoryError, StoreError) as exc:
             log.warning("checkpoint of window %d unusable: %s", window, exc)
     return None
@@ -282,16 +301,33 @@ def _load(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> None:
             p.copy_(weights[n])
 
 
+@dataclass(frozen=True)
+class _Saved:
+    """A model's weights and its strategy's outer state, to put back after a failed attempt."""
+
+    weights: dict[str, torch.Tensor]
+    outer: dict[str, torch.Tensor]
+
+    @classmethod
+    def of(cls, model: torch.nn.Module, strategy: Strategy) -> _Saved:
+        weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+        return cls(weights, strategy.outer_state_dict())
+
+    def restore(self, model: torch.nn.Module, strategy: Strategy) -> None:
+        _load(model, self.weights)
+        strategy.load_outer_state_dict(self.outer)
+
+
 def catch_up(
     model: torch.nn.Module,
-    run: RunConfig,
-    spec: ModelSpec,
+    strategy: Strategy,
     source: Source,
     peers: Mapping[int, str],
     from_window: int,
     to_window: int,
 ) -> int:
-    """Bring `model` from the start of `from_window` towards the start of `to_window`.
+    """Bring `model` (and `strategy`'s outer state) from the start of `from_window` towards the
+    start of `to_window`.
 
     Loads a newer checkpoint when one helps, then replays the published aggregates in order,
     stopping early at the first one not published yet. Returns the window the model is now at.
@@ -299,21 +335,24 @@ def catch_up(
     restore it before trying another source).
     """
     try:
-        ckpt = latest_checkpoint(source, run, spec, to_window)
+        ckpt = latest_checkpoint(source, strategy, to_window)
         window = from_window
         if ckpt is not None and ckpt[0] > from_window:
             window = ckpt[0]
             _load(model, ckpt[1])
+            try:
+                strategy.load_outer_state_dict(ckpt[2])
+            except ValueError as exc:
+                raise HistoryError(f"checkpoint of window {window}: {exc}") from exc
             log.info("loaded checkpoint of window %d", window)
-        return _replay(model, run, spec, source, peers, window, to_window)
+        return _replay(model, strategy, source, peers, window, to_window)
     except StoreError as exc:
         raise HistoryError(f"history of validator uid {source.uid}: {exc}") from exc
 
 
 def _replay(
     model: torch.nn.Module,
-    run: RunConfig,
-    spec: ModelSpec,
+    strategy: Strategy,
     source: Source,
     peers: Mapping[int, str],
     window: int,
@@ -321,11 +360,11 @@ def _replay(
 ) -> int:
     while window < to_window:
         try:
-            updates = read_aggregate(source, run, spec, window, peers)
+            updates = read_aggregate(source, strategy.run, strategy.spec, window, peers)
         except ObjectNotFound:
             break  # not published (yet): the model is consistently at `window`
         try:
-            apply_updates(model, updates, run, spec)
+            strategy.step(model, updates)
         except DecodeError as exc:
             raise HistoryError(f"window {window}: {exc}") from exc
         window += 1
@@ -334,53 +373,53 @@ def _replay(
 
 def catch_up_any(
     model: torch.nn.Module,
-    run: RunConfig,
-    spec: ModelSpec,
+    strategy: Strategy,
     sources: Sequence[Source],
     peers: Mapping[int, str],
     from_window: int,
     to_window: int,
 ) -> int:
-    """`catch_up` from the first source that gets furthest; the model is restored between
-    attempts, so a bad source costs time, never correctness."""
-    saved = {n: p.detach().clone() for n, p in model.named_parameters()}
+    """`catch_up` from the first source that gets furthest; the model (and the outer state) is
+    restored between attempts, so a bad source costs time, never correctness."""
+    saved = _Saved.of(model, strategy)
     best = from_window
     for source in sources:
         try:
-            reached = catch_up(model, run, spec, source, peers, from_window, to_window)
+            reached = catch_up(model, strategy, source, peers, from_window, to_window)
         except HistoryError as exc:
             log.warning("history of validator uid %d unusable: %s", source.uid, exc)
-            _load(model, saved)
+            saved.restore(model, strategy)
             continue
         if reached >= to_window:
             return reached
         if reached > best:
-            best, saved = reached, {n: p.detach().clone() for n, p in model.named_parameters()}
+            best, saved = reached, _Saved.of(model, strategy)
         else:
-            _load(model, saved)
-    _load(model, saved)
+            saved.restore(model, strategy)
+    saved.restore(model, strategy)
     return best
 
 
 def resync(
     model: torch.nn.Module,
-    run: RunConfig,
-    spec: ModelSpec,
+    strategy: Strategy,
     sources: Sequence[Source],
     peers: Mapping[int, str],
     target_window: int,
     expected_fingerprint: str | None,
 ) -> bool:
     """Rebuild a possibly forked model at the start of `target_window` from published history:
-    the newest verified checkpoint at or before it (else the initial weights), then every
-    aggregate up to it. A source whose result differs from `expected_fingerprint` is skipped.
-    Returns whether it succeeded (on failure the model is as it was)."""
-    saved = {n: p.detach().clone() for n, p in model.named_parameters()}
+    the newest verified checkpoint at or before it (else the initial weights and no outer state),
+    then every aggregate up to it. A source whose result differs from `expected_fingerprint` is
+    skipped. Returns whether it succeeded (on failure the model is as it was)."""
+    run = strategy.run
+    saved = _Saved.of(model, strategy)
     initial = dict(build_model(run.model, run.seed).named_parameters())
     for source in sources:
         _load(model, {n: p.detach() for n, p in initial.items()})
+        strategy.load_outer_state_dict({})
         try:
-            reached = catch_up(model, run, spec, source, peers, 0, target_window)
+            reached = catch_up(model, strategy, source, peers, 0, target_window)
         except HistoryError as exc:
             log.warning("resync from validator uid %d failed: %s", source.uid, exc)
             continue
@@ -392,7 +431,7 @@ def resync(
             "resync from validator uid %d reached window %d with fingerprint %s (wanted %s)",
             source.uid, reached, fp[:12], (expected_fingerprint or "-")[:12],
         )  # fmt: skip
-    _load(model, saved)
+    saved.restore(model, strategy)
     return False
 
 

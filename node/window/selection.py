@@ -16,7 +16,7 @@ so everyone applies the same aggregate. The rule, for window ``w`` and gather si
 5. With no weights on chain at all (bootstrap), the first ``G`` candidates by the hash draw.
 
 Influence: the outer step scales each update to at most the median norm of the window's updates
-(`node.window.outer_step`), so the ``P`` probation updates move the model by at most
+(`node.strategy.base`), so the ``P`` probation updates move the model by at most
 ``α · P · median / N`` in L2 norm, ``N`` the number of updates applied.
 """
 

@@ -1,0 +1,167 @@
+"""The training runs of `tessera bench train`: R replicas in one process, no chain, no buckets.
+
+Every method sees the same token stream: replica ``r`` trains window ``w`` on the batches the run
+assigns to uid ``r`` (`node.data.sampling`, keyed by the base run's id, so the stream does not
+depend on the method's hyper-parameters), and DDP trains each inner step on the union of the R
+replicas' batches of that step.
+
+A **local** method (every `node.strategy`) runs, per window: each replica starts from the
+synchronised weights, takes H AdamW steps (its own optimizer state, as a real peer keeps), and
+encodes ``start − θ_r`` with its own strategy state; the update goes through the real wire
+(`Strategy.to_bytes`, then `Strategy.decode` of those bytes), and one consensus instance takes
+the window's outer step (`Strategy.mean`, `Strategy.apply`) exactly as peers and validators do;
+every replica then settles (its update was applied). **DDP** is one model whose every inner step
+averages the gradients of R replicas (the same as one step on their union).
+
+Scored after every window: the held-out loss of the synchronised model on a fixed set of held-out
+samples; also the bytes one replica sent and the wall time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from codec.spec import ModelSpec
+from deploy.bench_train.specs import MethodSpec
+from node.data.batches import assigned_batch, eval_batch
+from node.data.dataset import Dataset
+from node.model.llama import build_model
+from node.model.train import lm_loss, make_optimizer, train_window
+from node.strategy import Strategy, make_strategy
+from node.strategy.exact import SparseLoCoExact
+from protocol.runconfig import RunConfig
+
+Tick = Callable[[int, float], None]
+EVAL_MICRO = 16
+
+
+@dataclass
+class Curve:
+    """One method's result, window by window."""
+
+    method: MethodSpec
+    loss: list[float] = field(default_factory=list)  # held-out loss after each window
+    bytes_sent: list[int] = field(default_factory=list)  # one replica, each window
+    wall_s: list[float] = field(default_factory=list)
+    initial_loss: float = float("nan")
+    weights: dict[str, torch.Tensor] = field(default_factory=dict)  # the synchronised model's
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every method of one bench shares."""
+
+    base: RunConfig  # the run the token stream is keyed by
+    dataset: Dataset
+    uids: tuple[int, ...]  # replica r trains on uid uids[r]'s samples
+    windows: int
+    heldout: torch.Tensor
+    data_run_id: str
+
+    @property
+    def replicas(self) -> int:
+        return len(self.uids)
+
+    def batch(self, replica: int, window: int, step: int) -> torch.Tensor:
+        run = self.base
+        return assigned_batch(
+            self.dataset, self.data_run_id, self.uids[replica], window, step,
+            n_steps=run.inner_steps, batch_size=run.batch_size,
+        )  # fmt: skip
+
+
+def heldout_set(dataset: Dataset, run_id: str, n: int) -> torch.Tensor:
+    """A fixed set of ``n`` held-out samples (all of them when there are fewer)."""
+    return eval_batch(dataset, run_id, 0, "bench-train", min(n, dataset.n_heldout_slots))
+
+
+def heldout_loss(model: torch.nn.Module, heldout: torch.Tensor) -> float:
+    """Mean next-token loss over ``heldout`` (rows weighted equally)."""
+    model.eval()
+    total = 0.0
+    with torch.no_grad():
+        for part in heldout.split(EVAL_MICRO):
+            total += float(lm_loss(model, part)) * part.shape[0]
+    return total / heldout.shape[0]
+
+
+def _strategy(m: MethodSpec, spec: ModelSpec) -> Strategy:
+    if m.exact_values:
+        return SparseLoCoExact(m.run, spec)
+    return make_strategy(m.run, spec)
+
+
+def transmit(strategy: Strategy, update: list, window: int, replica: int) -> tuple[int, list]:
+    """(bytes on the wire, the pieces decoded back from them): the real codec both ways."""
+    if isinstance(strategy, SparseLoCoExact):
+        return strategy.wire_bytes(update), update
+    meta = {"window": window, "uid": replica}
+    data = strategy.to_bytes(update, meta, None)
+    return len(data), strategy.decode(data, strategy.max_update_bytes()).tensors
+
+
+def run_local(m: MethodSpec, setup: Setup, tick: Tick) -> Curve:
+    """A method of `node.strategy` (see the module docstring)."""
+    run = m.run
+    sync = build_model(run.model, run.seed)
+    spec = ModelSpec.from_module(sync)
+    worker = build_model(run.model, run.seed)
+    optimizers = [make_optimizer(worker, run) for _ in range(setup.replicas)]
+    peers = [_strategy(m, spec) for _ in range(setup.replicas)]
+    consensus = _strategy(m, spec)
+    curve = Curve(m, initial_loss=heldout_loss(sync, setup.heldout))
+    params = dict(worker.named_parameters())
+    for w in range(setup.windows):
+        began = time.perf_counter()
+        start = {n: p.detach().clone() for n, p in sync.named_parameters()}
+        updates, sent, sizes = {}, {}, []
+        for r in range(setup.replicas):
+            with torch.no_grad():
+                for n, p in params.items():
+                    p.copy_(start[n])
+            batches = (setup.batch(r, w, h) for h in range(run.inner_steps))
+            train_window(worker, optimizers[r], batches, run, w, torch.device("cpu"))
+            with torch.no_grad():
+                deltas = {n: start[n] - p.detach() for n, p in params.items()}
+            sent[r] = peers[r].encode(deltas, w)
+            n_bytes, updates[r] = transmit(peers[r], sent[r], w, r)
+            sizes.append(n_bytes)
+        consensus.step(sync, updates)
+        for r in range(setup.replicas):
+            peers[r].settle(sent[r], True, w)
+        curve.loss.append(heldout_loss(sync, setup.heldout))
+        curve.bytes_sent.append(max(sizes))
+        curve.wall_s.append(time.perf_counter() - began)
+        tick(w, curve.loss[-1])
+    curve.weights = {n: p.detach().clone() for n, p in sync.named_parameters()}
+    return curve
+
+
+def run_ddp(m: MethodSpec, setup: Setup, tick: Tick) -> Curve:
+    """Every-step all-reduce: each inner step on the union of the replicas' batches."""
+    run = m.run
+    model = build_model(run.model, run.seed)
+    optimizer = make_optimizer(model, run)
+    curve = Curve(m, initial_loss=heldout_loss(model, setup.heldout))
+    gradient_bytes = 4 * sum(p.numel() for p in model.parameters())
+    for w in range(setup.windows):
+        began = time.perf_counter()
+        batches = (
+            torch.cat([setup.batch(r, w, h) for r in range(setup.replicas)])
+            for h in range(run.inner_steps)
+        )
+        train_window(model, optimizer, batches, run, w, torch.device("cpu"))
+        curve.loss.append(heldout_loss(model, setup.heldout))
+        curve.bytes_sent.append(run.inner_steps * gradient_bytes)  # one fp32 gradient a step
+        curve.wall_s.append(time.perf_counter() - began)
+        tick(w, curve.loss[-1])
+    curve.weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return curve
+
+
+def run_method(m: MethodSpec, setup: Setup, tick: Tick) -> Curve:
+    return run_ddp(m, setup, tick) if m.strategy == "ddp" else run_local(m, setup, tick)

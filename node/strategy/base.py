@@ -1,0 +1,219 @@
+"""The `Strategy` boundary: what a peer sends for its pseudo-gradient, and how a window applies it.
+
+One object per node and run (`node.strategy.make_strategy`), chosen by ``run.strategy``. It does
+four jobs, each in one place:
+
+* **encode** (peer only): a tensor's pseudo-gradient, folded into the strategy's local state
+  (SparseLoCo's error feedback), becomes the update piece to send; `settle` puts back what the
+  window did not apply (the peer's own update left out of the applied set);
+* **wire**: pieces to signed bytes and untrusted bytes back to pieces, strictly (`to_bytes`,
+  `read_header`, `signed_digest`, `decode`, capped at `max_update_bytes`);
+* **aggregate** (`mean`): the consensus rule of docs/consensus.md for every strategy alike:
+  every update validated strictly, each scaled to at most the median norm of the window's updates
+  (exact, order-free norms), summed in ascending uid order, divided by the count;
+* **outer step** (`apply`): ``run.outer``'s optimizer (`node.strategy.outer`) on that mean, with
+  its state (Nesterov momentum) saved by `outer_state_dict` and restored by catch-up.
+
+Hence one update's share of the step is at most ``α · median / N`` in L2 norm (times the
+Nesterov amplification ``1 / (1 − μ)`` in the limit), where ``N`` is the number of updates
+applied; with ``N = 1`` the update is its own median and is still bounded by the value cap.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any, ClassVar, Protocol
+
+import torch
+
+from codec.aggregate import clip_factors
+from codec.errors import DecodeError
+from codec.spec import ModelSpec
+from node.strategy.outer import OuterOptimizer
+from protocol.runconfig import RunConfig
+
+Meta = Mapping[str, str | int]
+Signer = Callable[[bytes], bytes]
+
+
+class Piece(Protocol):
+    """One tensor's part of an update (`codec.compress.SparseTensor`, `codec.dense.DenseTensor`)."""
+
+    name: str
+    shape: tuple[int, ...]
+
+
+class Header(Protocol):
+    """The signed header of an update on the wire."""
+
+    meta: dict[str, str | int]
+    sig: bytes
+
+
+class Decoded(Protocol):
+    """A strictly decoded update: its header and one piece per tensor of the spec."""
+
+    header: Any
+    tensors: Any
+
+    @property
+    def digest(self) -> bytes: ...
+
+    @property
+    def signed_digest(self) -> bytes: ...
+
+
+Update = Sequence[Any]
+
+
+class Strategy(ABC):
+    """One training strategy of one run, bound to the model's tensors (see the module docstring).
+
+    ``owned``: the tensors this process encodes (a rank's shard on a multi-device peer; all of
+    them by default). Local state is allocated on first use, so a strategy that only decodes,
+    aggregates and steps (a validator, a replay) costs nothing to build.
+    """
+
+    name: ClassVar[str]
+    dense: ClassVar[bool]
+
+    def __init__(
+        self,
+        run: RunConfig,
+        spec: ModelSpec,
+        device: torch.device | str = "cpu",
+        owned: ModelSpec | None = None,
+    ) -> None:
+        self.run, self.spec, self.device = run, spec, torch.device(device)
+        self.owned = owned or spec
+        self.outer = OuterOptimizer(run.outer, spec, self.device)
+        self._shapes = {t.name: tuple(t.shape) for t in spec.tensors}
+
+    # -- the peer's side ---------------------------------------------------------------------
+
+    @abstractmethod
+    def encode(self, deltas: Mapping[str, torch.Tensor], window: int) -> list[Any]:
+        """The pieces to send for the owned tensors' pseudo-gradients ``start − θ``, in spec
+        order, updating the local state. ``deltas`` must cover exactly the owned tensors."""
+
+    def settle(self, sent: Sequence[Any], applied: bool, window: int) -> None:
+        """After the window's agreement: ``applied`` tells whether our own update was in it.
+        Strategies without local state have nothing to settle."""
+        return None
+
+    def local_state_dict(self) -> dict[str, torch.Tensor]:
+        """This node's private state (error feedback) by tensor name, tensors in their shapes."""
+        return {}
+
+    def load_local_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        if state:
+            raise ValueError(f"{self.name} keeps no local state, got {sorted(state)[:3]}")
+
+    # -- the wire ----------------------------------------------------------------------------
+
+    @abstractmethod
+    def max_update_bytes(self) -> int:
+        """A generous cap on a legitimate update's size (what a fetch may read)."""
+
+    @abstractmethod
+    def to_bytes(self, update: Sequence[Any], meta: Meta | None, sign: Signer | None) -> bytes:
+        """One update (every tensor of the spec, in spec order) as signed wire bytes."""
+
+    @abstractmethod
+    def read_header(self, data: bytes | memoryview, max_bytes: int) -> Header:
+        """The checked header of untrusted bytes (no payload decoding): `DecodeError` if bad."""
+
+    @abstractmethod
+    def signed_digest(self, header: Any) -> bytes:
+        """What the sender's signature covers."""
+
+    @abstractmethod
+    def decode(self, data: bytes | memoryview, max_bytes: int) -> Decoded:
+        """Strictly decode untrusted bytes (`DecodeError` for anything not exactly right)."""
+
+    # -- one update --------------------------------------------------------------------------
+
+    @abstractmethod
+    def validate(self, piece: Any) -> None:
+        """`DecodeError` unless ``piece`` is well formed for its tensor under this run."""
+
+    @abstractmethod
+    def norm(self, update: Sequence[Any]) -> float:
+        """Exact, order-free L2 norm of a validated update (the same on every machine)."""
+
+    @abstractmethod
+    def add_into(self, out: torch.Tensor, piece: Any, factor: float = 1.0) -> None:
+        """``out += factor · decoded(piece)``, one rounding per position and call."""
+
+    @abstractmethod
+    def entries(self, piece: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """(flat positions int64, float32 values) the piece mainly moves, the same domain for
+        every peer of the run: what value-aware copy detection compares (`validator.copies`)."""
+
+    # -- the window's consensus --------------------------------------------------------------
+
+    def mean(self, updates: Mapping[Hashable, Update]) -> dict[str, torch.Tensor]:
+        """The validated, median-clipped mean of a window's updates in ascending key order
+        (zeros when there are none); a tensor an update leaves out counts as zero for it."""
+        peers = [self._by_name(updates[key]) for key in sorted(updates)]  # type: ignore[type-var]
+        for peer in peers:
+            for piece in peer.values():
+                self.validate(piece)
+        factors = clip_factors([self.norm(list(p.values())) for p in peers])
+        out = {
+            t.name: torch.zeros(t.shape, dtype=torch.float32, device=self.device)
+            for t in self.spec.tensors
+        }
+        for peer, factor in zip(peers, factors, strict=True):
+            for name, piece in peer.items():
+                self.add_into(out[name], piece, factor)
+        if peers:
+            for t in out.values():
+                t.div_(len(peers))
+        return out
+
+    def apply(
+        self,
+        model: torch.nn.Module,
+        mean: Mapping[str, torch.Tensor],
+        start: Mapping[str, torch.Tensor] | None = None,
+    ) -> None:
+        """The outer step on ``mean`` from ``start`` (default: the model's current weights)."""
+        self.outer.apply(model, mean, start)
+
+    def step(self, model: torch.nn.Module, updates: Mapping[Hashable, Update]) -> None:
+        """One whole outer step from the model's current weights."""
+        self.apply(model, self.mean(updates))
+
+    def outer_state_dict(self) -> dict[str, torch.Tensor]:
+        """The outer optimizer's state: identical on every honest node, part of checkpoints."""
+        return self.outer.state_dict()
+
+    def load_outer_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        self.outer.load_state_dict(state)
+
+    def outer_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Names and shapes the outer state may hold (what a checkpoint may carry)."""
+        return self.outer.shapes()
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _by_name(self, update: Update) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for piece in update:
+            name = getattr(piece, "name", None)
+            if not isinstance(name, str) or name not in self._shapes:
+                raise DecodeError(f"unknown tensor {name!r}")
+            if name in out:
+                raise DecodeError(f"tensor {name!r} appears twice in one update")
+            if tuple(piece.shape) != self._shapes[name]:
+                raise DecodeError(f"{name}: shape {piece.shape} != {self._shapes[name]}")
+            out[name] = piece
+        return out
+
+    def _owned_order(self, deltas: Mapping[str, torch.Tensor]) -> list[str]:
+        names = [t.name for t in self.owned.tensors]
+        if set(deltas) != set(names):
+            raise ValueError(f"deltas must cover exactly the {len(names)} owned tensors")
+        return names

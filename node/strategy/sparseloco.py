@@ -1,0 +1,114 @@
+"""`sparseloco` (the default): error feedback, chunked Top-k and 2-bit values (SparseLoCo,
+Algorithm 1), on the wire as `codec.wire` updates.
+
+Per tensor and window (`codec.compress.Compressor`): ``e ← β e + Δ``, ``Δ̂ = Q(TopK(e))``,
+``e ← e − Δ̂``; during the first ``ef_freeze_fraction`` of the run ``Δ`` is compressed alone and
+``e`` is left untouched. The window applies ``θ ← θ_start − α · mean(Δ̂)`` (`node.strategy.base`).
+
+**Unapplied mass goes back.** When the window's applied set does not hold our own update (not
+selected, upload failed, dropped as late or for any other reason), the ``Δ̂`` we took out of
+``e`` was never applied by anyone, so `settle` adds it back: ``e ← e + Δ̂``. Nothing the peer
+learned is lost by a missed window; it is sent later instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from codec.aggregate import update_norm
+from codec.compress import Compressor, SparseTensor, scatter_add
+from codec.errors import DecodeError
+from codec.spec import CodecParams
+from codec.wire import decode_update, encode_update, header_digest, read_header
+from node.strategy.base import Decoded, Header, Meta, Signer, Strategy
+
+
+class SparseLoCo(Strategy):
+    """Top-k + error feedback + 2-bit values (see the module docstring)."""
+
+    name = "sparseloco"
+    dense = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._encoder: Any = None  # built on first use: validators never need one
+
+    def _compressor(self) -> Any:
+        if self._encoder is None:
+            self._encoder = self._new_encoder()
+        return self._encoder
+
+    def _new_encoder(self) -> Any:
+        return Compressor(self.owned, self.run.codec, device=self.device)
+
+    # -- the peer's side ---------------------------------------------------------------------
+
+    def encode(self, deltas: Mapping[str, torch.Tensor], window: int) -> list[Any]:
+        names = self._owned_order(deltas)
+        freeze = window < self.run.outer.ef_freeze_windows
+        comp, beta = self._compressor(), self.run.outer.beta
+        with torch.no_grad():
+            return [comp.compress(n, deltas[n], beta, freeze=freeze) for n in names]
+
+    def settle(self, sent: Sequence[Any], applied: bool, window: int) -> None:
+        """Add our own unapplied ``Δ̂`` back into error feedback (not while it is frozen)."""
+        if applied or window < self.run.outer.ef_freeze_windows:
+            return
+        comp = self._compressor()
+        for piece in sent:
+            comp.add_back(piece)
+
+    def local_state_dict(self) -> dict[str, torch.Tensor]:
+        return self._compressor().state_dict()
+
+    def load_local_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        self._compressor().load_state_dict(state)
+
+    # -- the wire ----------------------------------------------------------------------------
+
+    def max_update_bytes(self) -> int:
+        """32 bits per kept entry (an entry costs about 10), plus 1 MiB for headers."""
+        c = self.run.codec
+        kept = self.spec.numel * c.k // c.chunk_size + len(self.spec.tensors) * c.k
+        return 4 * kept + (1 << 20)
+
+    def to_bytes(self, update: Sequence[Any], meta: Meta | None, sign: Signer | None) -> bytes:
+        return encode_update(update, self.run.codec, self.spec, meta=meta, sign=sign)
+
+    def read_header(self, data: bytes | memoryview, max_bytes: int) -> Header:
+        return read_header(data, max_bytes=max_bytes)[0]
+
+    def signed_digest(self, header: Any) -> bytes:
+        return header_digest(header)
+
+    def decode(self, data: bytes | memoryview, max_bytes: int) -> Decoded:
+        return decode_update(data, self.spec, self.run.codec, max_bytes=max_bytes)
+
+    # -- one update --------------------------------------------------------------------------
+
+    def validate(self, piece: Any) -> None:
+        if not isinstance(piece, SparseTensor):
+            raise DecodeError(f"a {self.name} update holds sparse tensors, not {type(piece)}")
+        piece.validate(self.run.codec)
+
+    def norm(self, update: Sequence[Any]) -> float:
+        return update_norm(update)
+
+    def add_into(self, out: torch.Tensor, piece: Any, factor: float = 1.0) -> None:
+        scatter_add(out, piece, self.run.codec, factor)
+
+    def entries(self, piece: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        return sparse_entries(piece, self.run.codec)
+
+
+def sparse_entries(piece: SparseTensor, params: CodecParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """(flat positions, decoded values) of every entry of a sparse piece, in group order."""
+    layout = piece.layout(params)
+    pos = [layout.flat_positions(gi, g.idx).reshape(-1) for gi, g in enumerate(piece.groups)]
+    vals = [v.reshape(-1) for v in piece.values()]
+    if not pos:
+        return torch.zeros(0, dtype=torch.int64), torch.zeros(0)
+    return torch.cat(pos), torch.cat(vals)

@@ -18,7 +18,7 @@ from codec.spec import ModelSpec
 from deploy.sim.forgeries import chunk_mix, from_dense, requantised
 from node.data.batches import open_run_dataset
 from node.model.llama import build_model
-from node.window.outer_step import apply_mean
+from node.strategy import make_strategy
 from protocol.runconfig import RunConfig
 from validator.config import ValidatorConfig
 from validator.copies import (
@@ -54,7 +54,7 @@ class World:
         for f, up in zip(self.factors, ups, strict=True):
             for s in up:
                 scatter_add(self.mean[s.name], s, RUN.codec, f)
-        apply_mean(model, self.mean, RUN)  # window 1 starts from the applied mean
+        make_strategy(RUN, self.spec).apply(model, self.mean)  # window 1 starts from the mean
         self.next = {u: train_update(RUN, dataset, model, u, 1) for u in HONEST}
 
     def sk(self, uid: int, update: Update, window: int = 0) -> Sketch:

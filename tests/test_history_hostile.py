@@ -22,6 +22,7 @@ from codec.spec import ModelSpec
 from deploy.sim.slow_store import SlowStore
 from node.model.fingerprint import fingerprint
 from node.model.llama import build_model
+from node.strategy import Strategy, make_strategy
 from node.window.exchange import encode_signed
 from node.window.history import (
     HistoryCaps,
@@ -71,8 +72,12 @@ class World:
                 ]
                 self.raw[w][uid] = encode_signed(sparse, RUN, self.spec, w, uid, self.keys[uid])
             publish_aggregate(self.good.store, RUN, w, 2, self.keys[2], self.raw[w])  # type: ignore[arg-type]
-            catch_up(model, RUN, self.spec, self.good, self.peers, w, w + 1)
+            catch_up(model, self.strategy(), self.good, self.peers, w, w + 1)
             self.fingerprints[w + 1] = fingerprint(model)
+
+    def strategy(self) -> Strategy:
+        """A fresh strategy of the run (its outer state starts empty)."""
+        return make_strategy(RUN, self.spec)
 
     def source(self, uid: int, bucket: str) -> Source:
         return Source(uid, self.keys[uid].ss58_address, self.store(bucket))
@@ -177,7 +182,7 @@ def test_an_update_signed_by_someone_else_inside_a_signed_aggregate_is_refused(
     world.put_aggregate(evil, 0, world.signed_body(0, body))
     model = build_model(RUN.model, RUN.seed)
     with pytest.raises(HistoryError, match="uid 0"):
-        catch_up(model, RUN, world.spec, evil, world.peers, 0, 1)
+        catch_up(model, world.strategy(), evil, world.peers, 0, 1)
 
 
 # -- checkpoints and their manifests ---------------------------------------------------------------
@@ -191,9 +196,9 @@ def _manifest(world: World, source: Source, window: int, body: dict, sig: str) -
 def test_checkpoint_manifests_are_signed_typed_and_capped(world: World) -> None:
     evil = world.evil("checkpoints")
     model = build_model(RUN.model, RUN.seed)
-    key = publish_checkpoint(evil.store, RUN, 1, 3, world.evil_key, model)  # type: ignore[arg-type]
+    key = publish_checkpoint(evil.store, RUN, 1, 3, world.evil_key, model, outer={})  # type: ignore[arg-type]
     good = json.loads(evil.store.get(key, 4096))
-    assert latest_checkpoint(evil, RUN, world.spec, 1) is not None  # the untouched one loads
+    assert latest_checkpoint(evil, world.strategy(), 1) is not None  # the untouched one loads
 
     cap = HistoryCaps.of(RUN, world.spec).checkpoint
     other = create_hotkey("w", "other", root=world.root / "wallets")
@@ -210,7 +215,7 @@ def test_checkpoint_manifests_are_signed_typed_and_capped(world: World) -> None:
     }  # fmt: skip
     for name, (body, sig) in cases.items():
         _manifest(world, evil, 1, body, sig)
-        assert latest_checkpoint(evil, RUN, world.spec, 1) is None, name
+        assert latest_checkpoint(evil, world.strategy(), 1) is None, name
 
 
 def test_a_checkpoint_that_is_not_the_model_is_refused(world: World) -> None:
@@ -219,8 +224,8 @@ def test_a_checkpoint_that_is_not_the_model_is_refused(world: World) -> None:
     model = build_model(RUN.model, RUN.seed)
     with torch.no_grad():
         next(iter(model.parameters())).fill_(float("nan"))
-    publish_checkpoint(evil.store, RUN, 1, 3, world.evil_key, model)  # type: ignore[arg-type]
-    assert latest_checkpoint(evil, RUN, world.spec, 1) is None
+    publish_checkpoint(evil.store, RUN, 1, 3, world.evil_key, model, outer={})  # type: ignore[arg-type]
+    assert latest_checkpoint(evil, world.strategy(), 1) is None
     assert evil.store.exists(checkpoint_key(RUN.run_id, 1, 3, evil.hotkey))  # type: ignore[attr-defined]
 
 
@@ -243,7 +248,12 @@ def test_catch_up_falls_through_bad_validators_to_a_good_one(world: World) -> No
         model = build_model(RUN.model, RUN.seed)
         t0 = time.monotonic()
         reached = catch_up_any(
-            model, RUN, world.spec, [garbage, refusing, forged, world.good], world.peers, 0, WINDOWS
+            model,
+            world.strategy(),
+            [garbage, refusing, forged, world.good],
+            world.peers,
+            0,
+            WINDOWS,
         )
         took = time.monotonic() - t0
     assert reached == WINDOWS
@@ -256,7 +266,7 @@ def test_a_refused_listing_is_a_history_error_not_a_crash(world: World) -> None:
         refusing = world.refusing(endpoint)
         model = build_model(RUN.model, RUN.seed)
         with pytest.raises(HistoryError):
-            catch_up(model, RUN, world.spec, refusing, world.peers, 0, WINDOWS)
+            catch_up(model, world.strategy(), refusing, world.peers, 0, WINDOWS)
 
 
 def test_resync_skips_a_source_whose_result_is_not_the_expected_model(world: World) -> None:
@@ -268,7 +278,7 @@ def test_resync_skips_a_source_whose_result_is_not_the_expected_model(world: Wor
     with torch.no_grad():
         next(iter(model.parameters())).add_(1.0)  # forked
     forked = fingerprint(model)
-    assert not resync(model, RUN, world.spec, [other], world.peers, 1, world.fingerprints[1])
+    assert not resync(model, world.strategy(), [other], world.peers, 1, world.fingerprints[1])
     assert fingerprint(model) == forked  # a failed resync leaves the model as it was
     assert resync(
         model, RUN, world.spec, [other, world.good], world.peers, 1, world.fingerprints[1]

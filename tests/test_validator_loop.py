@@ -17,6 +17,7 @@ from codec.spec import ModelSpec
 from node.model.fingerprint import fingerprint
 from node.model.llama import build_model
 from node.runtime.commit import commitment_for
+from node.strategy import make_strategy
 from node.window.exchange import check_update, encode_signed
 from node.window.gather import Fetched
 from node.window.history import Source, catch_up, publish_aggregate
@@ -55,6 +56,7 @@ def _history(root: Path) -> dict[int, str]:
     comps = {uid: Compressor(spec, RUN.codec) for uid in (2, 3)}
     hotkeys = {i: k.ss58_address for i, k in enumerate(KEYS)}
     source = Source(0, hotkeys[0], store)
+    strategy = make_strategy(RUN, spec)
     gen = torch.Generator().manual_seed(0)
     fps = {0: fingerprint(model)}
     for w in range(PUBLISHED):
@@ -66,7 +68,7 @@ def _history(root: Path) -> dict[int, str]:
             ]
             raw[uid] = encode_signed(sparse, RUN, spec, w, uid, KEYS[uid])
         publish_aggregate(store, RUN, w, 0, KEYS[0], raw)
-        catch_up(model, RUN, spec, source, hotkeys, w, w + 1)
+        catch_up(model, strategy, source, hotkeys, w, w + 1)
         fps[w + 1] = fingerprint(model)
     return fps
 

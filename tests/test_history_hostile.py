@@ -281,6 +281,6 @@ def test_resync_skips_a_source_whose_result_is_not_the_expected_model(world: Wor
     assert not resync(model, world.strategy(), [other], world.peers, 1, world.fingerprints[1])
     assert fingerprint(model) == forked  # a failed resync leaves the model as it was
     assert resync(
-        model, RUN, world.spec, [other, world.good], world.peers, 1, world.fingerprints[1]
+        model, world.strategy(), [other, world.good], world.peers, 1, world.fingerprints[1]
     )
     assert fingerprint(model) == world.fingerprints[1]

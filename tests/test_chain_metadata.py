@@ -90,7 +90,7 @@ def test_the_localnet_profile_runs_this_runtime() -> None:
     assert localnet["profiles"] == ["localnet"]
     assert localnet["image"].startswith("ghcr.io/opentensor/subtensor-localnet:v")
     assert localnet["image"].endswith(f"-{SPEC_VERSION}")  # release tags end with the spec
-    assert "9944:9944" in localnet["ports"]
+    assert "127.0.0.1:9944:9944" in localnet["ports"]  # loopback only
 
 
 # -- reads -------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ def test_run_id_shape_and_determinism(tiny: RunConfig) -> None:
     assert all(c in "0123456789abcdef" for c in tiny.run_id)
     assert RunConfig.preset("tiny").run_id == tiny.run_id
     assert tiny.codec_version == CODEC_VERSION
-    assert tiny.codec == CodecParams()
+    assert tiny.codec == CodecParams(k=256)  # tiny keeps 256 of 4096 (docs/training.md)
 
 
 @pytest.mark.parametrize("suffix", [".toml", ".json"])

@@ -35,7 +35,7 @@ import torch
 
 from codec.chunking import ChunkGroup, ChunkLayout
 from codec.errors import DecodeError
-from codec.quantize import dequantize, quantize, validate
+from codec.quantize import dequantize, quantize_bits, validate
 from codec.spec import CodecParams, ModelSpec
 
 __all__ = [
@@ -95,7 +95,9 @@ class SparseTensor:
         for gi, (g, sg) in enumerate(zip(layout.groups, self.groups, strict=True)):
             try:
                 _validate_group(g, sg)
-                validate(sg.codes, sg.scales, self.codebook, params.max_abs_value)
+                validate(
+                    sg.codes, sg.scales, self.codebook, params.max_abs_value, params.value_bits
+                )
             except DecodeError as exc:
                 raise DecodeError(f"{self.name} group {gi}: {exc}") from exc
 
@@ -401,7 +403,7 @@ class Compressor:
             idx.append(torch.cat(gi_idx))
             vals.append(torch.cat(gi_vals))
         clock = _lap(timings, "select", clock)
-        q = quantize(vals, self.params.max_abs_value)
+        q = quantize_bits(vals, self.params.max_abs_value, self.params.value_bits)
         clock = _lap(timings, "quantize", clock)
         groups = [SparseGroup(i, c, s) for i, c, s in zip(idx, q.codes, q.scales, strict=True)]
         sparse = SparseTensor(name=name, shape=layout.shape, groups=groups, codebook=q.codebook)

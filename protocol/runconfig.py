@@ -114,9 +114,10 @@ class ModelConfig(_Frozen):
 
 
 class InnerOptimizerConfig(_Frozen):
-    """AdamW for the H inner steps: linear warmup, then cosine decay to `min_lr`."""
+    """The H inner steps' optimizer: AdamW, or plain SGD on raw gradients (``sgd``: lr, schedule
+    and clipping apply, betas/eps/weight decay do not); linear warmup, then cosine decay."""
 
-    name: Literal["adamw"] = "adamw"
+    name: Literal["adamw", "sgd"] = "adamw"
     lr: float = Field(1e-3, gt=0, le=1)
     min_lr: float = Field(1e-4, ge=0, le=1)
     betas: tuple[float, float] = (0.9, 0.95)
@@ -204,7 +205,7 @@ class RunConfig(_Frozen):
     """Everything all peers of a run must share. Its content hash is the run id."""
 
     name: str = Field(pattern=_NAME_RE, description="human-readable run name")
-    strategy: Literal["sparseloco", "diloco"] = Field(
+    strategy: Literal["sparseloco", "diloco", "demo"] = Field(
         "sparseloco", description="what peers send and how it is applied (`node.strategy`)"
     )
     preset_name: str = Field(pattern=_NAME_RE, description="model preset the shape came from")

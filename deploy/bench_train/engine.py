@@ -114,31 +114,53 @@ def run_local(m: MethodSpec, setup: Setup, tick: Tick) -> Curve:
     peers = [_strategy(m, spec) for _ in range(setup.replicas)]
     consensus = _strategy(m, spec)
     curve = Curve(m, initial_loss=heldout_loss(sync, setup.heldout))
-    params = dict(worker.named_parameters())
+    syncs = setup.base.inner_steps // run.inner_steps  # outer steps per bench window (option h)
     for w in range(setup.windows):
         began = time.perf_counter()
-        start = {n: p.detach().clone() for n, p in sync.named_parameters()}
-        updates, sent, sizes = {}, {}, []
-        for r in range(setup.replicas):
-            with torch.no_grad():
-                for n, p in params.items():
-                    p.copy_(start[n])
-            batches = (setup.batch(r, w, h) for h in range(run.inner_steps))
-            train_window(worker, optimizers[r], batches, run, w, torch.device("cpu"))
-            with torch.no_grad():
-                deltas = {n: start[n] - p.detach() for n, p in params.items()}
-            sent[r] = peers[r].encode(deltas, w)
-            n_bytes, updates[r] = transmit(peers[r], sent[r], w, r)
-            sizes.append(n_bytes)
-        consensus.step(sync, updates)
-        for r in range(setup.replicas):
-            peers[r].settle(sent[r], True, w)
+        sent_bytes = sum(
+            _outer_step(setup, run, sync, worker, optimizers, peers, consensus, w, s)
+            for s in range(syncs)
+        )
         curve.loss.append(heldout_loss(sync, setup.heldout))
-        curve.bytes_sent.append(max(sizes))
+        curve.bytes_sent.append(sent_bytes)
         curve.wall_s.append(time.perf_counter() - began)
         tick(w, curve.loss[-1])
     curve.weights = {n: p.detach().clone() for n, p in sync.named_parameters()}
     return curve
+
+
+def _outer_step(
+    setup: Setup,
+    run: RunConfig,
+    sync: torch.nn.Module,
+    worker: torch.nn.Module,
+    optimizers: list[torch.optim.Optimizer],
+    peers: list[Strategy],
+    consensus: Strategy,
+    w: int,
+    s: int,
+) -> int:
+    """Outer step ``s`` of bench window ``w``: H inner steps per replica, encode, the real wire,
+    one consensus step, settle. Returns the bytes the largest update took."""
+    h, window = run.inner_steps, w * (setup.base.inner_steps // run.inner_steps) + s
+    params = dict(worker.named_parameters())
+    start = {n: p.detach().clone() for n, p in sync.named_parameters()}
+    updates, sent, sizes = {}, {}, []
+    for r in range(setup.replicas):
+        with torch.no_grad():
+            for n, p in params.items():
+                p.copy_(start[n])
+        batches = (setup.batch(r, w, s * h + i) for i in range(h))
+        train_window(worker, optimizers[r], batches, run, window, torch.device("cpu"))
+        with torch.no_grad():
+            deltas = {n: start[n] - p.detach() for n, p in params.items()}
+        sent[r] = peers[r].encode(deltas, window)
+        n_bytes, updates[r] = transmit(peers[r], sent[r], window, r)
+        sizes.append(n_bytes)
+    consensus.step(sync, updates)
+    for r in range(setup.replicas):
+        peers[r].settle(sent[r], True, window)
+    return max(sizes)
 
 
 def run_ddp(m: MethodSpec, setup: Setup, tick: Tick) -> Curve:

@@ -150,6 +150,12 @@ class Strategy(ABC):
     def support(self, piece: Any) -> torch.Tensor:
         """Flat positions (int64) the piece mainly moves: what copy detection compares."""
 
+    @abstractmethod
+    def entries(self, piece: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """(flat positions int64, float32 values) of a validated piece: what it sends, in the
+        strategy's own domain (DeMo: DCT coefficients; GreedyLore: the projected matrix), the
+        same domain for every peer of the run, for value-aware copy detection."""
+
     # -- the window's consensus --------------------------------------------------------------
 
     def mean(self, updates: Mapping[Hashable, Update]) -> dict[str, torch.Tensor]:
@@ -166,10 +172,18 @@ class Strategy(ABC):
         }
         for peer, factor in zip(peers, factors, strict=True):
             for name, piece in peer.items():
-                self.add_into(out[name], piece, factor)
+                self._accumulate(out[name], piece, factor)
         if peers:
             for t in out.values():
                 t.div_(len(peers))
+        return self._finish_mean(out)
+
+    def _accumulate(self, out: torch.Tensor, piece: Any, factor: float) -> None:
+        """How `mean` sums a piece (by default `add_into`; a transform domain may differ)."""
+        self.add_into(out, piece, factor)
+
+    def _finish_mean(self, out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The mean in the parameters' domain from what `_accumulate` summed and divided."""
         return out
 
     def apply(

@@ -82,6 +82,11 @@ class DiLoCo(Strategy):
     def add_into(self, out: torch.Tensor, piece: Any, factor: float = 1.0) -> None:
         add_dense(out, piece, factor)
 
+    def entries(self, piece: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every position, with its value."""
+        values = piece.values.detach().to("cpu", torch.float32).reshape(-1)
+        return torch.arange(values.numel(), dtype=torch.int64), values
+
     def support(self, piece: Any) -> torch.Tensor:
         """The positions SparseLoCo would keep of this update: Top-k of |values| per chunk."""
         layout = ChunkLayout.for_shape(piece.shape, self.run.codec)

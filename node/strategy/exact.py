@@ -117,5 +117,5 @@ class SparseLoCoExact(SparseLoCo):
         scale = torch.tensor(factor, dtype=torch.float32)
         out.view(-1)[flat] = out.view(-1)[flat] + (v if factor == 1.0 else v * scale)
 
-    def support(self, piece: Any) -> torch.Tensor:
-        return piece.flat(self.run.codec)[0]
+    def entries(self, piece: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        return piece.flat(self.run.codec)

@@ -21,7 +21,8 @@ import torch
 from codec.aggregate import update_norm
 from codec.compress import Compressor, SparseTensor, scatter_add
 from codec.errors import DecodeError
-from codec.wire import decode_update, encode_update, header_digest, read_header
+from codec.spec import CodecParams
+from codec.wire import SPARSE, WireFormat, decode_update, encode_update, header_digest, read_header
 from node.strategy.base import Decoded, Header, Meta, Signer, Strategy
 
 
@@ -30,6 +31,7 @@ class SparseLoCo(Strategy):
 
     name = "sparseloco"
     dense = False
+    wire: WireFormat = SPARSE
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -75,16 +77,16 @@ class SparseLoCo(Strategy):
         return 4 * kept + (1 << 20)
 
     def to_bytes(self, update: Sequence[Any], meta: Meta | None, sign: Signer | None) -> bytes:
-        return encode_update(update, self.run.codec, self.spec, meta=meta, sign=sign)
+        return encode_update(update, self.run.codec, self.spec, meta=meta, sign=sign, fmt=self.wire)
 
     def read_header(self, data: bytes | memoryview, max_bytes: int) -> Header:
-        return read_header(data, max_bytes=max_bytes)[0]
+        return read_header(data, max_bytes, self.wire.frame)[0]
 
     def signed_digest(self, header: Any) -> bytes:
-        return header_digest(header)
+        return header_digest(header, self.wire.frame)
 
     def decode(self, data: bytes | memoryview, max_bytes: int) -> Decoded:
-        return decode_update(data, self.spec, self.run.codec, max_bytes=max_bytes)
+        return decode_update(data, self.spec, self.run.codec, max_bytes, self.wire)
 
     # -- one update --------------------------------------------------------------------------
 
@@ -100,6 +102,17 @@ class SparseLoCo(Strategy):
         scatter_add(out, piece, self.run.codec, factor)
 
     def support(self, piece: Any) -> torch.Tensor:
-        layout = piece.layout(self.run.codec)
-        parts = [layout.flat_positions(gi, g.idx).reshape(-1) for gi, g in enumerate(piece.groups)]
-        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
+        return self.entries(piece)[0]
+
+    def entries(self, piece: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        return sparse_entries(piece, self.run.codec)
+
+
+def sparse_entries(piece: SparseTensor, params: CodecParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """(flat positions, decoded values) of every entry of a sparse piece, in group order."""
+    layout = piece.layout(params)
+    pos = [layout.flat_positions(gi, g.idx).reshape(-1) for gi, g in enumerate(piece.groups)]
+    vals = [v.reshape(-1) for v in piece.values()]
+    if not pos:
+        return torch.zeros(0, dtype=torch.int64), torch.zeros(0)
+    return torch.cat(pos), torch.cat(vals)

@@ -24,12 +24,19 @@ import numpy as np
 import torch
 
 from codec.chunking import ChunkLayout, group_k
-from codec.compress import SparseGroup, SparseTensor
+from codec.compress import Compressor, SparseGroup, SparseTensor, topk_rows
 from codec.errors import DecodeError
-from codec.quantize import dequantize, validate
+from codec.quantize import dequantize, quantize_bits, validate
 from codec.spec import CodecParams
 
-__all__ = ["MaskedTensor", "mix64", "shared_counts", "shared_support", "support_digest"]
+__all__ = [
+    "MaskCompressor",
+    "MaskedTensor",
+    "mix64",
+    "shared_counts",
+    "shared_support",
+    "support_digest",
+]
 
 _GOLDEN, _M1, _M2 = (
     np.uint64(0x9E3779B97F4A7C15),
@@ -116,7 +123,7 @@ class MaskedTensor:
             if tuple(s_idx.shape) != (sg.idx.shape[0], s):
                 raise DecodeError(f"{self.name}: support does not match the update's layout")
             pos = torch.cat([s_idx.to(sg.idx.device), sg.idx], 1)
-            order = torch.argsort(pos, 1, stable=True)
+            order = torch.argsort(pos, dim=1, stable=True)
             merged = torch.gather(pos, 1, order)
             if merged.shape[1] > 1 and not bool((merged[:, 1:] > merged[:, :-1]).all()):
                 raise DecodeError(f"{self.name}: a fresh entry lies on the shared support")
@@ -144,13 +151,13 @@ def shared_support(
         explored = min(s, int(explore * s + 0.5))
         flat = np.arange(offset, offset + n * c, dtype=np.uint64)
         noise = torch.from_numpy((mix64(flat, seed) >> np.uint64(1)).astype(np.int64)).view(n, c)
-        by_noise = torch.argsort(noise, 1, stable=True)
+        by_noise = torch.argsort(noise, dim=1, stable=True)
         mags = torch.gather(rows.abs(), 1, by_noise)  # rank by |m|, ties in noise order
-        ranked = torch.gather(by_noise, 1, torch.argsort(-mags, 1, stable=True))
+        ranked = torch.gather(by_noise, 1, torch.argsort(-mags, dim=1, stable=True))
         chosen = torch.zeros(n, c, dtype=torch.bool)
         chosen.scatter_(1, ranked[:, : s - explored], True)
         rest = torch.gather(chosen, 1, by_noise)  # exploration: the rest, in noise order
-        picks = torch.argsort(rest.to(torch.int8), 1, stable=True)[:, :explored]
+        picks = torch.argsort(rest.to(torch.int8), dim=1, stable=True)[:, :explored]
         chosen.scatter_(1, torch.gather(by_noise, 1, picks), True)
         out.append(chosen.nonzero()[:, 1].view(n, s))
         offset += n * c
@@ -165,3 +172,45 @@ def support_digest(supports: Sequence[Sequence[torch.Tensor]]) -> bytes:
             h.update(np.ascontiguousarray(s.to("cpu", torch.int64).numpy(), dtype="<i8").tobytes())
             h.update(b"|")
     return h.digest()
+
+
+class MaskCompressor(Compressor):
+    """SparseLoCo's error feedback, sending each chunk's values on a given shared support plus
+    the Top-k of the rest (`MaskedTensor`). Buffers and their state are `Compressor`'s."""
+
+    def compress_masked(
+        self,
+        name: str,
+        delta: torch.Tensor,
+        beta: float,
+        freeze: bool,
+        support: Sequence[torch.Tensor],
+        digest: bytes,
+    ) -> MaskedTensor:
+        """Fold ``delta`` into the buffer of ``name`` (not while ``freeze``: then ``delta`` alone
+        is sent and the buffer left alone), send ``support``'s values and the fresh Top-k."""
+        delta = self._checked(name, delta, beta)
+        layout = self.layouts[name]
+        fresh, values, positions = [], [], []
+        for g, rows, buf, s_idx in zip(
+            layout.groups, layout.split(delta), self._ef[name], support, strict=True
+        ):
+            src = rows if freeze else buf.mul_(beta).add_(rows)
+            s_idx = s_idx.to(src.device)
+            taken = torch.zeros(src.shape, dtype=torch.bool, device=src.device)
+            taken.scatter_(1, s_idx, True)
+            rest = (~taken).nonzero()[:, 1].view(g.n_chunks, -1)
+            pos, kept = topk_rows(torch.gather(src, 1, rest).contiguous(), g.k)
+            fresh.append(torch.gather(rest, 1, pos))
+            values.append(torch.cat([torch.gather(src, 1, s_idx), kept], 1))
+            positions.append(torch.cat([s_idx, fresh[-1]], 1))
+        q = quantize_bits(values, self.params.max_abs_value, self.params.value_bits)
+        groups = [SparseGroup(i, c, s) for i, c, s in zip(fresh, q.codes, q.scales, strict=True)]
+        shared = tuple(int(s.shape[1]) for s in support)
+        piece = MaskedTensor(name, layout.shape, groups, q.codebook, shared, digest)
+        if not freeze:
+            for buf, pos, v, dq in zip(
+                self._ef[name], positions, values, piece.values(), strict=True
+            ):
+                buf.scatter_(1, pos, v - dq)
+        return piece

@@ -163,6 +163,18 @@ class DenseConfig(_Frozen):
     dtype: Literal["bf16", "fp32"] = Field("bf16", description="value type of dense updates")
 
 
+class MaskConfig(_Frozen):
+    """`sparseloco-mask`: the shared support each chunk sends index-free values on (the fresh
+    Top-k sent beside it, with indices, is ``codec.k``)."""
+
+    shared_k: int = Field(
+        192, ge=0, le=1 << 20, description="shared values per full chunk (capped at C - k)"
+    )
+    explore: float = Field(
+        0.25, ge=0, le=1, description="share of the support drawn at random, not from |aggregate|"
+    )
+
+
 class TimingConfig(_Frozen):
     """Window length, upload deadline and clock tolerance (see `protocol.windows`)."""
 
@@ -205,7 +217,7 @@ class RunConfig(_Frozen):
     """Everything all peers of a run must share. Its content hash is the run id."""
 
     name: str = Field(pattern=_NAME_RE, description="human-readable run name")
-    strategy: Literal["sparseloco", "diloco", "demo"] = Field(
+    strategy: Literal["sparseloco", "diloco", "demo", "sparseloco-mask"] = Field(
         "sparseloco", description="what peers send and how it is applied (`node.strategy`)"
     )
     preset_name: str = Field(pattern=_NAME_RE, description="model preset the shape came from")
@@ -221,6 +233,7 @@ class RunConfig(_Frozen):
     outer: OuterConfig
     codec: CodecParams = CodecParams()
     dense: DenseConfig = DenseConfig()
+    mask: MaskConfig = MaskConfig()
     codec_version: int = Field(CODEC_VERSION, ge=1)
     timing: TimingConfig
     gather_size: int = Field(ge=1, le=4096, description="peers aggregated per window")

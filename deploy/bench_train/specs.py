@@ -18,11 +18,13 @@ alpha         outer.alpha                          every local method
 outer         outer.optimizer (sgd | nesterov)     every local method
 momentum      outer.momentum                       every local method
 h             inner steps per outer step (below)   every local method
-k             codec.k                              sparseloco, demo
-bits          codec.value_bits (2 | 1)             sparseloco, demo
-beta          outer.beta                           sparseloco, demo
-freeze        outer.ef_freeze_fraction             sparseloco, demo
+k             codec.k (mask: the fresh Top-k)      sparseloco, demo, sparseloco-mask
+bits          codec.value_bits (2 | 1)             sparseloco, demo, sparseloco-mask
+beta          outer.beta                           sparseloco, demo, sparseloco-mask
+freeze        outer.ef_freeze_fraction             sparseloco, demo, sparseloco-mask
 values        2bit | fp32 (fp32: bench ablation)   sparseloco
+shared        mask.shared_k                        sparseloco-mask
+explore       mask.explore                         sparseloco-mask
 dtype         dense.dtype (bf16 | fp32)            diloco
 label         the name shown in the table          all
 ============  ===================================  ==================================
@@ -56,6 +58,7 @@ KEYS: dict[str, set[str]] = {
     "diloco": _LOCAL | {"dtype"},
     "sparseloco": _SPARSE | {"values"},
     "demo": _SPARSE,
+    "sparseloco-mask": _SPARSE | {"shared", "explore"},
 }
 
 
@@ -137,6 +140,10 @@ def _overrides(name: str, o: dict[str, str]) -> dict[str, Any]:
         over["codec"] = codec
     if "dtype" in o:
         over["dense"] = {"dtype": o["dtype"]}
+    mask = {key: kind(o[src]) for src, key, kind in
+            (("shared", "shared_k", int), ("explore", "explore", float)) if src in o}  # fmt: skip
+    if mask:
+        over["mask"] = mask
     if opt:
         over["optimizer"] = opt
     if outer:

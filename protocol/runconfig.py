@@ -175,6 +175,13 @@ class MaskConfig(_Frozen):
     )
 
 
+class LowRankConfig(_Frozen):
+    """`greedylore`: the rank of the projected matrices and the full-matrix period."""
+
+    rank: int = Field(8, ge=1, le=4096, description="r: columns of the shared basis sent a window")
+    tau: int = Field(10, ge=1, le=10**6, description="a full-matrix round every tau windows")
+
+
 class TimingConfig(_Frozen):
     """Window length, upload deadline and clock tolerance (see `protocol.windows`)."""
 
@@ -217,7 +224,7 @@ class RunConfig(_Frozen):
     """Everything all peers of a run must share. Its content hash is the run id."""
 
     name: str = Field(pattern=_NAME_RE, description="human-readable run name")
-    strategy: Literal["sparseloco", "diloco", "demo", "sparseloco-mask"] = Field(
+    strategy: Literal["sparseloco", "diloco", "demo", "sparseloco-mask", "greedylore"] = Field(
         "sparseloco", description="what peers send and how it is applied (`node.strategy`)"
     )
     preset_name: str = Field(pattern=_NAME_RE, description="model preset the shape came from")
@@ -234,6 +241,7 @@ class RunConfig(_Frozen):
     codec: CodecParams = CodecParams()
     dense: DenseConfig = DenseConfig()
     mask: MaskConfig = MaskConfig()
+    lowrank: LowRankConfig = LowRankConfig()
     codec_version: int = Field(CODEC_VERSION, ge=1)
     timing: TimingConfig
     gather_size: int = Field(ge=1, le=4096, description="peers aggregated per window")

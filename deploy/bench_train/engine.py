@@ -10,7 +10,8 @@ synchronised weights, takes H AdamW steps (its own optimizer state, as a real pe
 encodes ``start − θ_r`` with its own strategy state; the update goes through the real wire
 (`Strategy.to_bytes`, then `Strategy.decode` of those bytes), and one consensus instance takes
 the window's outer step (`Strategy.mean`, `Strategy.apply`) exactly as peers and validators do;
-every replica then settles (its update was applied). **DDP** is one model whose every inner step
+every replica then takes the consensus' outer state (what its own identical step would give
+it: momentum, a shared support, a basis) and settles (its update was applied). **DDP** is one model whose every inner step
 averages the gradients of R replicas (the same as one step on their union).
 
 Scored after every window: the held-out loss of the synchronised model on a fixed set of held-out
@@ -33,6 +34,7 @@ from node.model.llama import build_model
 from node.model.train import lm_loss, make_optimizer, train_window
 from node.strategy import Strategy, make_strategy
 from node.strategy.exact import SparseLoCoExact
+from node.strategy.greedylore_variants import GreedyLoreNow, GreedyLoreRandom
 from protocol.runconfig import RunConfig
 
 Tick = Callable[[int, float], None]
@@ -90,8 +92,13 @@ def heldout_loss(model: torch.nn.Module, heldout: torch.Tensor) -> float:
 
 
 def _strategy(m: MethodSpec, spec: ModelSpec) -> Strategy:
+    """The method's strategy, or its bench-only variant (float32 values, GreedyLore's)."""
     if m.exact_values:
         return SparseLoCoExact(m.run, spec)
+    if m.options.get("select") == "now":
+        return GreedyLoreNow(m.run, spec)
+    if m.options.get("basis") == "random":
+        return GreedyLoreRandom(m.run, spec)
     return make_strategy(m.run, spec)
 
 
@@ -145,7 +152,7 @@ def _outer_step(
     h, window = run.inner_steps, w * (setup.base.inner_steps // run.inner_steps) + s
     params = dict(worker.named_parameters())
     start = {n: p.detach().clone() for n, p in sync.named_parameters()}
-    updates, sent, sizes = {}, {}, []
+    deltas = []
     for r in range(setup.replicas):
         with torch.no_grad():
             for n, p in params.items():
@@ -153,14 +160,29 @@ def _outer_step(
         batches = (setup.batch(r, w, s * h + i) for i in range(h))
         train_window(worker, optimizers[r], batches, run, window, torch.device("cpu"))
         with torch.no_grad():
-            deltas = {n: start[n] - p.detach() for n, p in params.items()}
-        sent[r] = peers[r].encode(deltas, window)
+            deltas.append({n: start[n] - p.detach() for n, p in params.items()})
+    if isinstance(consensus, GreedyLoreNow) and not consensus.full_round:
+        _select_now(deltas, peers, consensus)
+    updates, sent, sizes = {}, {}, []
+    for r in range(setup.replicas):
+        sent[r] = peers[r].encode(deltas[r], window)
         n_bytes, updates[r] = transmit(peers[r], sent[r], window, r)
         sizes.append(n_bytes)
     consensus.step(sync, updates)
+    state = consensus.outer_state_dict()  # what each peer's own step would leave it with
     for r in range(setup.replicas):
+        peers[r].load_outer_state_dict(state)
         peers[r].settle(sent[r], True, window)
     return max(sizes)
+
+
+def _select_now(deltas: list[dict], peers: list[Strategy], consensus: GreedyLoreNow) -> None:
+    """GreedyLore's first communication phase, in-process: the mean of the replicas' sketches
+    of this window's matrices chooses this window's columns everywhere (Algorithm 3)."""
+    sketches = [p.sketches(d) for p, d in zip(peers, deltas, strict=True)]  # type: ignore[attr-defined]
+    mean = {n: sum(s[n] for s in sketches) / len(sketches) for n in sketches[0]}
+    for strategy in [*peers, consensus]:
+        strategy.select(mean)  # type: ignore[attr-defined]
 
 
 def run_ddp(m: MethodSpec, setup: Setup, tick: Tick) -> Curve:

@@ -18,14 +18,18 @@ alpha         outer.alpha                          every local method
 outer         outer.optimizer (sgd | nesterov)     every local method
 momentum      outer.momentum                       every local method
 h             inner steps per outer step (below)   every local method
-k             codec.k (mask: the fresh Top-k)      sparseloco, demo, sparseloco-mask
-bits          codec.value_bits (2 | 1)             sparseloco, demo, sparseloco-mask
-beta          outer.beta                           sparseloco, demo, sparseloco-mask
-freeze        outer.ef_freeze_fraction             sparseloco, demo, sparseloco-mask
+k             codec.k (mask: the fresh Top-k)      every sparse method (greedylore: fallback)
+bits          codec.value_bits (2 | 1)             every sparse method
+beta          outer.beta                           every sparse method
+freeze        outer.ef_freeze_fraction             every sparse method
 values        2bit | fp32 (fp32: bench ablation)   sparseloco
 shared        mask.shared_k                        sparseloco-mask
 explore       mask.explore                         sparseloco-mask
-dtype         dense.dtype (bf16 | fp32)            diloco
+rank          lowrank.rank                         greedylore
+tau           lowrank.tau                          greedylore
+select        lagged | now (now: bench only)       greedylore
+basis         greedy | random (random: bench only) greedylore
+dtype         dense.dtype (bf16 | fp32)            diloco, greedylore
 label         the name shown in the table          all
 ============  ===================================  ==================================
 
@@ -59,7 +63,9 @@ KEYS: dict[str, set[str]] = {
     "sparseloco": _SPARSE | {"values"},
     "demo": _SPARSE,
     "sparseloco-mask": _SPARSE | {"shared", "explore"},
+    "greedylore": _SPARSE | {"rank", "tau", "select", "basis", "dtype"},
 }
+CHOICES = {"values": ("2bit", "fp32"), "select": ("lagged", "now"), "basis": ("greedy", "random")}
 
 
 class SpecError(ValueError):
@@ -144,6 +150,9 @@ def _overrides(name: str, o: dict[str, str]) -> dict[str, Any]:
             (("shared", "shared_k", int), ("explore", "explore", float)) if src in o}  # fmt: skip
     if mask:
         over["mask"] = mask
+    lowrank = {key: int(o[key]) for key in ("rank", "tau") if key in o}
+    if lowrank:
+        over["lowrank"] = lowrank
     if opt:
         over["optimizer"] = opt
     if outer:
@@ -174,8 +183,9 @@ def parse_methods(text: str | list[str], base: RunConfig) -> list[MethodSpec]:
     methods = []
     for item in split_items(text):
         name, options = _options(item)
-        if options.get("values", "2bit") not in ("2bit", "fp32"):
-            raise SpecError(f"{name}: values must be 2bit or fp32")
+        for key, allowed in CHOICES.items():
+            if options.get(key, allowed[0]) not in allowed:
+                raise SpecError(f"{name}: {key} must be one of {', '.join(allowed)}")
         try:
             over = _merge(_overrides(name, options), _per_sync(base, options))
             run = RunConfig.from_dict(_merge(base.model_dump(mode="json"), over))

@@ -1,5 +1,6 @@
 """Training strategies behind one boundary (`node.strategy.base.Strategy`), chosen by
-``run.strategy``: ``sparseloco`` (the default), ``diloco``, ``demo`` and ``sparseloco-mask``. Peers, validators and history
+``run.strategy``: ``sparseloco`` (the default), ``diloco``, ``demo``, ``sparseloco-mask`` and
+``greedylore``. Peers, validators and history
 replay all take the window's outer step through the strategy, so there is exactly one."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from codec.spec import ModelSpec
 from node.strategy.base import Strategy
 from node.strategy.demo import DeMo
 from node.strategy.diloco import DiLoCo
+from node.strategy.greedylore import GreedyLore
 from node.strategy.mask import SparseLoCoMask
 from node.strategy.sparseloco import SparseLoCo
 from protocol.runconfig import RunConfig
@@ -21,6 +23,7 @@ STRATEGIES: dict[str, type[Strategy]] = {
     "diloco": DiLoCo,
     "demo": DeMo,
     "sparseloco-mask": SparseLoCoMask,
+    "greedylore": GreedyLore,
 }
 
 

@@ -57,8 +57,10 @@ class DeMo(SparseLoCo):
             x = x * torch.tensor(factor, dtype=torch.float32, device=out.device)
         out.add_(x)
 
-    def _accumulate(self, out: torch.Tensor, piece: Any, factor: float) -> None:
-        scatter_add(out, piece, self.run.codec, factor)  # the mean is taken over coefficients
+    def _accumulate(
+        self, sums: dict[str, torch.Tensor], name: str, piece: Any, factor: float
+    ) -> None:
+        scatter_add(sums[name], piece, self.run.codec, factor)  # a mean over coefficients
 
     def _finish_mean(self, out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {n: dct.inverse(t, self._layout(n)) for n, t in out.items()}

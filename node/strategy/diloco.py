@@ -30,6 +30,7 @@ from codec.dense import (
     to_wire_precision,
 )
 from codec.errors import DecodeError
+from codec.spec import CodecParams
 from node.strategy.base import Decoded, Header, Meta, Signer, Strategy
 
 
@@ -89,10 +90,16 @@ class DiLoCo(Strategy):
 
     def support(self, piece: Any) -> torch.Tensor:
         """The positions SparseLoCo would keep of this update: Top-k of |values| per chunk."""
-        layout = ChunkLayout.for_shape(piece.shape, self.run.codec)
-        mags = layout.split(piece.values.detach().to("cpu", torch.float32).abs())
-        parts = [
-            layout.flat_positions(gi, topk_rows(m.contiguous(), g.k)[0]).reshape(-1)
-            for gi, (g, m) in enumerate(zip(layout.groups, mags, strict=True))
-        ]
-        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
+        return topk_support(piece.values, self.run.codec)
+
+
+def topk_support(values: torch.Tensor, params: CodecParams) -> torch.Tensor:
+    """Flat positions of the Top-k of ``|values|`` in each chunk of its layout (what copy
+    detection compares of a dense block of values)."""
+    layout = ChunkLayout.for_shape(tuple(values.shape), params)
+    mags = layout.split(values.detach().to("cpu", torch.float32).abs())
+    parts = [
+        layout.flat_positions(gi, topk_rows(m.contiguous(), g.k)[0]).reshape(-1)
+        for gi, (g, m) in enumerate(zip(layout.groups, mags, strict=True))
+    ]
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)

@@ -154,7 +154,9 @@ def encode_lowrank(
     sparse_part = wire.encode_update(sparse, params, rest) if rest.tensors else b""
     values = []
     for p in projected:
-        values.append(dense.DenseTensor(p.name + ("" if full else "#R"), tuple(p.values.shape), p.values))
+        values.append(
+            dense.DenseTensor(p.name + ("" if full else "#R"), tuple(p.values.shape), p.values)
+        )
         if not full:
             values.append(dense.DenseTensor(p.name + "#L", tuple(p.sketch.shape), p.sketch))
     parts = _parts_spec(matrices, rank, full)

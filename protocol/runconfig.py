@@ -164,12 +164,13 @@ class DenseConfig(_Frozen):
 
 
 class MaskConfig(_Frozen):
-    """`sparseloco-mask`: the shared support each chunk sends index-free values on (the fresh
-    Top-k sent beside it, with indices, is ``codec.k``)."""
+    """`sparseloco-mask`: per full chunk, the index-free values on the shared support and the
+    fresh Top-k sent beside them with indices (together about the bytes of SparseLoCo's k=64)."""
 
     shared_k: int = Field(
-        192, ge=0, le=1 << 20, description="shared values per full chunk (capped at C - k)"
+        192, ge=0, le=1 << 20, description="shared values per full chunk (capped at C - fresh_k)"
     )
+    fresh_k: int = Field(16, ge=1, le=1 << 20, description="fresh Top-k entries per full chunk")
     explore: float = Field(
         0.25, ge=0, le=1, description="share of the support drawn at random, not from |aggregate|"
     )

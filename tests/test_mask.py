@@ -30,7 +30,8 @@ SPEC = ModelSpec.from_shapes(SHAPES)
 def _run(shared: int = 20, beta: float = 0.9, explore: float = 0.25) -> RunConfig:
     return RunConfig.preset(
         "tiny", name="mask", strategy="sparseloco-mask",
-        codec={"tile": 8, "k": 3, "max_abs_value": 1e6}, mask={"shared_k": shared, "explore": explore},
+        codec={"tile": 8, "k": 9, "max_abs_value": 1e6},
+        mask={"shared_k": shared, "fresh_k": 3, "explore": explore},
         outer={"total_windows": 10, "ef_freeze_fraction": 0.0, "beta": beta, "alpha": 1.0},
     )  # fmt: skip
 
@@ -85,7 +86,7 @@ def test_mask_follows_a_plain_reference_implementation() -> None:
     error feedback as SparseLoCo's, the clipped mean of the resolved entries, and the next
     support from that mean."""
     run, beta = _run(), 0.9
-    params = run.codec
+    params = run.codec.model_copy(update={"k": run.mask.fresh_k})
     peers = [make_strategy(run, SPEC) for _ in range(3)]
     validator = make_strategy(run, SPEC)
     model = _model()
@@ -145,7 +146,7 @@ def test_one_support_everywhere_and_after_a_restore() -> None:
     c = make_strategy(run, SPEC)
     c.apply(_model(), {n: t.clone() for n, t in mean.items()})
     assert c.supports()[0] == a.supports()[0]
-    layout = ChunkLayout.for_shape(SHAPES["v"], run.codec)  # the aggregate's largest entries
+    layout = ChunkLayout.for_shape(SHAPES["v"], a.params)  # the aggregate's largest entries
     top = mean["v"].abs().topk(3).indices
     support = a.supports()[1]["v"]
     flat = torch.cat([layout.flat_positions(i, s).reshape(-1) for i, s in enumerate(support)])
@@ -198,7 +199,7 @@ def test_copy_detection_sees_only_the_fresh_positions() -> None:
         peers[1].entries(sent[1][0])[0].tolist()
     )
     assert len(shared) >= sum(piece.shared[0] * g.n_chunks for piece in sent[:1][0][:1]
-                              for g in ChunkLayout.for_shape(piece.shape, run.codec).groups[:1])  # fmt: skip
+                              for g in ChunkLayout.for_shape(piece.shape, peers[0].params).groups[:1])  # fmt: skip
 
 
 # -- the wire -----------------------------------------------------------------------------
@@ -254,5 +255,6 @@ def test_hostile_mask_bytes_raise_decode_error_quickly() -> None:
         _decode(run, _reframe(no_digest, payload))
     unmasked = {k: v for k, v in header.items() if k != "shared_k"}  # a digest, no shared values
     raw = msgpack.packb({**unmasked, "digest": payload_digest(payload)}, use_bin_type=True)
+    same_k = sparse_run.model_copy(update={"codec": make_strategy(run, SPEC).params})
     with pytest.raises(DecodeError, match="support digest"):
-        _decode(sparse_run, wire.FRAME.pack(raw, payload))
+        _decode(same_k, wire.FRAME.pack(raw, payload))

@@ -18,12 +18,13 @@ alpha         outer.alpha                          every local method
 outer         outer.optimizer (sgd | nesterov)     every local method
 momentum      outer.momentum                       every local method
 h             inner steps per outer step (below)   every local method
-k             codec.k (mask: the fresh Top-k)      every sparse method (greedylore: fallback)
+k             codec.k                              every sparse method (greedylore: fallback)
 bits          codec.value_bits (2 | 1)             every sparse method
 beta          outer.beta                           every sparse method
 freeze        outer.ef_freeze_fraction             every sparse method
 values        2bit | fp32 (fp32: bench ablation)   sparseloco
 shared        mask.shared_k                        sparseloco-mask
+fresh         mask.fresh_k                         sparseloco-mask
 explore       mask.explore                         sparseloco-mask
 rank          lowrank.rank                         greedylore
 tau           lowrank.tau                          greedylore
@@ -62,7 +63,7 @@ KEYS: dict[str, set[str]] = {
     "diloco": _LOCAL | {"dtype"},
     "sparseloco": _SPARSE | {"values"},
     "demo": _SPARSE,
-    "sparseloco-mask": _SPARSE | {"shared", "explore"},
+    "sparseloco-mask": (_SPARSE - {"k"}) | {"shared", "fresh", "explore"},
     "greedylore": _SPARSE | {"rank", "tau", "select", "basis", "dtype"},
 }
 CHOICES = {"values": ("2bit", "fp32"), "select": ("lagged", "now"), "basis": ("greedy", "random")}
@@ -147,7 +148,8 @@ def _overrides(name: str, o: dict[str, str]) -> dict[str, Any]:
     if "dtype" in o:
         over["dense"] = {"dtype": o["dtype"]}
     mask = {key: kind(o[src]) for src, key, kind in
-            (("shared", "shared_k", int), ("explore", "explore", float)) if src in o}  # fmt: skip
+            (("shared", "shared_k", int), ("fresh", "fresh_k", int), ("explore", "explore", float))
+            if src in o}  # fmt: skip
     if mask:
         over["mask"] = mask
     lowrank = {key: int(o[key]) for key in ("rank", "tau") if key in o}

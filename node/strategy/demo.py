@@ -43,7 +43,7 @@ class DeMo(SparseLoCo):
     wire = DCT
 
     def _layout(self, name: str) -> ChunkLayout:
-        return ChunkLayout.for_shape(self._shapes[name], self.run.codec)
+        return ChunkLayout.for_shape(self._shapes[name], self.params)
 
     def encode(self, deltas: Mapping[str, torch.Tensor], window: int) -> list[Any]:
         self._owned_order(deltas)
@@ -52,7 +52,7 @@ class DeMo(SparseLoCo):
 
     def add_into(self, out: torch.Tensor, piece: Any, factor: float = 1.0) -> None:
         """``out += factor · IDCT(piece)`` (parameter domain, e.g. the validator's probe)."""
-        x = dct.inverse(densify(piece, self.run.codec, out.device), self._layout(piece.name))
+        x = dct.inverse(densify(piece, self.params, out.device), self._layout(piece.name))
         if factor != 1.0:
             x = x * torch.tensor(factor, dtype=torch.float32, device=out.device)
         out.add_(x)
@@ -60,7 +60,7 @@ class DeMo(SparseLoCo):
     def _accumulate(
         self, sums: dict[str, torch.Tensor], name: str, piece: Any, factor: float
     ) -> None:
-        scatter_add(sums[name], piece, self.run.codec, factor)  # a mean over coefficients
+        scatter_add(sums[name], piece, self.params, factor)  # a mean over coefficients
 
     def _finish_mean(self, out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {n: dct.inverse(t, self._layout(n)) for n, t in out.items()}

@@ -4,8 +4,8 @@ protocol).
 SparseLoCo's peers pick their own Top-k, so their supports barely overlap and the mean divides
 each sent value by the number of peers. Here every chunk of every peer sends values on one
 *shared* support, ``run.mask.shared_k`` positions per full chunk that need no index, plus a
-small *fresh* Top-k of its own outside it (``run.codec.k`` entries, with indices) so the support
-can move. The support of a window is derived from what every honest node holds bit for bit
+small *fresh* Top-k of its own outside it (``run.mask.fresh_k`` entries, with indices) so the
+support can move. The support of a window is derived from what every honest node holds bit for bit
 (`codec.masked.shared_support`): the positions of largest magnitude in the previous window's
 aggregate (SCAPE's mask, used one step late), plus an exploration share
 (``run.mask.explore``) drawn by a hash of the run and of that aggregate. The aggregate and the
@@ -36,6 +36,7 @@ from codec.masked import (
     shared_support,
     support_digest,
 )
+from codec.spec import CodecParams
 from codec.wire import MASKED, decode_update, encode_update
 from node.strategy.base import Decoded, Meta, Signer
 from node.strategy.sparseloco import SparseLoCo, sparse_entries
@@ -55,8 +56,13 @@ class SparseLoCoMask(SparseLoCo):
         self._cache: tuple[bytes, dict[str, list[torch.Tensor]]] | None = None
         self._sent: tuple[bytes, dict[str, list[torch.Tensor]]] | None = None
 
+    @property
+    def params(self) -> CodecParams:
+        """The run's codec with ``k`` the fresh Top-k (``run.mask.fresh_k``)."""
+        return self.run.codec.model_copy(update={"k": self.run.mask.fresh_k})
+
     def _new_encoder(self) -> Any:
-        return MaskCompressor(self.owned, self.run.codec, device=self.device)
+        return MaskCompressor(self.owned, self.params, device=self.device)
 
     # -- the shared support ------------------------------------------------------------------
 
@@ -70,9 +76,9 @@ class SparseLoCoMask(SparseLoCo):
             root = seed.digest()
             out = {}
             for t in self.spec.tensors:
-                layout = ChunkLayout.for_shape(t.shape, self.run.codec)
+                layout = ChunkLayout.for_shape(t.shape, self.params)
                 last = self._last[t.name] if self._last is not None else torch.zeros(t.shape)
-                counts = shared_counts(layout, self.run.codec, self.run.mask.shared_k)
+                counts = shared_counts(layout, self.params, self.run.mask.shared_k)
                 tseed = int.from_bytes(
                     hashlib.blake2b(root + t.name.encode()).digest()[:8], "little"
                 )
@@ -115,20 +121,20 @@ class SparseLoCoMask(SparseLoCo):
     # -- the wire ----------------------------------------------------------------------------
 
     def max_update_bytes(self) -> int:
-        c = self.run.codec
+        c = self.params
         per_chunk = c.k + self.run.mask.shared_k
         kept = self.spec.numel * per_chunk // c.chunk_size + len(self.spec.tensors) * per_chunk
         return 4 * kept + (1 << 20)
 
     def to_bytes(self, update: Sequence[Any], meta: Meta | None, sign: Signer | None) -> bytes:
         return encode_update(
-            update, self.run.codec, self.spec, meta=meta, sign=sign, fmt=self.wire,
+            update, self.params, self.spec, meta=meta, sign=sign, fmt=self.wire,
             shared_k=self.run.mask.shared_k,
         )  # fmt: skip
 
     def decode(self, data: bytes | memoryview, max_bytes: int) -> Decoded:
         return decode_update(
-            data, self.spec, self.run.codec, max_bytes, self.wire, self.run.mask.shared_k
+            data, self.spec, self.params, max_bytes, self.wire, self.run.mask.shared_k
         )
 
     # -- one update --------------------------------------------------------------------------
@@ -136,20 +142,20 @@ class SparseLoCoMask(SparseLoCo):
     def validate(self, piece: Any) -> None:
         if not isinstance(piece, MaskedTensor):
             raise DecodeError(f"a {self.name} update holds masked tensors, not {type(piece)}")
-        piece.validate(self.run.codec)
+        piece.validate(self.params)
         self.resolve(piece)
 
     def add_into(self, out: torch.Tensor, piece: Any, factor: float = 1.0) -> None:
-        scatter_add(out, self.resolve(piece), self.run.codec, factor)
+        scatter_add(out, self.resolve(piece), self.params, factor)
 
     def support(self, piece: Any) -> torch.Tensor:
         """The fresh positions only (no state needed): the shared ones are everybody's."""
-        layout = ChunkLayout.for_shape(piece.shape, self.run.codec)
+        layout = ChunkLayout.for_shape(piece.shape, self.params)
         parts = [layout.flat_positions(gi, g.idx).reshape(-1) for gi, g in enumerate(piece.groups)]
         return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
 
     def entries(self, piece: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        return sparse_entries(self.resolve(piece), self.run.codec)
+        return sparse_entries(self.resolve(piece), self.params)
 
     # -- the window's consensus --------------------------------------------------------------
 

@@ -20,8 +20,13 @@ from codec.errors import DecodeError
 from codec.frame import payload_digest
 from codec.masked import MaskedTensor, mix64, shared_counts, shared_support
 from codec.spec import CodecParams, ModelSpec
+from node.data.batches import open_run_dataset
+from node.model.llama import build_model
 from node.strategy import make_strategy
 from protocol.runconfig import RunConfig
+from validator.config import ValidatorConfig
+from validator.reveal import reveal_for
+from validator.scoring import LossProbe
 
 SHAPES = {"w": (40, 23), "v": (200,), "n": (50,)}
 SPEC = ModelSpec.from_shapes(SHAPES)
@@ -258,3 +263,35 @@ def test_hostile_mask_bytes_raise_decode_error_quickly() -> None:
     same_k = sparse_run.model_copy(update={"codec": make_strategy(run, SPEC).params})
     with pytest.raises(DecodeError, match="support digest"):
         _decode(same_k, wire.FRAME.pack(raw, payload))
+
+
+def test_the_validators_probe_scores_mask_updates_with_its_own_support() -> None:
+    """The loss probe applies updates: with the validator's strategy (which holds the window's
+    support) it scores them; a strategy without that state would refuse them."""
+    run = RunConfig.preset("tiny", name="mask-probe", strategy="sparseloco-mask",
+                           outer={"total_windows": 10, "ef_freeze_fraction": 0.0})  # fmt: skip
+    model = build_model(run.model, run.seed)
+    spec = ModelSpec.from_module(model)
+    validator = make_strategy(run, spec)
+    gen = torch.Generator().manual_seed(0)
+    small = {t.name: torch.randn(t.shape, generator=gen) * 1e-3 for t in spec.tensors}
+    validator.apply(build_model(run.model, run.seed), small)  # the support has moved once
+    peers = [make_strategy(run, spec) for _ in range(2)]
+    for peer in peers:
+        peer.load_outer_state_dict(validator.outer_state_dict())
+    updates = {
+        u: p.encode({n: t * (u + 1) for n, t in small.items()}, 1) for u, p in enumerate(peers)
+    }
+    norms = {u: validator.norm(up) for u, up in updates.items()}
+    _, dataset = open_run_dataset(run)
+    reveal = reveal_for(dataset, run.run_id, 1, b"k" * 32, 8, 8)
+    cfg = ValidatorConfig(n_random=8, n_own=8)
+    cpu = torch.device("cpu")
+    probe = LossProbe(model, run, dataset, 1, reveal, updates, norms, cfg, cpu, validator)
+    score = probe.score(0, updates[0], norms[0])
+    assert (
+        math.isfinite(score.loss_after_random)
+        and score.loss_after_random != score.loss_before_random
+    )
+    with pytest.raises(DecodeError, match="another shared support"):
+        LossProbe(model, run, dataset, 1, reveal, updates, norms, cfg, cpu)  # no support

@@ -232,7 +232,7 @@ def encode_update(
     )
     if sign is not None:
         header = header.model_copy(update={"sig": sign(header_digest(header, fmt.frame))})
-    return fmt.frame.pack(_pack_header(header), payload)
+    return _frame(header, payload, fmt.frame)
 
 
 _ENTRY_FIELDS = tuple(TensorEntry.model_fields)
@@ -252,6 +252,10 @@ def header_digest(header: WireHeader, frame: Frame = FRAME) -> bytes:
     return frame.digest(_pack_header(header.model_copy(update={"sig": b""})))
 
 
+def _frame(header: WireHeader, payload: bytes | memoryview, frame: Frame = FRAME) -> bytes:
+    return frame.pack(_pack_header(header), payload)
+
+
 def with_signature(
     data: bytes,
     sig: bytes,
@@ -263,9 +267,7 @@ def with_signature(
     changes: dict[str, object] = {"sig": sig}
     if meta is not None:
         changes["meta"] = dict(meta)
-    return frame.pack(
-        _pack_header(WireHeader.model_validate({**header.model_dump(), **changes})), payload
-    )
+    return _frame(WireHeader.model_validate({**header.model_dump(), **changes}), payload, frame)
 
 
 def read_header(

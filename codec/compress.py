@@ -44,7 +44,7 @@ import torch
 from codec import gpu
 from codec.chunking import ChunkGroup, ChunkLayout
 from codec.errors import DecodeError
-from codec.quantize import dequantize, quantize, validate
+from codec.quantize import dequantize, quantize_bits, validate
 from codec.spec import CodecParams, ModelSpec
 
 __all__ = [
@@ -108,7 +108,9 @@ class SparseTensor:
         for gi, (g, sg) in enumerate(zip(layout.groups, self.groups, strict=True)):
             try:
                 _validate_group(g, sg)
-                validate(sg.codes, sg.scales, self.codebook, params.max_abs_value)
+                validate(
+                    sg.codes, sg.scales, self.codebook, params.max_abs_value, params.value_bits
+                )
             except DecodeError as exc:
                 raise DecodeError(f"{self.name} group {gi}: {exc}") from exc
 
@@ -432,7 +434,9 @@ class Compressor:
         clock = _lap(timings, "select", clock)
         # The quantiser's statistics are float sums whose rounding depends on their order, so
         # they run on the host for either path: the same side bytes and codes from any device.
-        q = quantize([v.cpu() for v in vals], self.params.max_abs_value)
+        q = quantize_bits(
+            [v.cpu() for v in vals], self.params.max_abs_value, self.params.value_bits
+        )
         clock = _lap(timings, "quantize", clock)
         dev = self.device
         groups = [

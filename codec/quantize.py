@@ -53,6 +53,8 @@ __all__ = [
     "decode_side",
     "dequantize",
     "quantize",
+    "quantize_bits",
+    "quantize_signs",
     "relative_error",
     "side_info_bits",
     "uniform_baseline",
@@ -125,9 +127,11 @@ def validate(
     scales: torch.Tensor,
     codebook: torch.Tensor,
     max_abs: float = MAX_LEVEL,
+    bits: int = 2,
 ) -> None:
     """Raise `DecodeError` unless (codes, scales, codebook) decode to finite values of magnitude
-    at most `max_abs` (every chunk's two levels are checked, used or not)."""
+    at most `max_abs` (every chunk's two levels are checked, used or not) and every code fits in
+    ``bits`` bits (1: a sign only, `quantize_signs`)."""
     if codebook.dtype != torch.float32 or codebook.dim() != 2 or codebook.shape[1] != 2:
         raise DecodeError(
             f"codebook must be float32 (R, 2), got {codebook.dtype} {tuple(codebook.shape)}"
@@ -143,8 +147,8 @@ def validate(
         raise DecodeError(f"codes and scales must be uint8, got {codes.dtype} and {scales.dtype}")
     if codes.dim() != 2 or scales.dim() != 1 or scales.shape[0] != codes.shape[0]:
         raise DecodeError(f"codes {tuple(codes.shape)} and scales {tuple(scales.shape)} disagree")
-    if codes.numel() and int(codes.max()) > 3:
-        raise DecodeError("value code above 3")
+    if codes.numel() and int(codes.max()) >= 1 << bits:
+        raise DecodeError(f"value code above {(1 << bits) - 1}")
     if scales.numel() and int((scales & 3).max()) >= rows:
         raise DecodeError(f"side byte names a codebook row >= {rows}")
     if scales.numel() and bool((chunk_levels(scales, codebook) > max_abs).any()):
@@ -294,6 +298,37 @@ def quantize(values: Sequence[torch.Tensor], max_abs: float = MAX_LEVEL) -> Quan
         codes.append(torch.cat([_codes(v[b], scale[b], levels[b]) for b in _blocks(len(v))]))
     sides = [((qc << 2) | r).to(torch.uint8) for qc, r in zip(q, rows, strict=True)]
     return Quantized(codes=codes, scales=sides, codebook=codebook)
+
+
+def quantize_signs(values: Sequence[torch.Tensor], max_abs: float = MAX_LEVEL) -> Quantized:
+    """1-bit values (DeMo's sign option): code = the sign, every entry of a chunk decodes to
+    ``±S_j * base``; one codebook row ``(base, base)``, so the side byte is the chunk scale alone.
+
+    ``S_j * base`` is the least-squares magnitude for signs, ``mean |v|`` of the chunk, rounded to
+    the minifloat grid (the largest chunk maps to 1.75) and capped so nothing decodes above
+    `max_abs`. Codes are 0 or 1; `validate` with ``bits=1`` holds them to that.
+    """
+    if not values or not all(v.dtype == torch.float32 and v.dim() == 2 for v in values):
+        raise ValueError("values must be float32 (n_chunks, k) per group")
+    if not all(bool(torch.isfinite(v).all()) for v in values):
+        raise ValueError("values to quantize must be finite")
+    means = [v.abs().mean(1) for v in values]
+    s_max = max((float(m.max()) for m in means if m.numel()), default=0.0)
+    base = min(s_max / _MAX_SCALE, MAX_LEVEL) if s_max > 0 else 1.0
+    codebook = torch.tensor([[base, base]], dtype=torch.float32, device=values[0].device)
+    lut = SCALE_LUT.to(codebook.device)
+    limit = _scale_limits(codebook, lut, max_abs)[0]
+    q = [torch.minimum(_nearest(m / codebook[0, 0], lut), limit) for m in means]
+    return Quantized(
+        codes=[(v < 0).to(torch.uint8) for v in values],
+        scales=[(qc << 2).to(torch.uint8) for qc in q],
+        codebook=codebook,
+    )
+
+
+def quantize_bits(values: Sequence[torch.Tensor], max_abs: float, bits: int) -> Quantized:
+    """`quantize` (2 bits) or `quantize_signs` (1 bit)."""
+    return quantize(values, max_abs) if bits == 2 else quantize_signs(values, max_abs)
 
 
 def _scale_limits(codebook: torch.Tensor, lut: torch.Tensor, max_abs: float) -> torch.Tensor:

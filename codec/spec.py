@@ -22,7 +22,9 @@ class CodecParams(BaseModel):
 
     tile: int = Field(64, ge=1, le=1024, description="side of the square tile for 2-D tensors")
     k: int = Field(64, ge=1, description="entries kept per full chunk of tile*tile elements")
-    value_bits: int = Field(2, ge=2, le=2, description="bits per transmitted value")
+    value_bits: int = Field(
+        2, ge=1, le=2, description="bits per transmitted value: 2 (sign + magnitude) or 1 (sign)"
+    )
     max_abs_value: float = Field(
         1.0, gt=0, le=2.0**64, allow_inf_nan=False,
         description="largest magnitude a transmitted value may decode to (encoders clamp to it, "

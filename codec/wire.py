@@ -11,10 +11,18 @@ left empty. A reader therefore checks the signature right after parsing the (bou
 before decoding a single payload byte.
 
 The payload is, in order: every chunk group's index stream (`codec.indices`), then one section
-of 2-bit value codes (four per byte, zstd-compressed only when that saves at least
-`ZSTD_MIN_GAIN`), one section of per-chunk side bytes, and one section of float32 codebooks.
-Index streams are already at entropy and side bytes are near-random, so zstd is only tried where
-it has something to find.
+of value codes (2-bit codes four per byte, or 1-bit signs eight per byte when
+``CodecParams.value_bits`` is 1; zstd-compressed only when that saves at least `ZSTD_MIN_GAIN`),
+one section of per-chunk side bytes, and one section of float32 codebooks. Index streams are
+already at entropy and side bytes are near-random, so zstd is only tried where it has something
+to find.
+
+Three containers share this layout (`WireFormat`), each with its own magic: ``TSRU`` (SparseLoCo:
+values at the indexed positions), ``TSRC`` (DeMo: the same, over per-chunk DCT coefficients,
+`codec.dct`) and ``TSRM`` (`sparseloco-mask`: each chunk's codes start with ``s_g`` index-free
+values on the window's shared support, `codec.masked`). The header fields ``value_bits``,
+``shared_k`` and ``support_digest`` are written only when they differ from their defaults (2,
+0, empty), so a 2-bit ``TSRU`` header is byte for byte what it always was.
 
 `decode_update` treats its input as hostile: sizes are checked before any allocation, the header
 is parsed with msgpack limits, validated by pydantic (extra fields refused) and must be in the
@@ -42,6 +50,7 @@ from codec.chunking import ChunkLayout
 from codec.compress import SparseGroup, SparseTensor
 from codec.errors import DecodeError
 from codec.frame import Frame, pack_header, payload_digest, unpack_header
+from codec.masked import MaskedTensor, shared_counts
 from codec.quantize import MAX_ROWS
 from codec.spec import CODEC_VERSION, CodecParams, ModelSpec
 
@@ -52,6 +61,21 @@ DEFAULT_MAX_UPDATE_BYTES = 1 << 32
 ZSTD_MIN_GAIN = 0.02
 
 MetaValue = str | int
+Piece = SparseTensor | MaskedTensor
+
+
+@dataclass(frozen=True)
+class WireFormat:
+    """One sparse container: its frame, and whether chunks start with shared values."""
+
+    frame: Frame
+    masked: bool = False
+
+
+SPARSE = WireFormat(FRAME)
+DCT = WireFormat(Frame(b"TSRC", 1, "Tessera DCT update"))
+MASKED = WireFormat(Frame(b"TSRM", 1, "Tessera masked update"), masked=True)
+_OPTIONAL = {"value_bits": 2, "shared_k": 0, "support_digest": b""}
 
 
 class TensorEntry(BaseModel):
@@ -81,9 +105,12 @@ class WireHeader(BaseModel):
     digest: bytes = Field(min_length=32, max_length=32)
     meta: dict[str, MetaValue] = Field(default_factory=dict, max_length=16)
     sig: bytes = Field(default=b"", max_length=128)
+    value_bits: int = Field(2, ge=1, le=2)
+    shared_k: int = Field(0, ge=0, le=1 << 20)
+    support_digest: bytes = Field(b"", max_length=32)
 
     def params(self) -> CodecParams:
-        return CodecParams(tile=self.tile, k=self.k)
+        return CodecParams(tile=self.tile, k=self.k, value_bits=self.value_bits)
 
 
 @dataclass
@@ -91,7 +118,8 @@ class DecodedUpdate:
     """A decoded update: its header (meta, signature, digest) and one `SparseTensor` per tensor."""
 
     header: WireHeader
-    tensors: list[SparseTensor]
+    tensors: list[Piece]
+    frame: Frame = FRAME
 
     @property
     def digest(self) -> bytes:
@@ -101,48 +129,68 @@ class DecodedUpdate:
     @property
     def signed_digest(self) -> bytes:
         """The digest the sender's signature covers (`header_digest`)."""
-        return header_digest(self.header)
+        return header_digest(self.header, self.frame)
 
 
-def _pack_codes(codes: torch.Tensor) -> bytes:
+def _pack_codes(codes: torch.Tensor, bits: int) -> bytes:
+    """``bits``-bit codes packed little-end first, ``8 // bits`` per byte, zero-padded."""
+    per = 8 // bits
     flat = codes.reshape(-1).to("cpu", torch.uint8).numpy()
-    pad = (-flat.size) % 4
+    pad = (-flat.size) % per
     if pad:
         flat = np.concatenate([flat, np.zeros(pad, np.uint8)])
-    q = flat.reshape(-1, 4)
-    return (q[:, 0] | (q[:, 1] << 2) | (q[:, 2] << 4) | (q[:, 3] << 6)).astype(np.uint8).tobytes()
+    q = flat.reshape(-1, per).astype(np.uint8)
+    out = np.zeros(q.shape[0], np.uint8)
+    for j in range(per):
+        out |= q[:, j] << np.uint8(bits * j)
+    return out.tobytes()
 
 
-def _unpack_codes(data: bytes, count: int) -> torch.Tensor:
+def _unpack_codes(data: bytes, count: int, bits: int) -> torch.Tensor:
     b = np.frombuffer(data, dtype=np.uint8)
-    q = np.stack([b & 3, (b >> 2) & 3, (b >> 4) & 3, b >> 6], axis=1).reshape(-1)
+    mask = np.uint8((1 << bits) - 1)
+    q = np.stack([(b >> np.uint8(bits * j)) & mask for j in range(8 // bits)], axis=1).reshape(-1)
     if (q[count:] != 0).any():
         raise DecodeError("non-zero padding after the value codes")
     return torch.from_numpy(q[:count].copy())
 
 
 def encode_update(
-    tensors: Sequence[SparseTensor],
+    tensors: Sequence[Piece],
     params: CodecParams,
     spec: ModelSpec,
     *,
     meta: Mapping[str, MetaValue] | None = None,
     sign: Callable[[bytes], bytes] | None = None,
+    fmt: WireFormat = SPARSE,
+    shared_k: int = 0,
 ) -> bytes:
-    """Serialise one update (all tensors of `spec`, in its order).
+    """Serialise one update (all tensors of `spec`, in its order) in container ``fmt``.
 
-    `sign`, if given, receives `header_digest` of the finished header and returns the signature
-    stored in it.
+    ``shared_k``: shared values per full chunk (``MASKED`` only; its pieces are `MaskedTensor`s
+    made for one support, whose digest the header names). `sign`, if given, receives
+    `header_digest` of the finished header and returns the signature stored in it.
     """
     by_name = {t.name: t for t in tensors}
     if [t.name for t in spec.tensors] != [t.name for t in tensors]:
         raise ValueError("an update must carry every tensor of the spec, in the spec's order")
+    if fmt.masked != all(isinstance(t, MaskedTensor) for t in tensors) or (
+        not fmt.masked and shared_k
+    ):
+        raise ValueError(f"{fmt.frame.name}: wrong kind of pieces for this container")
+    digests = {t.digest for t in tensors if isinstance(t, MaskedTensor)}
+    if len(digests) > 1:
+        raise ValueError("every piece of a masked update must be made for the same support")
     entries, idx_parts, codes, scales, books = [], [], [], [], []
     for ts in spec.tensors:
         sparse = by_name[ts.name]
         if tuple(sparse.shape) != tuple(ts.shape):
             raise ValueError(f"{ts.name}: shape {sparse.shape} != spec {ts.shape}")
         layout = ChunkLayout.for_shape(ts.shape, params)
+        if isinstance(sparse, MaskedTensor) and sparse.shared != tuple(
+            shared_counts(layout, params, shared_k)
+        ):
+            raise ValueError(f"{ts.name}: shared values per chunk do not match shared_k")
         streams = [
             indices.encode(g.idx, lg.chunk_size)
             for g, lg in zip(sparse.groups, layout.groups, strict=True)
@@ -159,7 +207,7 @@ def encode_update(
                 codebook_rows=int(sparse.codebook.shape[0]),
             )
         )
-    packed = _pack_codes(torch.cat(codes)) if codes else b""
+    packed = _pack_codes(torch.cat(codes), params.value_bits) if codes else b""
     squeezed = zstandard.ZstdCompressor(level=3).compress(packed) if packed else b""
     use_zstd = len(squeezed) < (1 - ZSTD_MIN_GAIN) * len(packed)
     codes_section = squeezed if use_zstd else packed
@@ -178,10 +226,13 @@ def encode_update(
         payload_bytes=len(payload),
         digest=digest,
         meta=dict(meta or {}),
+        value_bits=params.value_bits,
+        shared_k=shared_k,
+        support_digest=next(iter(digests), b""),
     )
     if sign is not None:
-        header = header.model_copy(update={"sig": sign(header_digest(header))})
-    return _frame(header, payload)
+        header = header.model_copy(update={"sig": sign(header_digest(header, fmt.frame))})
+    return _frame(header, payload, fmt.frame)
 
 
 _ENTRY_FIELDS = tuple(TensorEntry.model_fields)
@@ -190,32 +241,40 @@ _ENTRY_FIELDS = tuple(TensorEntry.model_fields)
 def _pack_header(header: WireHeader) -> bytes:
     obj = header.model_dump(mode="python")
     obj["tensors"] = [[e[f] for f in _ENTRY_FIELDS] for e in obj["tensors"]]  # positional: compact
+    for name, default in _OPTIONAL.items():  # absent at their defaults (see module docstring)
+        if obj[name] == default:
+            del obj[name]
     return pack_header(obj)
 
 
-def header_digest(header: WireHeader) -> bytes:
+def header_digest(header: WireHeader, frame: Frame = FRAME) -> bytes:
     """What an update's signature covers: BLAKE2b-256 of its framed header with ``sig`` empty."""
-    return FRAME.digest(_pack_header(header.model_copy(update={"sig": b""})))
+    return frame.digest(_pack_header(header.model_copy(update={"sig": b""})))
 
 
-def _frame(header: WireHeader, payload: bytes | memoryview) -> bytes:
-    return FRAME.pack(_pack_header(header), payload)
+def _frame(header: WireHeader, payload: bytes | memoryview, frame: Frame = FRAME) -> bytes:
+    return frame.pack(_pack_header(header), payload)
 
 
-def with_signature(data: bytes, sig: bytes, meta: Mapping[str, MetaValue] | None = None) -> bytes:
+def with_signature(
+    data: bytes,
+    sig: bytes,
+    meta: Mapping[str, MetaValue] | None = None,
+    frame: Frame = FRAME,
+) -> bytes:
     """The same update with its signature (and optionally meta) replaced; payload untouched."""
-    header, payload = read_header(data, max_bytes=len(data))
+    header, payload = read_header(data, max_bytes=len(data), frame=frame)
     changes: dict[str, object] = {"sig": sig}
     if meta is not None:
         changes["meta"] = dict(meta)
-    return _frame(WireHeader.model_validate({**header.model_dump(), **changes}), payload)
+    return _frame(WireHeader.model_validate({**header.model_dump(), **changes}), payload, frame)
 
 
 def read_header(
-    data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_UPDATE_BYTES
+    data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_UPDATE_BYTES, frame: Frame = FRAME
 ) -> tuple[WireHeader, memoryview]:
     """Parse and check the frame and header (cheap; no payload decoding). Returns the payload."""
-    raw, payload = FRAME.split(data, max_bytes)
+    raw, payload = frame.split(data, max_bytes)
     header = _parse_header(raw)
     if len(payload) != header.payload_bytes:
         raise DecodeError(f"payload is {len(payload)} bytes, header says {header.payload_bytes}")
@@ -245,17 +304,29 @@ def decode_update(
     expected_spec: ModelSpec,
     expected_params: CodecParams,
     max_bytes: int = DEFAULT_MAX_UPDATE_BYTES,
+    fmt: WireFormat = SPARSE,
+    shared_k: int = 0,
 ) -> DecodedUpdate:
-    """Decode untrusted bytes into one `SparseTensor` per tensor of `expected_spec`.
-
-    Raises `DecodeError` for anything malformed, oversized or not made for this spec and codec.
+    """Decode untrusted bytes in container ``fmt`` into one piece per tensor of `expected_spec`
+    (`SparseTensor`, or `MaskedTensor` for ``MASKED`` with ``shared_k`` shared values per full
+    chunk). Raises `DecodeError` for anything malformed, oversized or not made for this spec,
+    codec and container. A masked update's support is checked later, by whoever holds it.
     """
-    header, payload = read_header(data, max_bytes)
+    header, payload = read_header(data, max_bytes, fmt.frame)
     _check_against(header, expected_spec, expected_params)
+    if header.shared_k != (shared_k if fmt.masked else 0):
+        raise DecodeError(f"{header.shared_k} shared values per chunk, the run sends {shared_k}")
+    if fmt.masked != bool(header.support_digest) or len(header.support_digest) not in (0, 32):
+        raise DecodeError("support digest missing, misplaced or malformed")
     if payload_digest(payload) != header.digest:
         raise DecodeError("payload digest mismatch")
     layouts = [ChunkLayout.for_shape(t.shape, expected_params) for t in expected_spec.tensors]
-    n_values = sum(g.n_chunks * g.k for lay in layouts for g in lay.groups)
+    shared = [shared_counts(lay, expected_params, header.shared_k) for lay in layouts]
+    n_values = sum(
+        g.n_chunks * (g.k + s)
+        for lay, sh in zip(layouts, shared, strict=True)
+        for g, s in zip(lay.groups, sh, strict=True)
+    )
     n_chunks = sum(g.n_chunks for lay in layouts for g in lay.groups)
     n_rows = sum(e.codebook_rows for e in header.tensors)
     idx_total = sum(sum(e.index_bytes) for e in header.tensors)
@@ -265,19 +336,20 @@ def decode_update(
     pos = idx_total
     codes_raw = bytes(payload[pos : pos + header.codes_bytes])
     pos += header.codes_bytes
-    packed_len = (n_values + 3) // 4
+    per_byte = 8 // header.value_bits
+    packed_len = (n_values + per_byte - 1) // per_byte
     if header.codes_zstd:
         codes_raw = _unzstd(codes_raw, packed_len)
     if len(codes_raw) != packed_len:
         raise DecodeError(f"value codes are {len(codes_raw)} bytes, expected {packed_len}")
-    codes = _unpack_codes(codes_raw, n_values)
+    codes = _unpack_codes(codes_raw, n_values, header.value_bits)
     scales = torch.frombuffer(bytearray(payload[pos : pos + n_chunks]), dtype=torch.uint8)
     pos += n_chunks
     books = np.frombuffer(bytes(payload[pos:]), dtype="<f4").astype(np.float32)
-    tensors = _assemble(header, payload, layouts, codes, scales, books)
+    tensors = _assemble(header, payload, layouts, shared, codes, scales, books)
     for t in tensors:
         t.validate(expected_params)
-    return DecodedUpdate(header=header, tensors=tensors)
+    return DecodedUpdate(header=header, tensors=tensors, frame=fmt.frame)
 
 
 def _check_against(header: WireHeader, spec: ModelSpec, params: CodecParams) -> None:
@@ -287,6 +359,8 @@ def _check_against(header: WireHeader, spec: ModelSpec, params: CodecParams) -> 
         raise DecodeError(
             f"codec (tile={header.tile}, k={header.k}) != expected (tile={params.tile}, k={params.k})"
         )
+    if header.value_bits != params.value_bits:
+        raise DecodeError(f"{header.value_bits}-bit values, the run sends {params.value_bits}")
     if header.spec_digest != spec.digest():
         raise DecodeError("update was made for another model spec")
     if len(header.tensors) != len(spec.tensors):
@@ -313,15 +387,16 @@ def _assemble(
     header: WireHeader,
     payload: memoryview,
     layouts: list[ChunkLayout],
+    shared: list[list[int]],
     codes: torch.Tensor,
     scales: torch.Tensor,
     books: np.ndarray,
-) -> list[SparseTensor]:
-    tensors: list[SparseTensor] = []
+) -> list[Piece]:
+    tensors: list[Piece] = []
     pos = vpos = cpos = bpos = 0
-    for entry, layout in zip(header.tensors, layouts, strict=True):
+    for entry, layout, sh in zip(header.tensors, layouts, shared, strict=True):
         groups: list[SparseGroup] = []
-        for size, g in zip(entry.index_bytes, layout.groups, strict=True):
+        for size, g, s in zip(entry.index_bytes, layout.groups, sh, strict=True):
             try:
                 idx = indices.decode(
                     payload[pos : pos + size], expect=(g.chunk_size, g.k, g.n_chunks)
@@ -329,11 +404,11 @@ def _assemble(
             except DecodeError as exc:
                 raise DecodeError(f"{entry.name}: {exc}") from exc
             pos += size
-            n = g.n_chunks * g.k
+            n = g.n_chunks * (g.k + s)
             groups.append(
                 SparseGroup(
                     idx=idx,
-                    codes=codes[vpos : vpos + n].reshape(g.n_chunks, g.k),
+                    codes=codes[vpos : vpos + n].reshape(g.n_chunks, g.k + s),
                     scales=scales[cpos : cpos + g.n_chunks],
                 )
             )
@@ -342,7 +417,11 @@ def _assemble(
         rows = entry.codebook_rows
         book = torch.from_numpy(books[bpos : bpos + 2 * rows].reshape(rows, 2).copy())
         bpos += 2 * rows
-        tensors.append(
-            SparseTensor(name=entry.name, shape=tuple(entry.shape), groups=groups, codebook=book)
-        )
+        name, shape = entry.name, tuple(entry.shape)
+        if header.support_digest:
+            tensors.append(
+                MaskedTensor(name, shape, groups, book, tuple(sh), header.support_digest)
+            )
+        else:
+            tensors.append(SparseTensor(name=name, shape=shape, groups=groups, codebook=book))
     return tensors

@@ -114,9 +114,10 @@ class ModelConfig(_Frozen):
 
 
 class InnerOptimizerConfig(_Frozen):
-    """AdamW for the H inner steps: linear warmup, then cosine decay to `min_lr`."""
+    """The H inner steps' optimizer: AdamW, or plain SGD on raw gradients (``sgd``: lr, schedule
+    and clipping apply, betas/eps/weight decay do not); linear warmup, then cosine decay."""
 
-    name: Literal["adamw"] = "adamw"
+    name: Literal["adamw", "sgd"] = "adamw"
     lr: float = Field(1e-3, gt=0, le=1)
     min_lr: float = Field(1e-4, ge=0, le=1)
     betas: tuple[float, float] = (0.9, 0.95)
@@ -160,6 +161,26 @@ class DenseConfig(_Frozen):
     """How a dense strategy (`diloco`) puts its pseudo-gradients on the wire."""
 
     dtype: Literal["bf16", "fp32"] = Field("bf16", description="value type of dense updates")
+
+
+class MaskConfig(_Frozen):
+    """`sparseloco-mask`: per full chunk, the index-free values on the shared support and the
+    fresh Top-k sent beside them with indices (together about the bytes of SparseLoCo's k=64)."""
+
+    shared_k: int = Field(
+        192, ge=0, le=1 << 20, description="shared values per full chunk (capped at C - fresh_k)"
+    )
+    fresh_k: int = Field(16, ge=1, le=1 << 20, description="fresh Top-k entries per full chunk")
+    explore: float = Field(
+        0.25, ge=0, le=1, description="share of the support drawn at random, not from |aggregate|"
+    )
+
+
+class LowRankConfig(_Frozen):
+    """`greedylore`: the rank of the projected matrices and the full-matrix period."""
+
+    rank: int = Field(8, ge=1, le=4096, description="r: columns of the shared basis sent a window")
+    tau: int = Field(10, ge=1, le=10**6, description="a full-matrix round every tau windows")
 
 
 class TimingConfig(_Frozen):
@@ -222,7 +243,7 @@ class RunConfig(_Frozen):
     """Everything all peers of a run must share. Its content hash is the run id."""
 
     name: str = Field(pattern=_NAME_RE, description="human-readable run name")
-    strategy: Literal["sparseloco", "diloco"] = Field(
+    strategy: Literal["sparseloco", "diloco", "demo", "sparseloco-mask", "greedylore"] = Field(
         "sparseloco", description="what peers send and how it is applied (`node.strategy`)"
     )
     preset_name: str = Field(pattern=_NAME_RE, description="model preset the shape came from")
@@ -244,6 +265,8 @@ class RunConfig(_Frozen):
     outer: OuterConfig
     codec: CodecParams = CodecParams()
     dense: DenseConfig = DenseConfig()
+    mask: MaskConfig = MaskConfig()
+    lowrank: LowRankConfig = LowRankConfig()
     codec_version: int = Field(CODEC_VERSION, ge=1)
     timing: TimingConfig
     gather_size: int = Field(ge=1, le=4096, description="peers aggregated per window")

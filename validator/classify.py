@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from codec.spec import ModelSpec
-from node.strategy import make_strategy
+from node.strategy import Strategy, make_strategy
 from protocol.runconfig import RunConfig
 from validator.checks import Verdict, classify_fetch, in_sync, norm_verdicts
 from validator.config import ValidatorConfig
@@ -65,10 +65,12 @@ def check_window(
     spec: ModelSpec,
     cfg: ValidatorConfig,
     salt: int,
+    strategy: Strategy | None = None,
 ) -> dict[int, PeerCheck]:
-    """Every registered peer's `PeerCheck` (keyed by uid)."""
+    """Every registered peer's `PeerCheck` (keyed by uid); ``strategy``: the validator's own
+    (norms, supports and entries of the run's update kind, at this window's state)."""
     out: dict[int, PeerCheck] = {}
-    strategy = make_strategy(run, spec)  # norms and supports of the run's update kind
+    strategy = strategy or make_strategy(run, spec)
     for uid, hotkey in sorted(hotkeys.items()):
         up = uploads.get(uid)
         if up is None:

@@ -125,7 +125,7 @@ class Validator:
         )
         checks = check_window(
             window, hotkeys, uploads, no_bucket, self.fingerprint if window > 0 else None,
-            self.history, self.run, self.spec, self.cfg, self.salt,
+            self.history, self.run, self.spec, self.cfg, self.salt, self.strategy,
         )  # fmt: skip
         agreed = self._agree(window, roster, uploads, checks, begun)
         losses = self._score(window, checks, self._scoring_deadline(window))
@@ -223,7 +223,7 @@ class Validator:
         probe = LossProbe(
             self.model, self.run, self.dataset, window, self._reveal,
             {u: accepted[u] for u in consensus}, {u: checks[u].norm for u in accepted},  # type: ignore[misc]
-            self.cfg, self.device,
+            self.cfg, self.device, self.strategy,
         )  # fmt: skip
         out: dict[int, LossScore] = {}
         for uid in pick_scored(self.run.run_id, window, candidates, self.cfg.max_scored):

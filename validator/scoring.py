@@ -57,7 +57,7 @@ import torch.nn.functional as F
 from codec.compress import SparseTensor
 from codec.spec import ModelSpec
 from node.data.dataset import Dataset
-from node.strategy import make_strategy
+from node.strategy import Strategy, make_strategy
 from protocol.runconfig import RunConfig
 from validator.config import ValidatorConfig
 from validator.reveal import SampleReveal, own_slots
@@ -215,10 +215,12 @@ class LossProbe:
         norms: Mapping[int, float],
         cfg: ValidatorConfig,
         device: torch.device,
+        strategy: Strategy | None = None,
     ) -> None:
         self.model, self.run, self.dataset, self.window = model, run, dataset, window
         self.reveal, self.cfg, self.device = reveal, cfg, device
-        self.strategy = make_strategy(run, ModelSpec.from_module(model), device)
+        # the validator's own strategy: a shared-support one needs the window's support
+        self.strategy = strategy or make_strategy(run, ModelSpec.from_module(model), device)
         self.eta = cfg.score_scale * run.outer.alpha
         self.target = reference_norm(norms)
         self.members = [

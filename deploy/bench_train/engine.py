@@ -10,7 +10,8 @@ synchronised weights, takes H AdamW steps (its own optimizer state, as a real pe
 encodes ``start − θ_r`` with its own strategy state; the update goes through the real wire
 (`Strategy.to_bytes`, then `Strategy.decode` of those bytes), and one consensus instance takes
 the window's outer step (`Strategy.mean`, `Strategy.apply`) exactly as peers and validators do;
-every replica then settles (its update was applied). **DDP** is one model whose every inner step
+every replica then takes the consensus' outer state (what its own identical step would give
+it: momentum, a shared support, a basis) and settles (its update was applied). **DDP** is one model whose every inner step
 averages the gradients of R replicas (the same as one step on their union).
 
 Scored after every window: the held-out loss of the synchronised model on a fixed set of held-out
@@ -33,6 +34,7 @@ from node.model.llama import build_model
 from node.model.train import lm_loss, make_optimizer, train_window
 from node.strategy import Strategy, make_strategy
 from node.strategy.exact import SparseLoCoExact
+from node.strategy.greedylore_variants import GreedyLoreNow, GreedyLoreRandom
 from protocol.runconfig import RunConfig
 
 Tick = Callable[[int, float], None]
@@ -90,8 +92,13 @@ def heldout_loss(model: torch.nn.Module, heldout: torch.Tensor) -> float:
 
 
 def _strategy(m: MethodSpec, spec: ModelSpec) -> Strategy:
+    """The method's strategy, or its bench-only variant (float32 values, GreedyLore's)."""
     if m.exact_values:
         return SparseLoCoExact(m.run, spec)
+    if m.options.get("select") == "now":
+        return GreedyLoreNow(m.run, spec)
+    if m.options.get("basis") == "random":
+        return GreedyLoreRandom(m.run, spec)
     return make_strategy(m.run, spec)
 
 
@@ -114,31 +121,68 @@ def run_local(m: MethodSpec, setup: Setup, tick: Tick) -> Curve:
     peers = [_strategy(m, spec) for _ in range(setup.replicas)]
     consensus = _strategy(m, spec)
     curve = Curve(m, initial_loss=heldout_loss(sync, setup.heldout))
-    params = dict(worker.named_parameters())
+    syncs = setup.base.inner_steps // run.inner_steps  # outer steps per bench window (option h)
     for w in range(setup.windows):
         began = time.perf_counter()
-        start = {n: p.detach().clone() for n, p in sync.named_parameters()}
-        updates, sent, sizes = {}, {}, []
-        for r in range(setup.replicas):
-            with torch.no_grad():
-                for n, p in params.items():
-                    p.copy_(start[n])
-            batches = (setup.batch(r, w, h) for h in range(run.inner_steps))
-            train_window(worker, optimizers[r], batches, run, w, torch.device("cpu"))
-            with torch.no_grad():
-                deltas = {n: start[n] - p.detach() for n, p in params.items()}
-            sent[r] = peers[r].encode(deltas, w)
-            n_bytes, updates[r] = transmit(peers[r], sent[r], w, r)
-            sizes.append(n_bytes)
-        consensus.step(sync, updates)
-        for r in range(setup.replicas):
-            peers[r].settle(sent[r], True, w)
+        sent_bytes = sum(
+            _outer_step(setup, run, sync, worker, optimizers, peers, consensus, w, s)
+            for s in range(syncs)
+        )
         curve.loss.append(heldout_loss(sync, setup.heldout))
-        curve.bytes_sent.append(max(sizes))
+        curve.bytes_sent.append(sent_bytes)
         curve.wall_s.append(time.perf_counter() - began)
         tick(w, curve.loss[-1])
     curve.weights = {n: p.detach().clone() for n, p in sync.named_parameters()}
     return curve
+
+
+def _outer_step(
+    setup: Setup,
+    run: RunConfig,
+    sync: torch.nn.Module,
+    worker: torch.nn.Module,
+    optimizers: list[torch.optim.Optimizer],
+    peers: list[Strategy],
+    consensus: Strategy,
+    w: int,
+    s: int,
+) -> int:
+    """Outer step ``s`` of bench window ``w``: H inner steps per replica, encode, the real wire,
+    one consensus step, settle. Returns the bytes the largest update took."""
+    h, window = run.inner_steps, w * (setup.base.inner_steps // run.inner_steps) + s
+    params = dict(worker.named_parameters())
+    start = {n: p.detach().clone() for n, p in sync.named_parameters()}
+    deltas = []
+    for r in range(setup.replicas):
+        with torch.no_grad():
+            for n, p in params.items():
+                p.copy_(start[n])
+        batches = (setup.batch(r, w, s * h + i) for i in range(h))
+        train_window(worker, optimizers[r], batches, run, window, torch.device("cpu"))
+        with torch.no_grad():
+            deltas.append({n: start[n] - p.detach() for n, p in params.items()})
+    if isinstance(consensus, GreedyLoreNow) and not consensus.full_round:
+        _select_now(deltas, peers, consensus)
+    updates, sent, sizes = {}, {}, []
+    for r in range(setup.replicas):
+        sent[r] = peers[r].encode(deltas[r], window)
+        n_bytes, updates[r] = transmit(peers[r], sent[r], window, r)
+        sizes.append(n_bytes)
+    consensus.step(sync, updates)
+    state = consensus.outer_state_dict()  # what each peer's own step would leave it with
+    for r in range(setup.replicas):
+        peers[r].load_outer_state_dict(state)
+        peers[r].settle(sent[r], True, window)
+    return max(sizes)
+
+
+def _select_now(deltas: list[dict], peers: list[Strategy], consensus: GreedyLoreNow) -> None:
+    """GreedyLore's first communication phase, in-process: the mean of the replicas' sketches
+    of this window's matrices chooses this window's columns everywhere (Algorithm 3)."""
+    sketches = [p.sketches(d) for p, d in zip(peers, deltas, strict=True)]  # type: ignore[attr-defined]
+    mean = {n: sum(s[n] for s in sketches) / len(sketches) for n in sketches[0]}
+    for strategy in [*peers, consensus]:
+        strategy.select(mean)  # type: ignore[attr-defined]
 
 
 def run_ddp(m: MethodSpec, setup: Setup, tick: Tick) -> Curve:

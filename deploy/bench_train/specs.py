@@ -13,16 +13,31 @@ key           run config field                     for
 ============  ===================================  ==================================
 lr            optimizer.lr (min_lr = lr / 10)      all
 warmup        optimizer.warmup_steps               all
-alpha         outer.alpha                          sparseloco, diloco
-outer         outer.optimizer (sgd | nesterov)     sparseloco, diloco
-momentum      outer.momentum                       sparseloco, diloco
-k             codec.k                              sparseloco
-beta          outer.beta                           sparseloco
-freeze        outer.ef_freeze_fraction             sparseloco
+inner         optimizer.name (adamw | sgd)         all
+alpha         outer.alpha                          every local method
+outer         outer.optimizer (sgd | nesterov)     every local method
+momentum      outer.momentum                       every local method
+h             inner steps per outer step (below)   every local method
+k             codec.k                              every sparse method (greedylore: fallback)
+bits          codec.value_bits (2 | 1)             every sparse method
+beta          outer.beta                           every sparse method
+freeze        outer.ef_freeze_fraction             every sparse method
 values        2bit | fp32 (fp32: bench ablation)   sparseloco
-dtype         dense.dtype (bf16 | fp32)            diloco
+shared        mask.shared_k                        sparseloco-mask
+fresh         mask.fresh_k                         sparseloco-mask
+explore       mask.explore                         sparseloco-mask
+rank          lowrank.rank                         greedylore
+tau           lowrank.tau                          greedylore
+select        lagged | now (now: bench only)       greedylore
+basis         greedy | random (random: bench only) greedylore
+dtype         dense.dtype (bf16 | fp32)            diloco, greedylore
 label         the name shown in the table          all
 ============  ===================================  ==================================
+
+``h`` must divide the run's H: the method then takes H / h outer steps per bench window, each
+after h inner steps on the same batches the others see in that window (``demo:h=1`` is DeMo's
+own setting, one synchronisation per optimizer step), so every method sees the same tokens per
+window; its bytes per window are the sum over those steps.
 """
 
 from __future__ import annotations
@@ -40,13 +55,18 @@ DEFAULT_STRATEGIES = (
 )
 QUICK_STRATEGIES = "ddp,diloco:outer=sgd,alpha=1,dtype=fp32,sparseloco"
 
-_COMMON = {"lr", "warmup", "label"}
-_LOCAL = _COMMON | {"alpha", "outer", "momentum"}
+_COMMON = {"lr", "warmup", "inner", "label"}
+_LOCAL = _COMMON | {"alpha", "outer", "momentum", "h"}
+_SPARSE = _LOCAL | {"k", "bits", "beta", "freeze"}
 KEYS: dict[str, set[str]] = {
     "ddp": _COMMON,
     "diloco": _LOCAL | {"dtype"},
-    "sparseloco": _LOCAL | {"k", "beta", "freeze", "values"},
+    "sparseloco": _SPARSE | {"values"},
+    "demo": _SPARSE,
+    "sparseloco-mask": (_SPARSE - {"k"}) | {"shared", "fresh", "explore"},
+    "greedylore": _SPARSE | {"rank", "tau", "select", "basis", "dtype"},
 }
+CHOICES = {"values": ("2bit", "fp32"), "select": ("lagged", "now"), "basis": ("greedy", "random")}
 
 
 class SpecError(ValueError):
@@ -111,6 +131,8 @@ def _overrides(name: str, o: dict[str, str]) -> dict[str, Any]:
         opt["min_lr"] = float(o["lr"]) / 10
     if "warmup" in o:
         opt["warmup_steps"] = int(o["warmup"])
+    if "inner" in o:
+        opt["name"] = o["inner"]
     for key, target, kind in (
         ("alpha", "alpha", float),
         ("beta", "beta", float),
@@ -120,15 +142,35 @@ def _overrides(name: str, o: dict[str, str]) -> dict[str, Any]:
     ):
         if key in o:
             outer[target] = kind(o[key])
-    if "k" in o:
-        over["codec"] = {"k": int(o["k"])}
+    codec = {key: int(o[src]) for src, key in (("k", "k"), ("bits", "value_bits")) if src in o}
+    if codec:
+        over["codec"] = codec
     if "dtype" in o:
         over["dense"] = {"dtype": o["dtype"]}
+    mask = {key: kind(o[src]) for src, key, kind in
+            (("shared", "shared_k", int), ("fresh", "fresh_k", int), ("explore", "explore", float))
+            if src in o}  # fmt: skip
+    if mask:
+        over["mask"] = mask
+    lowrank = {key: int(o[key]) for key in ("rank", "tau") if key in o}
+    if lowrank:
+        over["lowrank"] = lowrank
     if opt:
         over["optimizer"] = opt
     if outer:
         over["outer"] = outer
     return over
+
+
+def _per_sync(base: RunConfig, options: dict[str, str]) -> dict[str, Any]:
+    """The overrides of option ``h``: H = h, and as many more outer steps in the schedule."""
+    if "h" not in options:
+        return {}
+    h = int(options["h"])
+    if h < 1 or base.inner_steps % h:
+        raise SpecError(f"h={h} must divide the run's {base.inner_steps} inner steps")
+    syncs = base.inner_steps // h
+    return {"inner_steps": h, "outer": {"total_windows": base.outer.total_windows * syncs}}
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -143,10 +185,11 @@ def parse_methods(text: str | list[str], base: RunConfig) -> list[MethodSpec]:
     methods = []
     for item in split_items(text):
         name, options = _options(item)
-        if options.get("values", "2bit") not in ("2bit", "fp32"):
-            raise SpecError(f"{name}: values must be 2bit or fp32")
+        for key, allowed in CHOICES.items():
+            if options.get(key, allowed[0]) not in allowed:
+                raise SpecError(f"{name}: {key} must be one of {', '.join(allowed)}")
         try:
-            over = _overrides(name, options)
+            over = _merge(_overrides(name, options), _per_sync(base, options))
             run = RunConfig.from_dict(_merge(base.model_dump(mode="json"), over))
         except (ValueError, RunConfigError) as exc:
             raise SpecError(f"{item}: {exc}") from exc

@@ -14,12 +14,14 @@ import argparse
 import shutil
 import time
 from pathlib import Path
+from typing import get_args
 
 from rich.console import Console
 from rich.table import Table
 
 from deploy.sim.collect import SimReport
 from deploy.sim.layout import ADVERSARY_KINDS, World
+from protocol.runconfig import RunConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,6 +33,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--adversaries", default="", help=f"comma-separated kinds: {','.join(ADVERSARY_KINDS)}"
+    )
+    parser.add_argument(
+        "--strategy",
+        default="sparseloco",
+        choices=get_args(RunConfig.model_fields["strategy"].annotation),
+        help="the run's strategy (`node.strategy`)",
     )
     parser.add_argument("--block-time", type=float, default=1.0, help="seconds per block")
     parser.add_argument("--blocks-per-window", type=int, default=30)
@@ -49,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
     unknown = set(kinds) - set(ADVERSARY_KINDS)
     if unknown:
         raise SystemExit(f"unknown adversaries: {', '.join(sorted(unknown))}")
+    if kinds and args.strategy != "sparseloco":  # the forgers write SparseLoCo updates
+        raise SystemExit("--adversaries need --strategy sparseloco")
     if args.out.exists() and any(args.out.iterdir()):
         if not args.force:
             raise SystemExit(f"{args.out} is not empty: pass --force to replace it")
@@ -62,12 +72,14 @@ def run(args: argparse.Namespace) -> int:
             args.peers,
             kinds,
             args.storage,
+            args.strategy,
         )
     except SimKeyError as exc:
         raise SystemExit(f"error: {exc}") from None
     run_cfg = world.run
     console.print(
-        f"run {run_cfg.run_id}: {args.peers} peers, adversaries {kinds or 'none'}, "
+        f"run {run_cfg.run_id} ({run_cfg.strategy}): {args.peers} peers, "
+        f"adversaries {kinds or 'none'}, "
         f"{args.windows} windows of {args.blocks_per_window * args.block_time:.0f}s → {args.out}"
     )
     exit_codes = _run_processes(world, args, console)

@@ -46,7 +46,11 @@ class World:
 
 
 def sim_run_config(
-    windows: int, block_time: float, blocks_per_window: int, start_block: int = 0
+    windows: int,
+    block_time: float,
+    blocks_per_window: int,
+    start_block: int = 0,
+    strategy: str = "sparseloco",
 ) -> RunConfig:
     """The tiny preset with a clock fast enough for a simulation on a laptop.
 
@@ -58,6 +62,7 @@ def sim_run_config(
     return RunConfig.preset(
         "tiny",
         name="sim",
+        strategy=strategy,
         outer={"total_windows": max(windows, 1)},
         consensus={"fetch_budget_s": max(2.0, window_s / 5), "manifest_wait_s": window_s / 3},
         timing={
@@ -92,6 +97,7 @@ def build_world(
     peers: int,
     adversaries: list[str],
     storage: str,
+    strategy: str = "sparseloco",
 ) -> World:
     """Create the run folder, the chain and every member's wallet, uid and bucket name.
 
@@ -103,7 +109,7 @@ def build_world(
     db = LocalChainDB(db_path)
     members = peers + len(adversaries) + 1
     start = math.ceil(startup_seconds(members) / block_time)
-    run = sim_run_config(windows, block_time, blocks_per_window, start_block=start)
+    run = sim_run_config(windows, block_time, blocks_per_window, start, strategy)
     run_path = run.dump(out / "run.json")
     world = World(
         out=out,

@@ -1,4 +1,4 @@
-"""The H inner AdamW steps of one window (warmup + cosine, gradient clipping, bf16 on GPU)."""
+"""The H inner steps of one window (AdamW or SGD; warmup + cosine, gradient clipping, bf16 on GPU)."""
 
 from __future__ import annotations
 
@@ -31,9 +31,12 @@ class InnerResult:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-def make_optimizer(model: torch.nn.Module, run: RunConfig) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (norms and embeddings' 1-D params excluded)."""
+def make_optimizer(model: torch.nn.Module, run: RunConfig) -> torch.optim.Optimizer:
+    """AdamW with weight decay on matrices only (norms and embeddings' 1-D params excluded);
+    ``optimizer.name = "sgd"``: plain SGD on the raw (clipped) gradients, nothing else."""
     opt = run.optimizer
+    if opt.name == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=opt.lr, foreach=True)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     return torch.optim.AdamW(

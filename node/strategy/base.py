@@ -148,8 +148,9 @@ class Strategy(ABC):
 
     @abstractmethod
     def entries(self, piece: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """(flat positions int64, float32 values) the piece mainly moves, the same domain for
-        every peer of the run: what value-aware copy detection compares (`validator.copies`)."""
+        """(flat positions int64, float32 values) of a validated piece: what it sends, in the
+        strategy's own domain (DeMo: DCT coefficients; GreedyLore: the projected matrix), the
+        same domain for every peer of the run, for value-aware copy detection."""
 
     # -- the window's consensus --------------------------------------------------------------
 
@@ -161,17 +162,31 @@ class Strategy(ABC):
             for piece in peer.values():
                 self.validate(piece)
         factors = clip_factors([self.norm(list(p.values())) for p in peers])
-        out = {
+        sums = self._zeros()
+        for peer, factor in zip(peers, factors, strict=True):
+            for name, piece in peer.items():
+                self._accumulate(sums, name, piece, factor)
+        if peers:
+            for t in sums.values():
+                t.div_(len(peers))
+        return self._finish_mean(sums)
+
+    def _zeros(self) -> dict[str, torch.Tensor]:
+        """The buffers `mean` sums into (by default one float32 zero tensor per tensor)."""
+        return {
             t.name: torch.zeros(t.shape, dtype=torch.float32, device=self.device)
             for t in self.spec.tensors
         }
-        for peer, factor in zip(peers, factors, strict=True):
-            for name, piece in peer.items():
-                self.add_into(out[name], piece, factor)
-        if peers:
-            for t in out.values():
-                t.div_(len(peers))
-        return out
+
+    def _accumulate(
+        self, sums: dict[str, torch.Tensor], name: str, piece: Any, factor: float
+    ) -> None:
+        """How `mean` sums a piece (by default `add_into`; a transform domain may differ)."""
+        self.add_into(sums[name], piece, factor)
+
+    def _finish_mean(self, sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The mean in the parameters' domain from what `_accumulate` summed and divided."""
+        return sums
 
     def apply(
         self,

@@ -22,7 +22,7 @@ from codec.aggregate import update_norm
 from codec.compress import Compressor, SparseTensor, scatter_add
 from codec.errors import DecodeError
 from codec.spec import CodecParams
-from codec.wire import decode_update, encode_update, header_digest, read_header
+from codec.wire import SPARSE, WireFormat, decode_update, encode_update, header_digest, read_header
 from node.strategy.base import Decoded, Header, Meta, Signer, Strategy
 
 
@@ -31,10 +31,16 @@ class SparseLoCo(Strategy):
 
     name = "sparseloco"
     dense = False
+    wire: WireFormat = SPARSE
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._encoder: Any = None  # built on first use: validators never need one
+
+    @property
+    def params(self) -> CodecParams:
+        """The codec parameters of this strategy's updates (the run's)."""
+        return self.run.codec
 
     def _compressor(self) -> Any:
         if self._encoder is None:
@@ -42,7 +48,7 @@ class SparseLoCo(Strategy):
         return self._encoder
 
     def _new_encoder(self) -> Any:
-        return Compressor(self.owned, self.run.codec, device=self.device)
+        return Compressor(self.owned, self.params, device=self.device)
 
     # -- the peer's side ---------------------------------------------------------------------
 
@@ -71,37 +77,37 @@ class SparseLoCo(Strategy):
 
     def max_update_bytes(self) -> int:
         """32 bits per kept entry (an entry costs about 10), plus 1 MiB for headers."""
-        c = self.run.codec
+        c = self.params
         kept = self.spec.numel * c.k // c.chunk_size + len(self.spec.tensors) * c.k
         return 4 * kept + (1 << 20)
 
     def to_bytes(self, update: Sequence[Any], meta: Meta | None, sign: Signer | None) -> bytes:
-        return encode_update(update, self.run.codec, self.spec, meta=meta, sign=sign)
+        return encode_update(update, self.params, self.spec, meta=meta, sign=sign, fmt=self.wire)
 
     def read_header(self, data: bytes | memoryview, max_bytes: int) -> Header:
-        return read_header(data, max_bytes=max_bytes)[0]
+        return read_header(data, max_bytes, self.wire.frame)[0]
 
     def signed_digest(self, header: Any) -> bytes:
-        return header_digest(header)
+        return header_digest(header, self.wire.frame)
 
     def decode(self, data: bytes | memoryview, max_bytes: int) -> Decoded:
-        return decode_update(data, self.spec, self.run.codec, max_bytes=max_bytes)
+        return decode_update(data, self.spec, self.params, max_bytes, self.wire)
 
     # -- one update --------------------------------------------------------------------------
 
     def validate(self, piece: Any) -> None:
         if not isinstance(piece, SparseTensor):
             raise DecodeError(f"a {self.name} update holds sparse tensors, not {type(piece)}")
-        piece.validate(self.run.codec)
+        piece.validate(self.params)
 
     def norm(self, update: Sequence[Any]) -> float:
         return update_norm(update)
 
     def add_into(self, out: torch.Tensor, piece: Any, factor: float = 1.0) -> None:
-        scatter_add(out, piece, self.run.codec, factor)
+        scatter_add(out, piece, self.params, factor)
 
     def entries(self, piece: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        return sparse_entries(piece, self.run.codec)
+        return sparse_entries(piece, self.params)
 
 
 def sparse_entries(piece: SparseTensor, params: CodecParams) -> tuple[torch.Tensor, torch.Tensor]:

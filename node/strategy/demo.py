@@ -1,0 +1,66 @@
+"""`demo`: DeMo (decoupled momentum, `seeds/demo-decoupled-momentum.txt`) in this protocol.
+
+Per tensor and window, the pseudo-gradient is transformed chunk by chunk with an orthonormal DCT
+(`codec.dct`: the chunk layout of `codec.chunking`, 64x64 tiles and 4096-element blocks for 1-D
+tensors by default), and SparseLoCo's machinery then runs in the DCT domain:
+
+* ``e ← β e + DCT(Δ)``: the error feedback is DeMo's decoupled momentum, kept in the DCT domain
+  (the transform is linear, so this is the DCT of the momentum of the pseudo-gradients); taking
+  out what was sent is DeMo's momentum subtraction with coefficient 1;
+* Top-k coefficients per chunk through the index coder, values in 2 bits or as signs (1 bit)
+  with a per-chunk magnitude (``run.codec.value_bits``);
+* on the wire as `codec.wire`'s ``TSRC`` container (the sparse layout, its own magic).
+
+The window's aggregate is the median-clipped mean of the peers' coefficients (clipped in the
+DCT domain: the transform is orthonormal, so the norms are the parameters' norms), then the
+inverse DCT of that mean (`codec.dct.inverse`, the same bits on every node), then the run's
+outer step. Everything else (freeze, add-back of an unapplied update) is SparseLoCo's.
+
+DeMo's own optimizer step is ``θ ← θ − η φ(IDCT(mean))`` after every gradient; here a window's
+``H`` inner steps make the pseudo-gradient and ``φ`` is the identity (DeMo's SGD variant) under
+the outer SGD or Nesterov step. ``H = 1`` with an inner SGD is the paper's momentum-SGD setting
+(the bench runs it as ``demo:h=1,inner=sgd``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from codec import dct
+from codec.chunking import ChunkLayout
+from codec.compress import densify, scatter_add
+from codec.wire import DCT
+from node.strategy.sparseloco import SparseLoCo
+
+
+class DeMo(SparseLoCo):
+    """SparseLoCo on per-chunk DCT coefficients (see the module docstring)."""
+
+    name = "demo"
+    wire = DCT
+
+    def _layout(self, name: str) -> ChunkLayout:
+        return ChunkLayout.for_shape(self._shapes[name], self.params)
+
+    def encode(self, deltas: Mapping[str, torch.Tensor], window: int) -> list[Any]:
+        self._owned_order(deltas)
+        coef = {n: dct.forward(d.to(self.device), self._layout(n)) for n, d in deltas.items()}
+        return super().encode(coef, window)
+
+    def add_into(self, out: torch.Tensor, piece: Any, factor: float = 1.0) -> None:
+        """``out += factor · IDCT(piece)`` (parameter domain, e.g. the validator's probe)."""
+        x = dct.inverse(densify(piece, self.params, out.device), self._layout(piece.name))
+        if factor != 1.0:
+            x = x * torch.tensor(factor, dtype=torch.float32, device=out.device)
+        out.add_(x)
+
+    def _accumulate(
+        self, sums: dict[str, torch.Tensor], name: str, piece: Any, factor: float
+    ) -> None:
+        scatter_add(sums[name], piece, self.params, factor)  # a mean over coefficients
+
+    def _finish_mean(self, out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {n: dct.inverse(t, self._layout(n)) for n, t in out.items()}

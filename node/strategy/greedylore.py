@@ -1,0 +1,368 @@
+"""`greedylore`: greedy low-rank compression with error feedback and a semi-lazy SVD
+(`seeds/greedylore.txt`, Algorithm 3), in this protocol's windows.
+
+Every matrix ``G`` of the model (a tensor of 2 or more dimensions seen as ``rows x rest``, in its
+working orientation ``m <= n``, `codec.lowrank.working_shape`) is sent as ``R = P^T G`` in a
+rank-``r`` basis ``P`` every node shares, with error feedback ``E ← G − P R`` and ``G = Δ + E``;
+every ``τ`` windows (``run.lowrank.tau``) the whole matrix is sent instead (``E`` keeps only the
+wire's rounding) and its aggregate ``Ḡ`` gives the shared orthonormal basis ``U``: the
+eigenvectors of ``Ḡ Ḡ^T`` (its left singular vectors), computed by `codec.detmath.det_eigh`, the
+same bits on every node. ``P`` is ``r`` columns of ``U`` (after a full round: the first ``r``).
+
+**Windowed (the network's).** The paper picks the window's columns by an approximate global
+Top-r of ``‖u_j^T G‖``: every node sends ``λ_j = u_j^T G v_j`` with shared random vectors ``v_j``
+and the mean ``Λ̄`` decides. Here that choice is *lagged one window*: each update carries the
+sketch ``Λ`` of its next matrix as far as it can tell (``E + Δ``: what stays in error feedback
+plus the newest pseudo-gradient), and the columns of window ``w + 1`` are the Top-r of ``Λ̄²`` in
+window ``w``'s aggregate, so nobody waits for an extra round trip. ``U``, the chosen columns and
+the position in the ``τ`` cycle are outer state: checkpoints carry them, catch-up restores them.
+The bench's ``greedylore:select=now`` is Algorithm 3 as written (both phases in-process, the
+sketch of the current ``G``); ``basis=random`` draws ``P`` at random each window instead
+(random-subspace low-rank compression at the same rank and bytes), the paper's baseline.
+
+**Fallback.** 1-D tensors and embeddings (``embed``/``lm_head`` in the name) go through
+SparseLoCo (`node.strategy.sparseloco`, its error feedback and 2-bit values), not dense: an
+embedding is the largest tensor of a small model (half of `tiny`) and its gradient is row-sparse
+(only the tokens seen), which Top-k serves and a rank-``r`` basis does not; sent dense (GaLore's
+and GreedyLore's choice in a data centre) it alone would cost several times the rest of the
+update. A vector has no low-rank structure, and SparseLoCo keeps ``min(k, n)`` of a short one.
+
+The aggregate of a window is the median-clipped mean (norms: ``‖R‖``, equal to ``‖P R‖`` for an
+orthonormal ``P``, plus the sparse part's) of ``R`` (or ``G``) and of ``Λ``, in uid order; the
+step applies ``P R̄`` computed by `codec.detmath.det_matmul`. `mean` leaves the window's
+``Λ̄``/``Ḡ`` pending and `apply` commits them, so a peer must compute the mean itself (every
+rank of a multi-device peer would need it: greedylore runs on single-process peers).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import torch
+
+from codec.aggregate import update_norm
+from codec.dense import DenseTensor, add_dense, dense_bytes, exact_norm, to_wire_precision
+from codec.detmath import det_eigh, det_matmul
+from codec.errors import DecodeError
+from codec.lowrank import (
+    Projected,
+    decode_lowrank,
+    encode_lowrank,
+    lowrank_header_digest,
+    read_lowrank_header,
+    working_shape,
+)
+from codec.spec import ModelSpec
+from node.strategy.base import Decoded, Header, Meta, Signer, Strategy
+from node.strategy.sparseloco import SparseLoCo
+
+BASIS, SELECT, PHASE = "basis.", "select.", "phase"
+
+
+def is_projected(name: str, shape: Sequence[int]) -> bool:
+    """Sent in a low-rank basis: a matrix that is not an embedding (see module docstring)."""
+    return len(shape) >= 2 and "embed" not in name and "lm_head" not in name
+
+
+def _work(x: torch.Tensor, transposed: bool, m: int, n: int) -> torch.Tensor:
+    x = x.reshape(n, m) if transposed else x.reshape(m, n)
+    return x.T if transposed else x
+
+
+class GreedyLore(Strategy):
+    """Low-rank projected matrices, SparseLoCo for the rest (see the module docstring)."""
+
+    name = "greedylore"
+    dense = False
+    lagged: ClassVar[bool] = True  # select from the previous window's sketches
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if [t.name for t in self.owned.tensors] != [t.name for t in self.spec.tensors]:
+            raise ValueError("greedylore needs every tensor in one process (no sharded peers)")
+        self.matrices = {t.name: working_shape(t.shape) for t in self.spec.tensors
+                         if is_projected(t.name, t.shape)}  # fmt: skip
+        rest = ModelSpec(tensors=tuple(t for t in self.spec.tensors if t.name not in self.matrices))
+        self.fallback = SparseLoCo(self.run, rest, self.device)
+        self.rank = self.run.lowrank.rank
+        self._fresh_state()
+        self._ef: dict[str, torch.Tensor] = {}
+        self._sent: dict[str, tuple[torch.Tensor | None, torch.Tensor]] = {}
+        self._pending: dict[str, torch.Tensor] | None = None
+
+    def _fresh_state(self) -> None:
+        """Algorithm 3's start: ``U = I``, the first ``r`` columns, a full round first."""
+        self._basis = {n: torch.eye(m) for n, (m, _, _) in self.matrices.items()}
+        self._select = {
+            n: torch.arange(min(self.rank, m)) for n, (m, _, _) in self.matrices.items()
+        }
+        self._phase = 0
+        self._stepped = False
+
+    @property
+    def full_round(self) -> bool:
+        """Whether this window sends whole matrices."""
+        return self._phase == 0
+
+    def projector(self, name: str) -> torch.Tensor:
+        """``P`` (m, r) of this window, float32 (columns of the shared basis)."""
+        return self._basis[name][:, self._select[name]]
+
+    # -- the peer's side ---------------------------------------------------------------------
+
+    def _g(self, name: str, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(``Δ``, ``G = Δ + E``) of a matrix, working orientation."""
+        m, n, tr = self.matrices[name]
+        work = _work(delta.detach().to(self.device, torch.float32), tr, m, n)
+        if not bool(torch.isfinite(work).all()):
+            raise ValueError(f"{name}: delta has non-finite entries")
+        ef = self._ef.setdefault(name, torch.zeros(m, n, device=self.device))
+        return work, work + ef
+
+    def _sketch(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """``λ_j = u_j^T x v_j`` with shared Gaussian ``v_j`` (variance 1/n), wire precision."""
+        m, n, _ = self.matrices[name]
+        seed = hashlib.blake2b(f"{self.run.run_id}|{name}|{self._phase}".encode(), digest_size=8)
+        gen = torch.Generator().manual_seed(int.from_bytes(seed.digest(), "little") >> 1)
+        v = torch.randn(m, n, generator=gen).to(x.device) / math.sqrt(n)
+        lam = ((self._basis[name].to(x.device).T @ x) * v).sum(1)
+        return to_wire_precision(lam, self.run.dense.dtype, self.run.codec.max_abs_value)
+
+    def sketches(self, deltas: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Phase one of Algorithm 3 (bench, ``select=now``): each matrix's ``Λ`` of its current
+        ``G``, without changing any state."""
+        return {n: self._sketch(n, self._g(n, deltas[n])[1]) for n in self.matrices}
+
+    def encode(self, deltas: Mapping[str, torch.Tensor], window: int) -> list[Any]:
+        names = self._owned_order(deltas)
+        rest = [n for n in names if n not in self.matrices]
+        sparse = dict(zip(rest, self.fallback.encode({n: deltas[n] for n in rest}, window),
+                          strict=True))  # fmt: skip
+        dtype, cap = self.run.dense.dtype, self.run.codec.max_abs_value
+        out: list[Any] = []
+        for name in names:
+            if name not in self.matrices:
+                out.append(sparse[name])
+                continue
+            work, g = self._g(name, deltas[name])
+            if self.full_round:
+                values = to_wire_precision(g, dtype, cap)
+                self._ef[name] = g - values
+                self._sent[name] = (None, values)
+                out.append(Projected(name, self._shapes[name], True, values, torch.zeros(0)))
+                continue
+            p = self.projector(name).to(g.device)
+            values = to_wire_precision(p.T @ g, dtype, cap)
+            self._ef[name] = g - p @ values
+            # lagged: the next window's G as far as we can tell; now: this window's (Algorithm 3)
+            sketch = self._sketch(name, self._ef[name] + work if self.lagged else g)
+            self._sent[name] = (p, values)
+            out.append(Projected(name, self._shapes[name], False, values, sketch))
+        return out
+
+    def settle(self, sent: Sequence[Any], applied: bool, window: int) -> None:
+        """An unapplied update goes back into error feedback (the matrices' and SparseLoCo's)."""
+        if applied:
+            return
+        self.fallback.settle([p for p in sent if p.name not in self.matrices], False, window)
+        for name, (p, values) in self._sent.items():
+            self._ef[name] = self._ef[name] + (values if p is None else p @ values)
+
+    def local_state_dict(self) -> dict[str, torch.Tensor]:
+        out = self.fallback.local_state_dict()
+        for name, (m, n, tr) in self.matrices.items():
+            ef = self._ef.get(name, torch.zeros(m, n))
+            out[name] = (ef.T if tr else ef).reshape(self._shapes[name]).detach().cpu().clone()
+        return out
+
+    def load_local_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        self.fallback.load_local_state_dict({k: v for k, v in state.items()
+                                             if k not in self.matrices})  # fmt: skip
+        for name, (m, n, tr) in self.matrices.items():
+            t = state[name]
+            if tuple(t.shape) != self._shapes[name] or not bool(torch.isfinite(t).all()):
+                raise ValueError(f"{name}: error feedback has the wrong shape or is not finite")
+            self._ef[name] = _work(t.to(self.device, torch.float32), tr, m, n).clone()
+
+    # -- the wire ----------------------------------------------------------------------------
+
+    def max_update_bytes(self) -> int:
+        mats = ModelSpec(tensors=tuple(t for t in self.spec.tensors if t.name in self.matrices))
+        return dense_bytes(mats, self.run.dense.dtype) + self.fallback.max_update_bytes()
+
+    def to_bytes(self, update: Sequence[Any], meta: Meta | None, sign: Signer | None) -> bytes:
+        run = self.run
+        return encode_lowrank(update, self.spec, run.codec, run.dense.dtype, self.rank,
+                              meta=meta, sign=sign)  # fmt: skip
+
+    def read_header(self, data: bytes | memoryview, max_bytes: int) -> Header:
+        return read_lowrank_header(data, max_bytes)[0]
+
+    def signed_digest(self, header: Any) -> bytes:
+        return lowrank_header_digest(header)
+
+    def decode(self, data: bytes | memoryview, max_bytes: int) -> Decoded:
+        run = self.run
+        return decode_lowrank(data, self.spec, set(self.matrices), run.codec, run.dense.dtype,
+                              self.rank, max_bytes)  # fmt: skip
+
+    # -- one update --------------------------------------------------------------------------
+
+    def validate(self, piece: Any) -> None:
+        if piece.name not in self.matrices:
+            self.fallback.validate(piece)
+            return
+        if not isinstance(piece, Projected):
+            raise DecodeError(f"{piece.name}: a projected matrix was expected")
+        m, n, _ = self.matrices[piece.name]
+        if piece.full != self.full_round:
+            raise DecodeError(f"{piece.name}: a {'full' if piece.full else 'projected'} matrix "
+                              "in the other kind of round")  # fmt: skip
+        rows = m if piece.full else min(self.rank, m)
+        want = [(piece.values, (rows, n)), (piece.sketch, (0,) if piece.full else (m,))]
+        for t, shape in want:
+            if t.dtype != torch.float32 or tuple(t.shape) != shape:
+                raise DecodeError(f"{piece.name}: values must be float32 {shape}")
+            if not bool(torch.isfinite(t).all()):
+                raise DecodeError(f"{piece.name}: non-finite value")
+            if t.numel() and float(t.abs().max()) > self.run.codec.max_abs_value:
+                raise DecodeError(f"{piece.name}: a value exceeds the run's cap")
+
+    def norm(self, update: Sequence[Any]) -> float:
+        dense = exact_norm(p.values for p in update if isinstance(p, Projected))
+        sparse = update_norm([p for p in update if not isinstance(p, Projected)])
+        return math.sqrt(dense * dense + sparse * sparse)
+
+    def _matrix(self, name: str, values: torch.Tensor, full: bool) -> torch.Tensor:
+        """The tensor (its own shape, float32) a projected or whole matrix stands for."""
+        tr = self.matrices[name][2]
+        x = values if full else det_matmul(self.projector(name), values).to(torch.float32)
+        return (x.T if tr else x).reshape(self._shapes[name]).to(self.device)
+
+    def add_into(self, out: torch.Tensor, piece: Any, factor: float = 1.0) -> None:
+        if piece.name not in self.matrices:
+            self.fallback.add_into(out, piece, factor)
+            return
+        add_dense(out, DenseTensor(piece.name, tuple(out.shape),
+                                   self._matrix(piece.name, piece.values, piece.full)), factor)  # fmt: skip
+
+    def entries(self, piece: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Projected matrices: every entry of ``R`` (the shared basis' coordinates)."""
+        if piece.name not in self.matrices:
+            return self.fallback.entries(piece)
+        values = piece.values.detach().to("cpu", torch.float32).reshape(-1)
+        return torch.arange(values.numel(), dtype=torch.int64), values
+
+    # -- the window's consensus --------------------------------------------------------------
+
+    def _zeros(self) -> dict[str, torch.Tensor]:
+        out = {}
+        for t in self.spec.tensors:
+            if t.name not in self.matrices:
+                out[t.name] = torch.zeros(t.shape, device=self.device)
+                continue
+            m, n, _ = self.matrices[t.name]
+            out[t.name] = torch.zeros(m if self.full_round else min(self.rank, m), n,
+                                      device=self.device)  # fmt: skip
+            if not self.full_round:
+                out[t.name + "#L"] = torch.zeros(m, device=self.device)
+        return out
+
+    def _accumulate(self, sums: dict[str, torch.Tensor], name: str, piece: Any,
+                    factor: float) -> None:  # fmt: skip
+        if name not in self.matrices:
+            self.fallback.add_into(sums[name], piece, factor)
+            return
+        add_dense(sums[name], DenseTensor(name, tuple(piece.values.shape), piece.values), factor)
+        if not piece.full:
+            add_dense(
+                sums[name + "#L"], DenseTensor(name, (len(piece.sketch),), piece.sketch), factor
+            )
+
+    def _finish_mean(self, sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        self._pending = {k: v.detach().cpu().clone() for k, v in sums.items()
+                         if k in self.matrices or k.endswith("#L")}  # fmt: skip
+        return {t.name: self._matrix(t.name, sums[t.name], self.full_round)
+                if t.name in self.matrices else sums[t.name] for t in self.spec.tensors}  # fmt: skip
+
+    def apply(
+        self,
+        model: torch.nn.Module,
+        mean: Mapping[str, torch.Tensor],
+        start: Mapping[str, torch.Tensor] | None = None,
+    ) -> None:
+        """The outer step, then the window's aggregate moves the basis or the selection."""
+        super().apply(model, mean, start)
+        pending, self._pending = self._pending, None
+        if pending is not None and any(bool(v.any()) for v in pending.values()):
+            if self.full_round:
+                self._new_basis(pending)
+            elif self.lagged:
+                self.select({n: pending[n + "#L"] for n in self.matrices})
+        self._phase = (self._phase + 1) % self.run.lowrank.tau
+        self._stepped = True
+
+    def _new_basis(self, full: Mapping[str, torch.Tensor]) -> None:
+        """``U`` of every matrix from the eigenvectors of ``Ḡ Ḡ^T`` (batched by size)."""
+        by_m: dict[int, list[str]] = {}
+        for name, (m, _, _) in self.matrices.items():
+            by_m.setdefault(m, []).append(name)
+        for m, names in by_m.items():
+            _, vectors = det_eigh(torch.stack([det_matmul(full[n], full[n].T) for n in names]))
+            for name, u in zip(names, vectors.to(torch.float32), strict=True):
+                self._basis[name] = u.clone()
+                self._select[name] = torch.arange(min(self.rank, m))
+
+    def select(self, sketch: Mapping[str, torch.Tensor]) -> None:
+        """The columns of ``U`` with the largest ``Λ̄²`` (ties: the lower index), ascending."""
+        for name, lam in sketch.items():
+            r = min(self.rank, len(lam))
+            order = torch.argsort(-(lam.double().square()), stable=True)
+            self._select[name] = order[:r].sort().values
+
+    # -- outer state -------------------------------------------------------------------------
+
+    def outer_state_dict(self) -> dict[str, torch.Tensor]:
+        out = super().outer_state_dict()
+        if not self._stepped:
+            return out
+        for name in self.matrices:
+            out[BASIS + name] = self._basis[name].clone()
+            out[SELECT + name] = self._select[name].to(torch.float32)
+        out[PHASE] = torch.tensor([float(self._phase)])
+        return out
+
+    def load_outer_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        mine = {k: v for k, v in state.items() if k.startswith((BASIS, SELECT)) or k == PHASE}
+        super().load_outer_state_dict({k: v for k, v in state.items() if k not in mine})
+        self._fresh_state()
+        if not mine:
+            return
+        want = {k: s for k, s in self.outer_shapes().items() if k in mine or k == PHASE
+                or k.startswith((BASIS, SELECT))}  # fmt: skip
+        if {k: tuple(v.shape) for k, v in mine.items()} != want:
+            raise ValueError("greedylore outer state does not match the model's matrices")
+        if not all(bool(torch.isfinite(v).all()) for v in mine.values()):
+            raise ValueError("greedylore outer state is not finite")
+        phase = float(mine[PHASE][0])
+        if phase != int(phase) or not 0 <= phase < self.run.lowrank.tau:
+            raise ValueError(f"phase {phase} outside the run's cycle")
+        for name, (m, _, _) in self.matrices.items():
+            sel = mine[SELECT + name]
+            if not bool((sel == sel.round()).all()) or len(set(sel.long().tolist())) != len(sel) \
+                    or int(sel.min()) < 0 or int(sel.max()) >= m:  # fmt: skip
+                raise ValueError(f"{name}: the selected columns are not distinct indices < {m}")
+            self._basis[name] = mine[BASIS + name].to(torch.float32).clone()
+            self._select[name] = sel.long().sort().values
+        self._phase, self._stepped = int(phase), True
+
+    def outer_shapes(self) -> dict[str, tuple[int, ...]]:
+        out = dict(super().outer_shapes())
+        for name, (m, _, _) in self.matrices.items():
+            out[BASIS + name] = (m, m)
+            out[SELECT + name] = (min(self.rank, m),)
+        out[PHASE] = (1,)
+        return out

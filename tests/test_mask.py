@@ -1,0 +1,295 @@
+"""`sparseloco-mask`: the shared support against a plain per-chunk reference, the strategy against
+a reference implementation over three windows, one support on every node (and after a restore),
+the add-back, and strict decoding: foreign supports, fresh entries on the support, hostile
+``TSRM`` bytes."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import msgpack
+import numpy as np
+import pytest
+import torch
+
+from codec import wire
+from codec.chunking import ChunkLayout
+from codec.compress import SparseGroup
+from codec.errors import DecodeError
+from codec.frame import payload_digest
+from codec.masked import MaskedTensor, mix64, shared_counts, shared_support
+from codec.spec import CodecParams, ModelSpec
+from node.data.batches import open_run_dataset
+from node.model.llama import build_model
+from node.strategy import make_strategy
+from protocol.runconfig import RunConfig
+from validator.config import ValidatorConfig
+from validator.reveal import reveal_for
+from validator.scoring import LossProbe
+
+SHAPES = {"w": (40, 23), "v": (200,), "n": (50,)}
+SPEC = ModelSpec.from_shapes(SHAPES)
+
+
+def _run(shared: int = 20, beta: float = 0.9, explore: float = 0.25) -> RunConfig:
+    return RunConfig.preset(
+        "tiny", name="mask", strategy="sparseloco-mask",
+        codec={"tile": 8, "k": 9, "max_abs_value": 1e6},
+        mask={"shared_k": shared, "fresh_k": 3, "explore": explore},
+        outer={"total_windows": 10, "ef_freeze_fraction": 0.0, "beta": beta, "alpha": 1.0},
+    )  # fmt: skip
+
+
+def _deltas(seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return {n: torch.randn(s, generator=gen) for n, s in SHAPES.items()}
+
+
+def _ref_support(last: torch.Tensor, params: CodecParams, shared_k: int, explore: float, seed: int):
+    """The support rule, position by position with Python's sort."""
+    layout = ChunkLayout.for_shape(tuple(last.shape), params)
+    out, offset = [], 0
+    for g, rows, s in zip(layout.groups, layout.split(last), shared_counts(layout, params, shared_k),
+                          strict=True):  # fmt: skip
+        c, x = g.chunk_size, min(s, int(explore * s + 0.5))
+        group = []
+        for j in range(g.n_chunks):
+            noise = [int(mix64(np.array([offset + j * c + p], np.uint64), seed)[0]) >> 1
+                     for p in range(c)]  # fmt: skip
+            by_mag = sorted(range(c), key=lambda p: (-abs(float(rows[j, p])), noise[p]))
+            top = set(by_mag[: s - x])
+            rest = sorted((p for p in range(c) if p not in top), key=lambda p: noise[p])
+            group.append(sorted(top | set(rest[:x])))
+        out.append(torch.tensor(group, dtype=torch.int64).view(g.n_chunks, s))
+        offset += g.n_chunks * c
+    return out
+
+
+def test_shared_support_is_the_plain_rule() -> None:
+    params = CodecParams(tile=8, k=3)
+    gen = torch.Generator().manual_seed(1)
+    for name, shape in SHAPES.items():
+        last = torch.randn(shape, generator=gen)
+        last[last.abs() < 0.8] = 0.0  # ties at zero: decided by the noise order
+        layout = ChunkLayout.for_shape(shape, params)
+        for explore in (0.0, 0.25, 1.0):
+            got = shared_support(last, layout, shared_counts(layout, params, 20), explore, 77)
+            ref = _ref_support(last, params, 20, explore, 77)
+            assert all(torch.equal(a, b) for a, b in zip(got, ref, strict=True)), (name, explore)
+
+
+def _model() -> torch.nn.Module:
+    model = torch.nn.Module()
+    for n, s in SHAPES.items():
+        model.register_parameter(n, torch.nn.Parameter(torch.zeros(s)))
+    return model
+
+
+def test_mask_follows_a_plain_reference_implementation() -> None:
+    """Three peers, three windows: values on the shared support plus the fresh Top-k of the rest,
+    error feedback as SparseLoCo's, the clipped mean of the resolved entries, and the next
+    support from that mean."""
+    run, beta = _run(), 0.9
+    params = run.codec.model_copy(update={"k": run.mask.fresh_k})
+    peers = [make_strategy(run, SPEC) for _ in range(3)]
+    validator = make_strategy(run, SPEC)
+    model = _model()
+    ref_e = [{n: torch.zeros(s) for n, s in SHAPES.items()} for _ in peers]
+    for window in range(3):
+        digest, supports = validator.supports()
+        updates = {}
+        for uid, (peer, e) in enumerate(zip(peers, ref_e, strict=True)):
+            deltas = _deltas(10 * window + uid)
+            sent = peer.encode(deltas, window)
+            data = peer.to_bytes(sent, {"window": window}, None)
+            updates[uid] = make_strategy(run, SPEC).decode(data, 1 << 20).tensors  # no state
+            for piece in updates[uid]:
+                n = piece.name
+                e[n] = beta * e[n] + deltas[n]
+                layout = ChunkLayout.for_shape(SHAPES[n], params)
+                for gi, (g, chunk) in enumerate(
+                    zip(layout.groups, layout.split(e[n]), strict=True)
+                ):
+                    shared = supports[n][gi]
+                    rest = chunk.abs().scatter(1, shared, -1.0)  # off the support
+                    fresh = torch.topk(rest, g.k, dim=1).indices.sort(1).values
+                    assert torch.equal(piece.groups[gi].idx, fresh)
+                pos, vals = validator.entries(piece)
+                assert pos.numel() == len(set(pos.tolist()))
+                e[n].view(-1)[pos] -= vals
+                torch.testing.assert_close(peer.local_state_dict()[n], e[n], atol=1e-5, rtol=0)
+        norms = {u: math.sqrt(sum(float(validator.entries(p)[1].double().square().sum())
+                                  for p in up)) for u, up in updates.items()}  # fmt: skip
+        median = sorted(norms.values())[1]
+        mean = validator.mean(updates)
+        for n, shape in SHAPES.items():
+            ref = torch.zeros(shape, dtype=torch.float64)
+            for u, up in updates.items():
+                pos, vals = validator.entries(next(p for p in up if p.name == n))
+                ref.view(-1)[pos] += min(1.0, median / norms[u]) * vals.double()
+            torch.testing.assert_close(mean[n].double(), ref / 3, rtol=1e-6, atol=1e-7)
+        validator.apply(model, mean)
+        for peer in peers:
+            peer.apply(_model(), mean)
+        new_digest = validator.supports()[0]
+        assert new_digest != digest  # the support moved with the aggregate
+        assert all(p.supports()[0] == new_digest for p in peers)  # and moved alike everywhere
+
+
+def test_one_support_everywhere_and_after_a_restore() -> None:
+    run = _run()
+    a, b = make_strategy(run, SPEC), make_strategy(run, SPEC)
+    assert a.supports()[0] == b.supports()[0]
+    mean = {
+        n: torch.randn(s, generator=torch.Generator().manual_seed(3)) for n, s in SHAPES.items()
+    }
+    a.apply(_model(), mean)
+    assert a.supports()[0] != b.supports()[0]
+    b.load_outer_state_dict(a.outer_state_dict())
+    assert a.supports()[0] == b.supports()[0]
+    c = make_strategy(run, SPEC)
+    c.apply(_model(), {n: t.clone() for n, t in mean.items()})
+    assert c.supports()[0] == a.supports()[0]
+    layout = ChunkLayout.for_shape(SHAPES["v"], a.params)  # the aggregate's largest entries
+    top = mean["v"].abs().topk(3).indices
+    support = a.supports()[1]["v"]
+    flat = torch.cat([layout.flat_positions(i, s).reshape(-1) for i, s in enumerate(support)])
+    assert set(top.tolist()) <= set(flat.tolist())
+    with pytest.raises(ValueError):
+        b.load_outer_state_dict({"last.v": torch.zeros(3)})
+
+
+def test_an_unapplied_update_goes_back_even_after_the_support_moved() -> None:
+    run = _run(beta=0.5)
+    peer = make_strategy(run, SPEC)
+    sent = peer.encode(_deltas(1), 2)
+    accumulated = _deltas(1)
+    peer.apply(_model(), _deltas(9))  # the window's step moves the support first
+    peer.settle(sent, applied=False, window=2)
+    for n in SHAPES:
+        torch.testing.assert_close(peer.local_state_dict()[n], accumulated[n], atol=1e-6, rtol=0)
+
+
+def test_updates_for_another_support_or_with_fresh_entries_on_it_are_refused() -> None:
+    run = _run()
+    peer, validator = make_strategy(run, SPEC), make_strategy(run, SPEC)
+    stale = peer.encode(_deltas(1), 0)
+    validator.apply(_model(), _deltas(5))  # the validator is a window ahead
+    with pytest.raises(DecodeError, match="another shared support"):
+        validator.mean({0: stale})
+    digest, supports = peer.supports()
+    forged = []
+    for piece in stale:  # a fresh position moved onto the shared support
+        g0 = piece.groups[0]
+        idx = g0.idx.clone()
+        idx[0, 0] = supports[piece.name][0][0, 0]
+        idx[0] = idx[0].sort().values
+        forged.append(MaskedTensor(piece.name, piece.shape, [SparseGroup(idx, g0.codes, g0.scales),
+                                   *piece.groups[1:]], piece.codebook, piece.shared, digest))  # fmt: skip
+    with pytest.raises(DecodeError, match="shared support"):
+        peer.mean({0: forged})
+    assert peer.mean({0: stale})["w"].abs().sum() > 0
+
+
+def test_copy_detection_compares_the_shared_and_the_fresh_positions() -> None:
+    run = _run()
+    peers = [make_strategy(run, SPEC) for _ in range(2)]
+    sent = [p.encode(_deltas(i), 0) for i, p in enumerate(peers)]
+    for piece in sent[0]:
+        assert peers[0].entries(piece)[0].numel() == sum(g.codes.numel() for g in piece.groups)
+    shared = set(peers[0].entries(sent[0][0])[0].tolist()) & set(
+        peers[1].entries(sent[1][0])[0].tolist()
+    )
+    assert len(shared) >= sum(piece.shared[0] * g.n_chunks for piece in sent[:1][0][:1]
+                              for g in ChunkLayout.for_shape(piece.shape, peers[0].params).groups[:1])  # fmt: skip
+
+
+# -- the wire -----------------------------------------------------------------------------
+
+
+def _good(run: RunConfig) -> bytes:
+    peer = make_strategy(run, SPEC)
+    return peer.to_bytes(peer.encode(_deltas(4), 0), {"window": 0}, None)
+
+
+def _parts(data: bytes) -> tuple[dict, bytes]:
+    raw, payload = wire.MASKED.frame.split(data, len(data))
+    return msgpack.unpackb(bytes(raw), raw=False), bytes(payload)
+
+
+def _reframe(header: dict, payload: bytes) -> bytes:
+    header = {**header, "digest": payload_digest(payload)}
+    return wire.MASKED.frame.pack(msgpack.packb(header, use_bin_type=True), payload)
+
+
+def _decode(run: RunConfig, data: bytes) -> None:
+    strategy = make_strategy(run, SPEC)
+    strategy.decode(data, strategy.max_update_bytes())
+
+
+def test_hostile_mask_bytes_raise_decode_error_quickly() -> None:
+    run = _run()
+    good = _good(run)
+    _decode(run, good)
+    header, payload = _parts(good)
+    no_digest = {k: v for k, v in header.items() if k != "support_digest"}
+    other = _run(shared=12)
+    sparse_run = run.model_copy(update={"strategy": "sparseloco"})
+    sparse = make_strategy(sparse_run, SPEC)
+    corpus = {
+        "truncated": good[:-5],
+        "extra byte": good + b"\x00",
+        "no support digest": _reframe(no_digest, payload),
+        "short support digest": _reframe({**header, "support_digest": b"\x01" * 5}, payload),
+        "shared_k lies": _reframe({**header, "shared_k": header["shared_k"] + 1}, payload),
+        "made with another shared_k": _good(other),
+        "a sparseloco update": sparse.to_bytes(sparse.encode(_deltas(4), 0), {}, None),
+        "flipped payload bit": good[:-30] + bytes([good[-30] ^ 8]) + good[-29:],
+    }
+    for name, data in corpus.items():
+        t0 = time.perf_counter()
+        with pytest.raises(DecodeError):
+            _decode(run, data)
+        assert time.perf_counter() - t0 < 2.0, name
+    with pytest.raises(DecodeError, match="shared values per chunk"):
+        _decode(run, _good(other))
+    with pytest.raises(DecodeError, match="support digest"):
+        _decode(run, _reframe(no_digest, payload))
+    unmasked = {k: v for k, v in header.items() if k != "shared_k"}  # a digest, no shared values
+    raw = msgpack.packb({**unmasked, "digest": payload_digest(payload)}, use_bin_type=True)
+    same_k = sparse_run.model_copy(update={"codec": make_strategy(run, SPEC).params})
+    with pytest.raises(DecodeError, match="support digest"):
+        _decode(same_k, wire.FRAME.pack(raw, payload))
+
+
+def test_the_validators_probe_scores_mask_updates_with_its_own_support() -> None:
+    """The loss probe applies updates: with the validator's strategy (which holds the window's
+    support) it scores them; a strategy without that state would refuse them."""
+    run = RunConfig.preset("tiny", name="mask-probe", strategy="sparseloco-mask",
+                           outer={"total_windows": 10, "ef_freeze_fraction": 0.0})  # fmt: skip
+    model = build_model(run.model, run.seed)
+    spec = ModelSpec.from_module(model)
+    validator = make_strategy(run, spec)
+    gen = torch.Generator().manual_seed(0)
+    small = {t.name: torch.randn(t.shape, generator=gen) * 1e-3 for t in spec.tensors}
+    validator.apply(build_model(run.model, run.seed), small)  # the support has moved once
+    peers = [make_strategy(run, spec) for _ in range(2)]
+    for peer in peers:
+        peer.load_outer_state_dict(validator.outer_state_dict())
+    updates = {
+        u: p.encode({n: t * (u + 1) for n, t in small.items()}, 1) for u, p in enumerate(peers)
+    }
+    norms = {u: validator.norm(up) for u, up in updates.items()}
+    _, dataset = open_run_dataset(run)
+    reveal = reveal_for(dataset, run.run_id, 1, b"k" * 32, 8, 8)
+    cfg = ValidatorConfig(n_random=8, n_own=8)
+    cpu = torch.device("cpu")
+    probe = LossProbe(model, run, dataset, 1, reveal, updates, norms, cfg, cpu, validator)
+    score = probe.score(0, updates[0], norms[0])
+    assert (
+        math.isfinite(score.loss_after_random)
+        and score.loss_after_random != score.loss_before_random
+    )
+    with pytest.raises(DecodeError, match="another shared support"):
+        LossProbe(model, run, dataset, 1, reveal, updates, norms, cfg, cpu)  # no support

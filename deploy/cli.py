@@ -29,6 +29,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "deploy.doctor",
         "preflight checks before joining a run, with a fix for each failure",
     ),
+    "plan": (
+        "deploy.plan_cli",
+        "throughput model: compute and communication time per window, busy share",
+    ),
     "bucket": ("deploy.bucket_cli", "create our bucket with the write key (idempotent)"),
     "commit": ("deploy.commit_cli", "post our bucket commitment (read key) on chain"),
 }

@@ -26,7 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "data": ("node.data.prep", "prepare pre-tokenized training shards"),
     "doctor": (
-        "deploy.doctor",
+        "deploy.doctor.cli",
         "preflight checks before joining a run, with a fix for each failure",
     ),
     "plan": (

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from deploy.doctor_report import Check, fail, ok, skip, warn
+from deploy.doctor.report import Check, fail, ok, skip, warn
 from node.runtime.preflight import PreflightError, check_bucket
 from protocol.credentials import ReadCredentials, WriteCredentials
 from protocol.runconfig import RunConfig

@@ -149,6 +149,13 @@ class OuterConfig(_Frozen):
         0.05, ge=0, le=1, description="fraction of total_windows with error feedback frozen"
     )
     total_windows: int = Field(ge=1, le=10**9, description="total outer steps of the run")
+    delay: int = Field(
+        0,
+        ge=0,
+        le=1,
+        description="windows an aggregate waits before it is applied: 1 exchanges window w "
+        "while w + 1 trains (docs/training.md)",
+    )
 
     @property
     def ef_freeze_windows(self) -> int:

@@ -9,8 +9,9 @@ A **local** method (every `node.strategy`) runs, per window: each replica starts
 synchronised weights, takes H AdamW steps (its own optimizer state, as a real peer keeps), and
 encodes ``start − θ_r`` with its own strategy state; the update goes through the real wire
 (`Strategy.to_bytes`, then `Strategy.decode` of those bytes), and one consensus instance takes
-the window's outer step (`Strategy.mean`, `Strategy.apply`) exactly as peers and validators do;
-every replica then settles (its update was applied). **DDP** is one model whose every inner step
+the window's outer step (`Strategy.step`) exactly as validators and history replay do (with
+``outer.delay = 1`` it applies the previous window's mean, docs/training.md); every replica then
+settles (its update was applied). **DDP** is one model whose every inner step
 averages the gradients of R replicas (the same as one step on their union).
 
 Scored after every window: the held-out loss of the synchronised model on a fixed set of held-out

@@ -16,6 +16,7 @@ warmup        optimizer.warmup_steps               all
 alpha         outer.alpha                          sparseloco, diloco
 outer         outer.optimizer (sgd | nesterov)     sparseloco, diloco
 momentum      outer.momentum                       sparseloco, diloco
+delay         outer.delay (0 | 1)                  sparseloco, diloco
 k             codec.k                              sparseloco
 beta          outer.beta                           sparseloco
 freeze        outer.ef_freeze_fraction             sparseloco
@@ -41,7 +42,7 @@ DEFAULT_STRATEGIES = (
 QUICK_STRATEGIES = "ddp,diloco:outer=sgd,alpha=1,dtype=fp32,sparseloco"
 
 _COMMON = {"lr", "warmup", "label"}
-_LOCAL = _COMMON | {"alpha", "outer", "momentum"}
+_LOCAL = _COMMON | {"alpha", "outer", "momentum", "delay"}
 KEYS: dict[str, set[str]] = {
     "ddp": _COMMON,
     "diloco": _LOCAL | {"dtype"},
@@ -120,6 +121,8 @@ def _overrides(name: str, o: dict[str, str]) -> dict[str, Any]:
     ):
         if key in o:
             outer[target] = kind(o[key])
+    if "delay" in o:
+        outer["delay"] = int(o["delay"])
     if "k" in o:
         over["codec"] = {"k": int(o["k"])}
     if "dtype" in o:

@@ -45,7 +45,7 @@ class World:
 
 
 def sim_run_config(
-    windows: int, block_time: float, blocks_per_window: int, start_block: int = 0
+    windows: int, block_time: float, blocks_per_window: int, start_block: int = 0, delay: int = 0
 ) -> RunConfig:
     """The tiny preset with a clock fast enough for a simulation on a laptop.
 
@@ -57,7 +57,7 @@ def sim_run_config(
     return RunConfig.preset(
         "tiny",
         name="sim",
-        outer={"total_windows": max(windows, 1)},
+        outer={"total_windows": max(windows, 1), "delay": delay},
         consensus={"fetch_budget_s": max(2.0, window_s / 5), "manifest_wait_s": window_s / 3},
         timing={
             "block_time_s": block_time,
@@ -91,6 +91,7 @@ def build_world(
     peers: int,
     adversaries: list[str],
     storage: str,
+    delay: int = 0,
 ) -> World:
     """Create the run folder, the chain and every member's wallet, uid and bucket name.
 
@@ -102,7 +103,7 @@ def build_world(
     db = LocalChainDB(db_path)
     members = peers + len(adversaries) + 1
     start = math.ceil(startup_seconds(members) / block_time)
-    run = sim_run_config(windows, block_time, blocks_per_window, start_block=start)
+    run = sim_run_config(windows, block_time, blocks_per_window, start_block=start, delay=delay)
     run_path = run.dump(out / "run.json")
     world = World(
         out=out,

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from deploy.bench_train.specs import SpecError, parse_methods, split_items
 from protocol.runconfig import RunConfig
@@ -19,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_quick_bench_writes_the_stable_schema(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "deploy.cli", "bench", "train", "--quick", "--threads", "1",
-           "--out", str(tmp_path), "--json"]  # fmt: skip
+           "--jobs", "2", "--out", str(tmp_path), "--json"]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -78,3 +79,27 @@ def test_strategy_lists_parse_with_their_options() -> None:
     ):
         with pytest.raises(SpecError):
             parse_methods(bad, base)
+
+
+def test_methods_in_worker_processes_train_exactly_as_one_after_another() -> None:
+    from deploy.bench_train.engine import Setup, heldout_set
+    from deploy.bench_train.parallel import run_all
+    from node.data.batches import open_run_dataset
+
+    base = RunConfig.preset("tiny", name="jobs", inner_steps=1, outer={"total_windows": 2})
+    methods = parse_methods("ddp,diloco:alpha=1,sparseloco", base)
+    _, dataset = open_run_dataset(base)
+    setup = Setup(base, dataset, (0, 1), 2, heldout_set(dataset, base.run_id, 4), base.run_id)
+    seen: list[tuple[int, int]] = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the workers' count: the same kernels, the same roundings
+    try:
+        serial = run_all(methods, setup, 1, 1, lambda i, w, loss: None)
+    finally:
+        torch.set_num_threads(threads)
+    parallel = run_all(methods, setup, 2, 1, lambda i, w, loss: seen.append((i, w)))
+    assert sorted(seen) == [(i, w) for i in range(3) for w in range(2)]  # every window reported
+    for a, b in zip(serial, parallel, strict=True):
+        assert (
+            a.method.label == b.method.label and a.loss == b.loss and a.bytes_sent == b.bytes_sent
+        )

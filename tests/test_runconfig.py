@@ -108,7 +108,8 @@ def _changed(value: Any, path: tuple[str, ...]) -> Any:
     if isinstance(value, float):
         return value * 0.5 if value > 0 else 0.5
     if isinstance(value, str):
-        return {"name": "adamw", "schedule": "cosine"}.get(path[-1], value + "x")
+        literals = {"strategy": "diloco", "optimizer": "nesterov", "dtype": "fp32"}  # other legal
+        return {"name": "adamw", "schedule": "cosine", **literals}.get(path[-1], value + "x")
     if isinstance(value, list):
         return [v * 0.5 for v in value]
     raise AssertionError(path)

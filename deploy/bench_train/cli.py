@@ -40,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--heldout", type=int, default=None, help="held-out samples scored (128)")
     g.add_argument("--out", type=Path, default=Path("runs/bench-train"), help="output folder")
     g.add_argument(
+        "--jobs", type=int, default=1, help="methods trained at a time, in worker processes"
+    )
+    g.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -49,7 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from deploy.bench_train import report
-    from deploy.bench_train.engine import Setup, heldout_set, run_method
+    from deploy.bench_train.engine import Setup, heldout_set
+    from deploy.bench_train.parallel import run_all
     from deploy.bench_train.specs import parse_methods
     from node.data.batches import open_run_dataset
     from node.model.llama import build_model
@@ -76,20 +80,20 @@ def run(args: argparse.Namespace) -> int:
     heldout = heldout_set(dataset, base.run_id, args.heldout or (16 if quick else 128))
     setup = Setup(base, dataset, tuple(range(replicas)), windows, heldout, base.run_id)
     console = Console(stderr=True)
-    curves = []
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[loss]}"), TimeElapsedColumn(), console=console,
     ) as progress:  # fmt: skip
-        for m in methods:
-            task = progress.add_task(m.label, total=windows, loss="")
+        tasks = [progress.add_task(m.label, total=windows, loss="") for m in methods]
 
-            def tick(w: int, loss: float, task: int = task, label: str = m.label) -> None:
-                progress.update(task, completed=w + 1, loss=f"loss {loss:.4f}")
-                if not console.is_terminal:  # a log file gets one line per window
-                    console.print(f"{label}: window {w + 1}/{windows} held-out loss {loss:.4f}")
+        def show(i: int, w: int, loss: float) -> None:
+            progress.update(tasks[i], completed=w + 1, loss=f"loss {loss:.4f}")
+            if not console.is_terminal:  # a log file gets one line per window
+                console.print(
+                    f"{methods[i].label}: window {w + 1}/{windows} held-out loss {loss:.4f}"
+                )
 
-            curves.append(run_method(m, setup, tick))
+        curves = run_all(methods, setup, args.jobs, args.threads or 0, show)
     tokens = replicas * base.inner_steps * base.batch_size * base.seq_len
     rows = [report.result_row(c, tokens) for c in curves]
     numel = sum(p.numel() for p in build_model(base.model, base.seed).parameters())

@@ -11,6 +11,9 @@ import pytest
 import torch
 
 from codec.spec import ModelSpec
+from deploy.bench_train.engine import Setup, heldout_set, run_local
+from deploy.bench_train.specs import parse_methods
+from node.data.batches import open_run_dataset
 from node.model.fingerprint import fingerprint
 from node.model.llama import build_model
 from node.strategy import make_strategy
@@ -190,3 +193,16 @@ def test_a_checkpoint_with_a_misshapen_held_mean_is_not_used(tmp_path) -> None:
     publish_checkpoint(store, run, 2, 0, key, model, outer=held)
     found = latest_checkpoint(Source(0, key.ss58_address, store), strategy, 5)
     assert found is not None and found[0] == 2
+
+
+def test_the_bench_runs_a_delayed_method_one_window_behind() -> None:
+    """Window 0 applies nothing with delay 1, so its model after window 1 is delay 0's after window
+    0 (bit for bit); at the end the held mean is applied once more for `final_loss_all_applied`."""
+    base = RunConfig.preset("tiny", name="delay-bench", inner_steps=1, outer={"total_windows": 3})
+    now, late = parse_methods("sparseloco,sparseloco:delay=1,label=late", base)
+    _, dataset = open_run_dataset(base)
+    setup = Setup(base, dataset, (0, 1), 3, heldout_set(dataset, base.run_id, 8), base.run_id)
+    a, b = (run_local(m, setup, lambda w, loss: None) for m in (now, late))
+    assert b.loss[0] == b.initial_loss and b.loss[1] == a.loss[0]
+    assert b.loss[2] != a.loss[1]  # from then on the delayed mean lands on moved weights
+    assert a.applied_loss is None and b.applied_loss is not None and b.applied_loss < b.loss[2]

@@ -15,7 +15,8 @@ settles (its update was applied). **DDP** is one model whose every inner step
 averages the gradients of R replicas (the same as one step on their union).
 
 Scored after every window: the held-out loss of the synchronised model on a fixed set of held-out
-samples; also the bytes one replica sent and the wall time.
+samples; also the bytes one replica sent and the wall time. With ``outer.delay = 1`` the last
+window's mean is still held at the end; the loss once it is applied is kept too (`applied_loss`).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class Curve:
     wall_s: list[float] = field(default_factory=list)
     initial_loss: float = float("nan")
     weights: dict[str, torch.Tensor] = field(default_factory=dict)  # the synchronised model's
+    applied_loss: float | None = None  # outer.delay = 1: once the last window's mean is applied
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,9 @@ def run_local(m: MethodSpec, setup: Setup, tick: Tick) -> Curve:
         curve.wall_s.append(time.perf_counter() - began)
         tick(w, curve.loss[-1])
     curve.weights = {n: p.detach().clone() for n, p in sync.named_parameters()}
+    if consensus.outer.holding:  # every window's tokens in the model: apply the held mean
+        consensus.advance(sync)
+        curve.applied_loss = heldout_loss(sync, setup.heldout)
     return curve
 
 

@@ -3,20 +3,21 @@
 `Peer.run_window` is the whole per-window flow, top to bottom:
 
 1. train the H inner steps on the samples assigned to (run, uid, window), from the window's
-   starting weights ``θ_w``;
-2. with ``outer.delay = 1`` (docs/training.md), land window ``w − 1``'s exchange, which was in
-   the air while we trained, and settle our own update in the strategy's local state
-   (SparseLoCo: back into error feedback if it was not applied);
-3. encode the pseudo-gradient ``θ_w − θ`` with the run's strategy and launch its exchange
-   (`node.window.flight`): sign and upload to our own bucket before the deadline; at the gather
-   point gather the selected peers' updates, verify and decode them strictly, and agree on the
-   window's set (the lead validator's manifest, `node.window.consensus`). With ``delay = 0`` it
-   runs now and lands at once (and we settle);
-4. take in the landed window's aggregate (resyncing from the validators' history first if our
-   weights had forked) and take the outer step from ``θ_w``:
-   ``θ_{w+1} = θ_w − α · step(mean_{w − delay})``;
-5. publish our parameter fingerprint and save the local state atomically, with the exchange
-   still in the air, so a restart resumes it.
+   starting weights ``θ_w``. With ``outer.delay = 1`` (docs/training.md) window ``w − 1``'s
+   exchange is in the air meanwhile; as soon as it lands (before the first inner step or between
+   two), our own update of ``w − 1`` is settled in the strategy's local state and its outer step
+   is taken on the window's origin and on the live weights alike: the origin becomes
+   ``θ_{w+1} = θ_w − α · step(mean_{w−1})``;
+2. encode the pseudo-gradient ``origin − θ`` with the run's strategy (SparseLoCo: error feedback
+   and compression) and launch its exchange (`node.window.flight`): sign and upload to our own
+   bucket before the deadline; at the gather point gather the selected peers' updates, verify and
+   decode them strictly and agree on the window's set (the lead validator's manifest,
+   `node.window.consensus`). With ``delay = 0`` it runs now, then we settle and step:
+   ``θ_{w+1} = θ_w − α · step(mean_w)``;
+3. a window whose start had forked from the lead validator's is rebuilt from the validators'
+   published history before its step is taken;
+4. the model moves to the origin of the next window; publish our parameter fingerprint and save
+   the local state atomically, with the exchange still in the air, so a restart resumes it.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from node.runtime.preflight import explain_os_error
 from node.runtime.progress import tracked
 from node.runtime.state import PeerState, load_error_feedback, load_state, save_ef_shard, save_state
 from node.strategy import make_strategy
-from node.window.consensus import Agreement, agree, wait_for_manifest, window_roster
+from node.window.consensus import agree, wait_for_manifest, window_roster
 from node.window.exchange import encode_signed, publish
 from node.window.flight import Exchanged, Flight
 from node.window.gather import gather
@@ -106,23 +107,28 @@ class Peer:
         self.metrics = PeerMetrics()
         self.delay = run.outer.delay
         self._flight: Flight | None = None  # the exchange in the air (`node.window.flight`)
+        self._exchanged: Flight | None = None  # the one this window landed (for its report)
+        self._fork: Flight | None = None  # landed, from a start we did not share: resync
+        self._origin: dict[str, torch.Tensor] = {}  # what this window's pseudo-gradient is from
         self.next_window = self._restore()
         self.trainer = self.ranks.wrap(self.model)  # what the inner steps train (DDP or itself)
 
     # -- the window --------------------------------------------------------------------------
 
     def run_window(self, window: int) -> WindowReport:
-        start, start_fp = self._weights(), fingerprint(self.model)
-        inner = self._train(window)  # with outer.delay = 1, window - 1's exchange is in the air
-        landed = self._land() if self.delay else None
-        self._launch(window, self._encode(start, window), start_fp)
+        self._origin, start_fp = self._weights(), fingerprint(self.model)
+        self._step_when_landed()  # delay 1: window - 1's step as soon as its exchange lands,
+        inner = self._train(window)  # here or between two inner steps
+        if self._flight is not None:  # delay 1, still in the air: it lands before we encode
+            self._land_and_step(live=True)
+        self._launch(window, self._encode(self._origin, window), start_fp)
         if not self.delay:
-            landed = self._land()
-        start = self._take_in(landed, start)
-        self.strategy.advance(self.model, start)
+            self._land_and_step(live=False)
+        self._resync_forked()
+        self.strategy.advance(self.model, self._origin)
         fp = self._publish_fingerprint(window)
         self._save(window + 1, fp)
-        return self._report(window, inner, landed, fp)
+        return self._report(window, inner, fp)
 
     def run(self, windows: int) -> list[WindowReport]:
         """Train `windows` windows, starting at the current one, resuming from saved state."""
@@ -207,7 +213,10 @@ class Peer:
         )
         rows = map(self.ranks.local_rows, batches)
         steps = tracked(rows, f"window {window} (uid {self.uid})", total=self.cfg.inner_steps)
-        inner = train_window(self.trainer, self.optimizer, steps, self.cfg, window, self.device)
+        on_step = (lambda _step, _loss: self._step_when_landed()) if self.delay else None
+        inner = train_window(
+            self.trainer, self.optimizer, steps, self.cfg, window, self.device, on_step
+        )
         return self.ranks.reduce_inner(inner)
 
     def _encode(self, start: dict[str, torch.Tensor], window: int) -> list:
@@ -245,28 +254,65 @@ class Peer:
         done = flight.result()
         applied = self.ranks.broadcast_object(done is not None and self.uid in done.agreed.updates)
         self.strategy.settle(flight.sent, applied, flight.window)
+        self._exchanged = flight
         return flight
 
-    def _take_in(
-        self, landed: Flight | None, start: dict[str, torch.Tensor]
-    ) -> dict[str, torch.Tensor]:
-        """Hold the landed window's aggregate for the outer step, resyncing first if our weights
-        had forked; returns the start of the window we trained (a resync replaces it). Nothing
-        landed: the aggregate is already held (a replay) or there is none yet."""
-        if landed is None:
-            return start
-        done = landed.result()
-        agreed = done.agreed if done is not None else None
-        start = self._resync_if_forked(landed.window, agreed, start)
-        updates = {u: up.tensors for u, up in agreed.updates.items()} if agreed else {}
+    def _step_when_landed(self) -> None:
+        """With ``delay = 1``, at the start of a window and between its inner steps: take the
+        outer step of window - 1 once its exchange has landed (or of a mean a replay held)."""
+        landed = self._flight is not None and self._flight.done()
+        if self.ranks.broadcast_object(landed):
+            self._land_and_step(live=True)
+        elif self.strategy.holding:
+            self._step(live=True)
+
+    def _land_and_step(self, live: bool) -> None:
+        """Land the exchange, hold its mean and take the outer step on the window's origin (and
+        on the live weights while they still train); a fork waits for `_resync_forked`."""
+        flight = self._land()
+        if flight is None:
+            return
+        if self._forked(flight):  # the resync replaces the weights: once they are encoded
+            self._fork = flight
+            return
+        self._take_in(flight)
+        self._step(live)
+
+    def _step(self, live: bool) -> None:
+        """The origin moves by the outer step with the held mean; the live weights follow."""
+        new = self.strategy.next_weights(self._origin)
+        if live:
+            with torch.no_grad():
+                for name, p in self.model.named_parameters():
+                    p.add_(new[name] - self._origin[name])
+        self._origin = new
+
+    def _take_in(self, flight: Flight) -> None:
+        """Hold the mean of the window's agreed updates (computed on rank 0, sent to all)."""
+        done = flight.result()
+        updates = {u: up.tensors for u, up in done.agreed.updates.items()} if done else {}
         mean = self.strategy.mean(updates) if self.ranks.is_main else None
         self.strategy.receive(self.ranks.broadcast_aggregate(mean, self.spec, self.device))
-        return start
 
     def _land_and_hold(self) -> None:
-        """Land the exchange in the air (``delay = 1``) and hold its aggregate; the model stays
-        at the start of the next window, where a replay or the next window takes over."""
-        self._take_in(self._land(), self._weights())
+        """Land the exchange in the air (``delay = 1``) and hold its mean: the model stays at the
+        start of the next window, where a replay or the next window takes over."""
+        flight = self._land()
+        if flight is not None:
+            if self._forked(flight):
+                self._resync(flight)
+            self._take_in(flight)
+
+    def _resync_forked(self) -> None:
+        """After encoding: a landed window whose start we did not share is rebuilt from the
+        validators' history, then its step taken."""
+        flight, self._fork = self._fork, None
+        if flight is None:
+            return
+        self._resync(flight)
+        self._take_in(flight)
+        self._origin = self._weights()
+        self._step(live=False)
 
     def _exchange(self, window: int, data: bytes, start_fp: str, resume: bool) -> Exchanged:
         """Rank 0: upload our update, then at the gather point fetch the selected updates and
@@ -296,22 +342,22 @@ class Peer:
             return len(data), float("nan")
         return done.n_bytes, done.seconds
 
-    def _resync_if_forked(
-        self, window: int, agreed: Agreement | None, start: dict[str, torch.Tensor]
-    ) -> dict[str, torch.Tensor]:
-        """A peer whose weights differed from the lead validator's at the start of `window`
-        rebuilds them (and the outer state) from the validator's published history; with
-        ``delay = 1`` it then steps to the start of the next window, the one it trained."""
-        forked = self.ranks.broadcast_object(agreed is not None and agreed.forked)
-        if not forked:
-            return start
+    def _forked(self, flight: Flight) -> bool:
+        done = flight.result()
+        return self.ranks.broadcast_object(done is not None and done.agreed.forked)
+
+    def _resync(self, flight: Flight) -> None:
+        """Our weights differed from the lead validator's at the start of the flight's window:
+        rebuild them and the outer state from the validators' published history, then (with
+        ``delay = 1``) step to the start of the next window, the one we trained."""
+        done = flight.result()
         if self.ranks.is_main:
-            assert agreed is not None and agreed.manifest is not None
-            log.warning("window %d: forked from the validator: resyncing", window)
+            assert done is not None and done.agreed.manifest is not None
+            log.warning("window %d: forked from the validator: resyncing", flight.window)
             sources, peers = history_sources(self.chain, self.local_root)
             resync(
-                self.model, self.strategy, sources, peers, window,
-                agreed.manifest.fingerprint_start,
+                self.model, self.strategy, sources, peers, flight.window,
+                done.agreed.manifest.fingerprint_start,
             )  # fmt: skip
         outer = self.ranks.broadcast_object(
             self.strategy.outer_state_dict() if self.ranks.is_main else None
@@ -320,14 +366,10 @@ class Peer:
         weights = self.ranks.broadcast_aggregate(
             self._weights() if self.ranks.is_main else None, self.spec, self.device
         )
-        if not self.delay:
-            return weights
-        self.strategy.advance(self.model, weights)
-        return self._weights()
+        self.strategy.advance(self.model, weights)  # delay 1: the mean held at that start
 
-    def _report(
-        self, window: int, inner: InnerResult, landed: Flight | None, fp: str
-    ) -> WindowReport:
+    def _report(self, window: int, inner: InnerResult, fp: str) -> WindowReport:
+        landed, self._exchanged = self._exchanged, None
         done = landed.result() if landed is not None else None
         fetched = done.fetched if done is not None else {}
         agreed = done.agreed if done is not None else None

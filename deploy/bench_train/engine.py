@@ -7,12 +7,15 @@ replicas' batches of that step.
 
 A **local** method (every `node.strategy`) runs, per window: each replica starts from the
 synchronised weights, takes H AdamW steps (its own optimizer state, as a real peer keeps), and
-encodes ``start − θ_r`` with its own strategy state; the update goes through the real wire
-(`Strategy.to_bytes`, then `Strategy.decode` of those bytes), and one consensus instance takes
-the window's outer step (`Strategy.step`) exactly as validators and history replay do (with
-``outer.delay = 1`` it applies the previous window's mean, docs/training.md); every replica then
-settles (its update was applied). **DDP** is one model whose every inner step
-averages the gradients of R replicas (the same as one step on their union).
+encodes ``origin − θ_r`` with its own strategy state; the update goes through the real wire
+(`Strategy.to_bytes`, then `Strategy.decode` of those bytes), every replica settles (its update
+was applied), and one consensus instance holds the window's mean and takes the outer step
+(`Strategy.receive`, `Strategy.next_weights`) as peers and validators do. Without delay the
+origin is the window's start and the step follows the window. With ``outer.delay = 1``
+(docs/training.md) the origin is the start moved by the previous window's step, which every
+replica also takes on its live weights after ``land`` of its inner steps, when that window's
+exchange would land on a real peer. **DDP** is one model whose every inner step averages the
+gradients of R replicas (the same as one step on their union).
 
 Scored after every window: the held-out loss of the synchronised model on a fixed set of held-out
 samples; also the bytes one replica sent and the wall time. With ``outer.delay = 1`` the last
@@ -21,6 +24,7 @@ window's mean is still held at the end; the loss once it is applied is kept too 
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -118,33 +122,64 @@ def run_local(m: MethodSpec, setup: Setup, tick: Tick) -> Curve:
     consensus = _strategy(m, spec)
     curve = Curve(m, initial_loss=heldout_loss(sync, setup.heldout))
     params = dict(worker.named_parameters())
+    land = landing_step(m)  # delay 1: the step of window w - 1 is taken mid-window
     for w in range(setup.windows):
         began = time.perf_counter()
         start = {n: p.detach().clone() for n, p in sync.named_parameters()}
+        origin = consensus.next_weights(start)  # delay 1: window w - 1's step (else: `start`)
+        jump = {n: origin[n] - start[n] for n in start}
         updates, sent, sizes = {}, {}, []
         for r in range(setup.replicas):
             with torch.no_grad():
                 for n, p in params.items():
                     p.copy_(start[n])
+            landed = _on_landing(params, jump, land) if run.outer.delay else None
+            if landed is not None:
+                landed(-1, 0.0)
             batches = (setup.batch(r, w, h) for h in range(run.inner_steps))
-            train_window(worker, optimizers[r], batches, run, w, torch.device("cpu"))
+            train_window(worker, optimizers[r], batches, run, w, torch.device("cpu"), landed)
             with torch.no_grad():
-                deltas = {n: start[n] - p.detach() for n, p in params.items()}
+                deltas = {n: origin[n] - p.detach() for n, p in params.items()}
             sent[r] = peers[r].encode(deltas, w)
             n_bytes, updates[r] = transmit(peers[r], sent[r], w, r)
             sizes.append(n_bytes)
-        consensus.step(sync, updates)
-        for r in range(setup.replicas):
             peers[r].settle(sent[r], True, w)
+        consensus.receive(consensus.mean(updates))
+        if not run.outer.delay:  # the window's own step, at once
+            origin = consensus.next_weights(origin)
+        with torch.no_grad():
+            for n, p in sync.named_parameters():
+                p.copy_(origin[n])
         curve.loss.append(heldout_loss(sync, setup.heldout))
         curve.bytes_sent.append(max(sizes))
         curve.wall_s.append(time.perf_counter() - began)
         tick(w, curve.loss[-1])
     curve.weights = {n: p.detach().clone() for n, p in sync.named_parameters()}
-    if consensus.outer.holding:  # every window's tokens in the model: apply the held mean
+    if consensus.holding:  # every window's tokens in the model: apply the held mean
         consensus.advance(sync)
         curve.applied_loss = heldout_loss(sync, setup.heldout)
     return curve
+
+
+def landing_step(m: MethodSpec) -> int:
+    """Inner steps a replica trains before the previous window's exchange lands and its outer
+    step is taken (``outer.delay = 1``, docs/training.md): ``land`` of the window, rounded up."""
+    return math.ceil(m.land * m.run.inner_steps)
+
+
+def _on_landing(
+    params: dict[str, torch.nn.Parameter], jump: dict[str, torch.Tensor], land: int
+) -> Callable[[int, float], None]:
+    """`train_window`'s callback: after inner step ``land − 1`` (before the first when ``land``
+    is 0) the live weights take the outer step that has just landed."""
+
+    def after(step: int, _loss: float) -> None:
+        if step + 1 == land:
+            with torch.no_grad():
+                for n, p in params.items():
+                    p.add_(jump[n])
+
+    return after
 
 
 def run_ddp(m: MethodSpec, setup: Setup, tick: Tick) -> Curve:

@@ -17,6 +17,9 @@ alpha         outer.alpha                          sparseloco, diloco
 outer         outer.optimizer (sgd | nesterov)     sparseloco, diloco
 momentum      outer.momentum                       sparseloco, diloco
 delay         outer.delay (0 | 1)                  sparseloco, diloco
+land          with delay 1: share of a window's inner  sparseloco, diloco
+              steps trained before the previous
+              window's step lands (default 0.1)
 k             codec.k                              sparseloco
 beta          outer.beta                           sparseloco
 freeze        outer.ef_freeze_fraction             sparseloco
@@ -39,10 +42,13 @@ DEFAULT_STRATEGIES = (
     "diloco:outer=nesterov,alpha=0.7,momentum=0.9,dtype=bf16,label=DiLoCo,"
     "sparseloco"
 )
+DEFAULT_LAND = 0.1
+"""Share of a window trained before the previous window's exchange lands: the presets' exchange
+takes 7-11 % of their windows (`tessera plan`)."""
 QUICK_STRATEGIES = "ddp,diloco:outer=sgd,alpha=1,dtype=fp32,sparseloco"
 
 _COMMON = {"lr", "warmup", "label"}
-_LOCAL = _COMMON | {"alpha", "outer", "momentum", "delay"}
+_LOCAL = _COMMON | {"alpha", "outer", "momentum", "delay", "land"}
 KEYS: dict[str, set[str]] = {
     "ddp": _COMMON,
     "diloco": _LOCAL | {"dtype"},
@@ -63,6 +69,7 @@ class MethodSpec:
     options: dict[str, str]
     run: RunConfig
     exact_values: bool = False  # sparseloco with float32 values (bench ablation)
+    land: float = DEFAULT_LAND  # with outer.delay = 1 (`deploy.bench_train.engine.landing_step`)
     notes: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -148,6 +155,7 @@ def parse_methods(text: str | list[str], base: RunConfig) -> list[MethodSpec]:
         name, options = _options(item)
         if options.get("values", "2bit") not in ("2bit", "fp32"):
             raise SpecError(f"{name}: values must be 2bit or fp32")
+        land = _fraction(item, options.get("land", str(DEFAULT_LAND)))
         try:
             over = _overrides(name, options)
             run = RunConfig.from_dict(_merge(base.model_dump(mode="json"), over))
@@ -155,7 +163,9 @@ def parse_methods(text: str | list[str], base: RunConfig) -> list[MethodSpec]:
             raise SpecError(f"{item}: {exc}") from exc
         label = options.get("label") or _label(name, options)
         methods.append(
-            MethodSpec(name, label, options, run, exact_values=options.get("values") == "fp32")
+            MethodSpec(
+                name, label, options, run, exact_values=options.get("values") == "fp32", land=land
+            )
         )
     labels = [m.label for m in methods]
     if len(set(labels)) != len(labels):
@@ -166,3 +176,13 @@ def parse_methods(text: str | list[str], base: RunConfig) -> list[MethodSpec]:
 def _label(name: str, options: dict[str, str]) -> str:
     shown = {k: v for k, v in options.items() if k != "label"}
     return name + (" " + " ".join(f"{k}={v}" for k, v in shown.items()) if shown else "")
+
+
+def _fraction(item: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise SpecError(f"{item}: land must be a number in [0, 1]") from None
+    if not 0 <= value <= 1:
+        raise SpecError(f"{item}: land must be a number in [0, 1]")
+    return value

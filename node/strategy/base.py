@@ -179,11 +179,20 @@ class Strategy(ABC):
         """Hold a window's mean for the next `advance` (``run.outer.delay``, docs/training.md)."""
         self.outer.hold(mean)
 
+    @property
+    def holding(self) -> bool:
+        """Whether a mean is held for the next step."""
+        return self.outer.holding
+
+    def next_weights(self, start: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The outer step with the held mean from ``start``, as new tensors (a copy of ``start``
+        when none is held); the held mean is released."""
+        return self.outer.next_weights(start)
+
     def advance(
         self, model: torch.nn.Module, start: Mapping[str, torch.Tensor] | None = None
     ) -> None:
-        """The outer step with the held mean, from ``start`` (default: the model's weights);
-        none held: the model is set to ``start``."""
+        """The model set to `next_weights` of ``start`` (default: its own weights)."""
         self.outer.advance(model, start)
 
     def step(self, model: torch.nn.Module, updates: Mapping[Hashable, Update]) -> None:

@@ -7,7 +7,7 @@
   before the first window (PyTorch's SGD with ``nesterov=True`` and no dampening).
 
 ``run.outer.delay`` (docs/training.md): an aggregate is first **held** (`hold`), then applied by
-the next **advance** (`advance`). With ``delay = 0`` every window holds its own mean and advances
+the next step (`next_weights`, `advance`). With ``delay = 0`` every window holds its own mean and advances
 at once; with ``delay = 1`` the consensus schedule (`Strategy.step`) advances with the previous
 window's mean, then holds its own, so ``θ_{w+1} = θ_w − α · step(mean_{w−1})``.
 
@@ -38,41 +38,38 @@ class OuterOptimizer:
         self._momentum: dict[str, torch.Tensor] | None = None
         self._held: dict[str, torch.Tensor] | None = None
 
-    def apply(
-        self,
-        model: torch.nn.Module,
-        mean: Mapping[str, torch.Tensor],
-        start: Mapping[str, torch.Tensor] | None = None,
-    ) -> None:
-        """``θ ← start − α · step(mean)`` (``start`` defaults to the model's current weights)."""
-        alpha = self.cfg.alpha
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                base = start[name] if start is not None else p.detach().clone()
-                p.copy_(base.sub(self._direction(name, mean[name]), alpha=alpha))
-
     @property
     def holding(self) -> bool:
         return self._held is not None
 
     def hold(self, mean: Mapping[str, torch.Tensor]) -> None:
-        """Keep ``mean`` (taken over, not copied) for the next `advance`."""
+        """Keep ``mean`` (taken over, not copied) for the next step."""
         if self._held is not None:
-            raise RuntimeError("an aggregate is already held: advance before holding another")
+            raise RuntimeError("an aggregate is already held: step before holding another")
         self._held = dict(mean)
+
+    def next_weights(self, start: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``start − α · step(held)``, releasing the held mean; a copy of ``start`` when none is
+        held (no step: the momentum stays as it is)."""
+        held, self._held = self._held, None
+        with torch.no_grad():
+            if held is None:
+                return {name: w.detach().clone() for name, w in start.items()}
+            alpha = self.cfg.alpha
+            return {
+                name: w.detach().sub(self._direction(name, held[name]), alpha=alpha)
+                for name, w in start.items()
+            }
 
     def advance(
         self, model: torch.nn.Module, start: Mapping[str, torch.Tensor] | None = None
     ) -> None:
-        """The outer step with the held mean, which is then released; without one the model is
-        set to ``start`` (no step, the momentum untouched)."""
-        held, self._held = self._held, None
-        if held is not None:
-            self.apply(model, held, start)
-        elif start is not None:
-            with torch.no_grad():
-                for name, p in model.named_parameters():
-                    p.copy_(start[name])
+        """The model set to `next_weights` of ``start`` (default: its own weights)."""
+        params = dict(model.named_parameters())
+        base = start if start is not None else {n: p.detach() for n, p in params.items()}
+        with torch.no_grad():
+            for name, w in self.next_weights(base).items():
+                params[name].copy_(w)
 
     def _direction(self, name: str, mean: torch.Tensor) -> torch.Tensor:
         if self.cfg.optimizer == "sgd":

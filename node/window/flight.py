@@ -65,6 +65,10 @@ class Flight:
         except BaseException as exc:  # handed to the training thread by `result`
             self._error = exc
 
+    def done(self) -> bool:
+        """Whether `result` returns at once (the exchange has finished, or runs nowhere here)."""
+        return self._thread is None or not self._thread.is_alive()
+
     def result(self) -> Exchanged | None:
         """The exchange's outcome (None on a rank without work); waits for it if it runs."""
         if self._thread is not None:

@@ -11,11 +11,12 @@ four jobs, each in one place:
 * **aggregate** (`mean`): the consensus rule of docs/consensus.md for every strategy alike:
   every update validated strictly, each scaled to at most the median norm of the window's updates
   (exact, order-free norms), summed in ascending uid order, divided by the count;
-* **outer step** (`receive`, `advance`): ``run.outer``'s optimizer (`node.strategy.outer`) on that mean, with
-  its state (Nesterov momentum, and with ``outer.delay = 1`` the mean held for the next window)
-  saved by `outer_state_dict` and restored by catch-up. `step` is the consensus schedule
-  (validators, history replay, the bench); a peer, whose aggregate of window ``w`` arrives while
-  it trains ``w + 1``, drives the same schedule with `receive` and `advance` (`node.peer`).
+* **outer step** (`receive`, `next_weights`, `advance`): ``run.outer``'s optimizer
+  (`node.strategy.outer`) on that mean, with its state (Nesterov momentum, and with
+  ``outer.delay = 1`` the mean held for the next window) saved by `outer_state_dict` and
+  restored by catch-up. `step` is the consensus schedule (validators, history replay); a peer,
+  whose aggregate of window ``w`` lands while it trains ``w + 1``, drives the same schedule with
+  `receive` and `next_weights` (`node.peer`).
 
 Hence one update's share of the step is at most ``α · median / N`` in L2 norm (times the
 Nesterov amplification ``1 / (1 − μ)`` in the limit), where ``N`` is the number of updates

@@ -32,8 +32,9 @@ class CodecParams(BaseModel):
     )  # fmt: skip
     # Honest values sit far below 1.0: a whole `tiny` run (100 windows, 2 peers, real data,
     # error feedback on) sent at most 0.286; AdamW moves a weight by about lr * H per window, so
-    # even a never-selected entry's error feedback tops out near lr * H / (1 - beta) = 0.6 there,
-    # and less on every larger preset. Clamped excess is not lost: it stays in error feedback.
+    # even a never-selected entry's error feedback tops out near lr * H / (1 - beta) = 0.6 there.
+    # The larger presets train hundreds of inner steps a window (`node.runtime.plan`), where that
+    # worst case exceeds 1.0. Clamped excess is not lost: it stays in error feedback.
 
     @property
     def chunk_size(self) -> int:

@@ -26,12 +26,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "data": ("node.data.prep", "prepare pre-tokenized training shards"),
     "doctor": (
-        "deploy.doctor",
+        "deploy.doctor.cli",
         "preflight checks before joining a run, with a fix for each failure",
+    ),
+    "plan": (
+        "deploy.plan_cli",
+        "throughput and memory model: compute and communication per window, GPU memory",
     ),
     "bucket": ("deploy.bucket_cli", "create our bucket with the write key (idempotent)"),
     "commit": ("deploy.commit_cli", "post our bucket commitment (read key) on chain"),
-    "plan": ("deploy.plan_cli", "GPU memory per GPU of a peer under DDP and FSDP2, per preset"),
     "entrypoint": (
         "deploy.entrypoint",
         "what the Docker image runs: container checks, doctor, then exec the node",

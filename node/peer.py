@@ -2,15 +2,23 @@
 
 `Peer.run_window` is the whole per-window flow, top to bottom:
 
-1. train the H inner steps on the samples assigned to (run, uid, window);
-2. pseudo-gradient against the window's starting weights, encoded by the run's strategy
-   (`node.strategy`; SparseLoCo: error feedback and compression);
-3. sign and upload to our own bucket (before the deadline);
-4. at the deadline, gather the selected peers' updates, verify and decode them strictly,
-   aggregate deterministically, and take the outer step from the window's starting weights;
-   settle our own update (SparseLoCo puts it back into error feedback if it was not applied);
-5. publish our parameter fingerprint and save the local state atomically;
-6. append the window's report to the (rotated) local log and prune our bucket's old objects
+1. train the H inner steps on the samples assigned to (run, uid, window), from the window's
+   starting weights ``θ_w``. With ``outer.delay = 1`` (docs/training.md) window ``w − 1``'s
+   exchange is in the air meanwhile; as soon as it lands (before the first inner step or between
+   two), our own update of ``w − 1`` is settled in the strategy's local state and its outer step
+   is taken on the window's origin and on the live weights alike: the origin becomes
+   ``θ_{w+1} = θ_w − α · step(mean_{w−1})``;
+2. encode the pseudo-gradient ``origin − θ`` with the run's strategy (SparseLoCo: error feedback
+   and compression) and launch its exchange (`node.window.flight`): sign and upload to our own
+   bucket before the deadline; at the gather point gather the selected peers' updates, verify and
+   decode them strictly and agree on the window's set (the lead validator's manifest,
+   `node.window.consensus`). With ``delay = 0`` it runs now, then we settle and step:
+   ``θ_{w+1} = θ_w − α · step(mean_w)``;
+3. a window whose start had forked from the lead validator's is rebuilt from the validators'
+   published history before its step is taken;
+4. the model moves to the origin of the next window; publish our parameter fingerprint and save
+   the local state atomically, with the exchange still in the air, so a restart resumes it.
+5. append the window's report to the (rotated) local log and prune our bucket's old objects
    (`node.runtime.retention`).
 """
 
@@ -22,6 +30,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -41,12 +50,13 @@ from node.runtime.report_log import REPORTS, append_line
 from node.runtime.retention import prune_own_bucket
 from node.runtime.state import PeerState, load_error_feedback, load_state, save_ef_shard, save_state
 from node.strategy import make_strategy
-from node.window.consensus import Agreement, agree, wait_for_manifest, window_roster
+from node.window.consensus import agree, wait_for_manifest, window_roster
 from node.window.exchange import encode_signed, publish
-from node.window.gather import Fetched, gather
+from node.window.flight import Exchanged, Flight
+from node.window.gather import gather
 from node.window.history import catch_up_any, history_sources, resync
 from protocol.chain.base import Chain
-from protocol.naming import fingerprint_key
+from protocol.naming import fingerprint_key, update_key
 from protocol.runconfig import RunConfig
 from protocol.stores import ObjectStore, StoreError
 
@@ -58,6 +68,7 @@ class WindowReport:
     """What one window did on this peer (also what the simulation's report shows)."""
 
     window: int
+    exchanged: int | None  # the window whose exchange the fields below describe (w − delay)
     loss: float
     tokens_per_s: float
     upload_bytes: int
@@ -98,36 +109,30 @@ class Peer:
         _, self.dataset = open_run_dataset(run)
         self.uid = self._registered_uid()
         self.metrics = PeerMetrics()
+        self.delay = run.outer.delay
+        self._flight: Flight | None = None  # the exchange in the air (`node.window.flight`)
+        self._exchanged: Flight | None = None  # the one this window landed (for its report)
+        self._fork: Flight | None = None  # landed, from a start we did not share: resync
+        self._origin: dict[str, torch.Tensor] = {}  # what this window's pseudo-gradient is from
         self.next_window = self._restore()
         self.trainer = self.ranks.wrap(self.model)  # what the inner steps train (DDP or itself)
 
     # -- the window --------------------------------------------------------------------------
 
     def run_window(self, window: int) -> WindowReport:
-        start, start_fp = self._weights(), fingerprint(self.model)
-        inner = self._train(window)
-        sent = self._encode(start, window)
-        upload_bytes, upload_s = self._publish(self.ranks.gather_pieces(sent, self.spec), window)
-        fetched, agreed = self._exchange(window, start_fp)
-        start = self._resync_if_forked(window, agreed, start)
-        self._outer_step(start, agreed)
-        applied = self.ranks.broadcast_object(agreed is not None and self.uid in agreed.updates)
-        self.strategy.settle(sent, applied, window)
+        self._origin, start_fp = self._weights(), fingerprint(self.model)
+        self._step_when_landed()  # delay 1: window - 1's step as soon as its exchange lands,
+        inner = self._train(window)  # here or between two inner steps
+        if self._flight is not None:  # delay 1, still in the air: it lands before we encode
+            self._land_and_step(live=True)
+        self._launch(window, self._encode(self._origin, window), start_fp)
+        if not self.delay:
+            self._land_and_step(live=False)
+        self._resync_forked()
+        self.strategy.advance(self.model, self._origin)
         fp = self._publish_fingerprint(window)
         self._save(window + 1, fp)
-        return WindowReport(
-            window=window,
-            loss=inner.mean_loss,
-            tokens_per_s=inner.tokens_per_s,
-            upload_bytes=upload_bytes,
-            upload_s=upload_s,
-            download_bytes=sum(f.n_bytes for f in fetched.values()),
-            gathered=[u for u, f in fetched.items() if f.ok],
-            dropped={u: f.reason for u, f in fetched.items() if not f.ok},
-            applied=sorted(agreed.updates) if agreed else [],
-            agreed_by=agreed.note if agreed else "",
-            fingerprint=fp,
-        )
+        return self._report(window, inner, fp)
 
     def run(self, windows: int) -> list[WindowReport]:
         """Train `windows` windows, starting at the current one, resuming from saved state."""
@@ -149,6 +154,9 @@ class Peer:
                 window, reports[-1].loss, reports[-1].tokens_per_s, reports[-1].upload_bytes,
                 reports[-1].upload_s, reports[-1].gathered, reports[-1].fingerprint[:12],
             )  # fmt: skip
+        if self._flight is not None:  # finish the last exchange: the saved state holds its mean
+            self._land_and_hold()
+            self._save(self.next_window, fingerprint(self.model))
         return reports
 
     def catch_up(self, window: int) -> None:
@@ -161,6 +169,7 @@ class Peer:
         give_up = (
             time.monotonic() + self.clock.schedule.blocks_per_window * self.cfg.timing.block_time_s
         )
+        self._land_and_hold()  # the replay starts from next_window with its held aggregate
         while self.next_window < window:
             sources, peers = history_sources(self.chain, self.local_root)
             self.next_window = catch_up_any(
@@ -210,7 +219,10 @@ class Peer:
         )
         rows = map(self.ranks.local_rows, batches)
         steps = tracked(rows, f"window {window} (uid {self.uid})", total=self.cfg.inner_steps)
-        inner = train_window(self.trainer, self.optimizer, steps, self.cfg, window, self.device)
+        on_step = (lambda _step, _loss: self._step_when_landed()) if self.delay else None
+        inner = train_window(
+            self.trainer, self.optimizer, steps, self.cfg, window, self.device, on_step
+        )
         return self.ranks.reduce_inner(inner)
 
     def _encode(self, start: dict[str, torch.Tensor], window: int) -> list:
@@ -222,22 +234,96 @@ class Peer:
             }
         return self.strategy.encode(deltas, window)
 
-    def _publish(self, update: list, window: int) -> tuple[int, float]:
-        if not self.ranks.is_main:  # one upload per peer
-            return 0, math.nan
-        data = encode_signed(update, self.cfg, self.spec, window, self.uid, self.keypair)
-        try:
-            done = publish(self.store, data, self.cfg, window, self.uid, self.keypair.ss58_address)
-        except StoreError as exc:  # keep training: a missed upload costs us one window's score
-            log.error("window %d: upload failed: %s", window, exc)
-            return len(data), float("nan")
-        return done.n_bytes, done.seconds
+    def _launch(self, window: int, sent: list, start_fp: str) -> None:
+        """Sign our update (rank 0 holds every rank's pieces) and start its exchange."""
+        full = self.ranks.gather_pieces(sent, self.spec)
+        data = None
+        if self.ranks.is_main:
+            data = encode_signed(full, self.cfg, self.spec, window, self.uid, self.keypair)
+        self._flight = self._fly(window, sent, start_fp, data, resume=False)
 
-    def _exchange(self, window: int, start_fp: str) -> tuple[dict[int, Fetched], Agreement | None]:
-        """At the gather point: fetch the selected updates, then apply what the lead validator's
-        manifest says (`node.window.consensus`). Rank 0 only; the other ranks get (empty, None)."""
-        if not self.ranks.is_main:
-            return {}, None
+    def _fly(
+        self, window: int, sent: list, start_fp: str, data: bytes | None, resume: bool
+    ) -> Flight:
+        """A flight for our update of `window`: rank 0 runs its exchange (in the background with
+        ``delay = 1``), the other ranks only keep their pieces."""
+        work = None
+        if self.ranks.is_main and data is not None:
+            work = partial(self._exchange, window, data, start_fp, resume)
+        return Flight(window, sent, start_fp, data, work, background=bool(self.delay))
+
+    def _land(self) -> Flight | None:
+        """Wait for the exchange in the air and settle our own update (before the next encode)."""
+        flight, self._flight = self._flight, None
+        if flight is None:
+            return None
+        done = flight.result()
+        applied = self.ranks.broadcast_object(done is not None and self.uid in done.agreed.updates)
+        self.strategy.settle(flight.sent, applied, flight.window)
+        self._exchanged = flight
+        return flight
+
+    def _step_when_landed(self) -> None:
+        """With ``delay = 1``, at the start of a window and between its inner steps: take the
+        outer step of window - 1 once its exchange has landed (or of a mean a replay held)."""
+        landed = self._flight is not None and self._flight.done()
+        if self.ranks.broadcast_object(landed):
+            self._land_and_step(live=True)
+        elif self.strategy.holding:
+            self._step(live=True)
+
+    def _land_and_step(self, live: bool) -> None:
+        """Land the exchange, hold its mean and take the outer step on the window's origin (and
+        on the live weights while they still train); a fork waits for `_resync_forked`."""
+        flight = self._land()
+        if flight is None:
+            return
+        if self._forked(flight):  # the resync replaces the weights: once they are encoded
+            self._fork = flight
+            return
+        self._take_in(flight)
+        self._step(live)
+
+    def _step(self, live: bool) -> None:
+        """The origin moves by the outer step with the held mean; the live weights follow."""
+        new = self.strategy.next_weights(self._origin)
+        if live:
+            with torch.no_grad():
+                for name, p in self.model.named_parameters():
+                    p.add_(new[name] - self._origin[name])
+        self._origin = new
+
+    def _take_in(self, flight: Flight) -> None:
+        """Hold the mean of the window's agreed updates (computed on rank 0, sent to all)."""
+        done = flight.result()
+        updates = {u: up.tensors for u, up in done.agreed.updates.items()} if done else {}
+        mean = self.strategy.mean(updates) if self.ranks.is_main else None
+        self.strategy.receive(self.ranks.broadcast_aggregate(mean, self.spec, self.device))
+
+    def _land_and_hold(self) -> None:
+        """Land the exchange in the air (``delay = 1``) and hold its mean: the model stays at the
+        start of the next window, where a replay or the next window takes over."""
+        flight = self._land()
+        if flight is not None:
+            if self._forked(flight):
+                self._resync(flight)
+            self._take_in(flight)
+
+    def _resync_forked(self) -> None:
+        """After encoding: a landed window whose start we did not share is rebuilt from the
+        validators' history, then its step taken."""
+        flight, self._fork = self._fork, None
+        if flight is None:
+            return
+        self._resync(flight)
+        self._take_in(flight)
+        self._origin = self._weights()
+        self._step(live=False)
+
+    def _exchange(self, window: int, data: bytes, start_fp: str, resume: bool) -> Exchanged:
+        """Rank 0: upload our update, then at the gather point fetch the selected updates and
+        apply what the lead validator's manifest says (`node.window.consensus`)."""
+        upload_bytes, upload_s = self._publish(data, window, resume)
         self.clock.wait_for_block(self.clock.gather_block(window))
         begun = time.monotonic()
         roster = window_roster(self.chain, self.cfg, window, self.local_root)
@@ -247,37 +333,66 @@ class Peer:
         manifest = wait_for_manifest(
             roster, self.cfg, window, begun + c.fetch_budget_s + c.manifest_wait_s
         )
-        return fetched, agree(roster, fetched, manifest, start_fp, self.cfg, self.spec)
+        agreed = agree(roster, fetched, manifest, start_fp, self.cfg, self.spec)
+        return Exchanged(upload_bytes, upload_s, fetched, agreed)
 
-    def _resync_if_forked(
-        self, window: int, agreed: Agreement | None, start: dict[str, torch.Tensor]
-    ) -> dict[str, torch.Tensor]:
-        """A peer whose weights differ from the lead validator's at the start of the window
-        rebuilds them from the validator's published history before taking the step."""
-        forked = self.ranks.broadcast_object(agreed is not None and agreed.forked)
-        if not forked:
-            return start
+    def _publish(self, data: bytes, window: int, resume: bool) -> tuple[int, float]:
+        """Upload our update (a resumed exchange only if it is not stored yet)."""
+        key = update_key(self.cfg.run_id, window, self.uid, self.keypair.ss58_address)
+        try:
+            if resume and self.store.exists(key):
+                return len(data), float("nan")
+            done = publish(self.store, data, self.cfg, window, self.uid, self.keypair.ss58_address)
+        except StoreError as exc:  # keep training: a missed upload costs us one window's score
+            log.error("window %d: upload failed: %s", window, exc)
+            return len(data), float("nan")
+        return done.n_bytes, done.seconds
+
+    def _forked(self, flight: Flight) -> bool:
+        done = flight.result()
+        return self.ranks.broadcast_object(done is not None and done.agreed.forked)
+
+    def _resync(self, flight: Flight) -> None:
+        """Our weights differed from the lead validator's at the start of the flight's window:
+        rebuild them and the outer state from the validators' published history, then (with
+        ``delay = 1``) step to the start of the next window, the one we trained."""
+        done = flight.result()
         if self.ranks.is_main:
-            assert agreed is not None and agreed.manifest is not None
-            log.warning("window %d: forked from the validator: resyncing", window)
+            assert done is not None and done.agreed.manifest is not None
+            log.warning("window %d: forked from the validator: resyncing", flight.window)
             sources, peers = history_sources(self.chain, self.local_root)
             resync(
-                self.model, self.strategy, sources, peers, window,
-                agreed.manifest.fingerprint_start,
+                self.model, self.strategy, sources, peers, flight.window,
+                done.agreed.manifest.fingerprint_start,
             )  # fmt: skip
         outer = self.ranks.broadcast_object(
             self.strategy.outer_state_dict() if self.ranks.is_main else None
         )
         self.strategy.load_outer_state_dict(outer)
-        return self.ranks.broadcast_aggregate(
+        weights = self.ranks.broadcast_aggregate(
             self._weights() if self.ranks.is_main else None, self.spec, self.device
         )
+        self.strategy.advance(self.model, weights)  # delay 1: the mean held at that start
 
-    def _outer_step(self, start: dict[str, torch.Tensor], agreed: Agreement | None) -> None:
-        updates = {u: up.tensors for u, up in agreed.updates.items()} if agreed else {}
-        mean = self.strategy.mean(updates) if self.ranks.is_main else None
-        mean = self.ranks.broadcast_aggregate(mean, self.spec, self.device)
-        self.strategy.apply(self.model, mean, start)
+    def _report(self, window: int, inner: InnerResult, fp: str) -> WindowReport:
+        landed, self._exchanged = self._exchanged, None
+        done = landed.result() if landed is not None else None
+        fetched = done.fetched if done is not None else {}
+        agreed = done.agreed if done is not None else None
+        return WindowReport(
+            window=window,
+            exchanged=landed.window if landed is not None else None,
+            loss=inner.mean_loss,
+            tokens_per_s=inner.tokens_per_s,
+            upload_bytes=done.upload_bytes if done is not None else 0,
+            upload_s=done.upload_s if done is not None else math.nan,
+            download_bytes=sum(f.n_bytes for f in fetched.values()),
+            gathered=[u for u, f in fetched.items() if f.ok],
+            dropped={u: f.reason for u, f in fetched.items() if not f.ok},
+            applied=sorted(agreed.updates) if agreed else [],
+            agreed_by=agreed.note if agreed else "",
+            fingerprint=fp,
+        )
 
     def _publish_fingerprint(self, window: int) -> str:
         if not self.ranks.is_main:
@@ -331,6 +446,7 @@ class Peer:
                 error_feedback=self.strategy.local_state_dict(),
                 fingerprint=fp,
                 outer=self.strategy.outer_state_dict(),
+                inflight=self._flight.record() if self._flight is not None else {},
             ),
         )
 
@@ -346,5 +462,20 @@ class Peer:
         self.strategy.load_outer_state_dict(state.outer)
         if fingerprint(self.model) != state.fingerprint:
             raise RuntimeError("restored model does not match its saved fingerprint")
+        if state.inflight:
+            self._flight = self._resume(state.inflight)
         log.info("resumed at window %d (fingerprint %s)", state.window, state.fingerprint[:12])
         return state.window
+
+    def _resume(self, record: dict) -> Flight:
+        """The exchange that was in the air when the state was saved, started again from our own
+        signed update (each rank settles its own tensors of it)."""
+        data = record["update"].numpy().tobytes()
+        pieces = self.strategy.decode(data, self.strategy.max_update_bytes()).tensors
+        owned = {t.name for t in self.strategy.owned.tensors}
+        sent = [p for p in pieces if p.name in owned]
+        log.info("resuming the exchange of window %d", record["window"])
+        return self._fly(
+            record["window"], sent, record["fingerprint"],
+            data if self.ranks.is_main else None, resume=True,
+        )  # fmt: skip

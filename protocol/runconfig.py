@@ -150,6 +150,13 @@ class OuterConfig(_Frozen):
         0.05, ge=0, le=1, description="fraction of total_windows with error feedback frozen"
     )
     total_windows: int = Field(ge=1, le=10**9, description="total outer steps of the run")
+    delay: int = Field(
+        0,
+        ge=0,
+        le=1,
+        description="windows an aggregate waits before it is applied: 1 exchanges window w "
+        "while w + 1 trains (docs/training.md)",
+    )
 
     @property
     def ef_freeze_windows(self) -> int:
@@ -214,7 +221,7 @@ class ConsensusConfig(_Frozen):
     )
     rate_grace_s: float = Field(2.0, ge=0, le=600, description="time before the rate is enforced")
     manifest_wait_s: float = Field(
-        30.0, ge=0, le=3600, description="how long after its gather a peer waits for the manifest"
+        30.0, ge=0, le=86400, description="how long after its gather a peer waits for the manifest"
     )
     probation_fraction: float = Field(
         0.25, ge=0, le=1, description="share of the gather slots open to never-scored uids"
@@ -412,8 +419,13 @@ class RunConfig(_Frozen):
 # -- presets --------------------------------------------------------------------------------
 # Shapes follow the LLaMA family: `1B` = Llama-3.2-1B, `8B` = Llama-3-8B, `70B` = Llama-3-70B
 # (max_seq_len kept at 8192 without RoPE scaling). `150M` is a GPT-2-vocabulary LLaMA-style model;
-# `tiny` trains on two CPU cores in minutes. `tiny`'s SparseLoCo settings (k, α) are tuned with
-# `tessera bench train`; the larger presets follow the SparseLoCo paper (docs/training.md).
+# `tiny` trains on two CPU cores in minutes; its SparseLoCo settings (k, α) are tuned with
+# `tessera bench train`. Batch, inner steps and window length of 150M and up come from the
+# throughput model (`node.runtime.plan`, `tessera plan --suggest`): training fills over 90 % of
+# each window on the preset's reference box while upload, gather and decode fit in the rest;
+# `manifest_wait_s` and `fetch_budget_s` cover the decode and download there. Warmup keeps the
+# earlier presets' warmup tokens; `total_windows` keeps their wall-clock length. The larger
+# presets' codec follows the SparseLoCo paper (docs/training.md).
 
 _LLAMA3_VOCAB = 128256
 
@@ -473,11 +485,11 @@ PRESETS: dict[str, dict[str, Any]] = {
         "dataset": "s3://tessera-data/fineweb-edu/gpt2",
         "seq_len": 1024,
         "micro_batch_size": 16,
-        "batch_size": 64,
-        "inner_steps": 15,
-        "optimizer": {"lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 500},
-        "outer": {"total_windows": 2000},
-        "timing": {"blocks_per_window": 10, "upload_deadline_blocks": 2},
+        "batch_size": 512,
+        "inner_steps": 410,
+        "optimizer": {"lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 62},
+        "outer": {"total_windows": 444},
+        "timing": {"blocks_per_window": 45, "upload_deadline_blocks": 2},
         "gather_size": 16,
     },
     "1B": {
@@ -497,11 +509,12 @@ PRESETS: dict[str, dict[str, Any]] = {
         "dataset": "s3://tessera-data/fineweb-edu/llama3",
         "seq_len": 2048,
         "micro_batch_size": 8,
-        "batch_size": 128,
-        "inner_steps": 15,
-        "optimizer": {"lr": 6e-4, "min_lr": 6e-5, "warmup_steps": 1000},
-        "outer": {"total_windows": 5000},
-        "timing": {"blocks_per_window": 20, "upload_deadline_blocks": 3},
+        "batch_size": 512,
+        "inner_steps": 800,
+        "optimizer": {"lr": 6e-4, "min_lr": 6e-5, "warmup_steps": 250},
+        "outer": {"total_windows": 556},
+        "timing": {"blocks_per_window": 180, "upload_deadline_blocks": 3},
+        "consensus": {"manifest_wait_s": 180.0},
         "gather_size": 20,
     },
     "8B": {
@@ -520,11 +533,12 @@ PRESETS: dict[str, dict[str, Any]] = {
         "dataset": "s3://tessera-data/fineweb-edu/llama3",
         "seq_len": 2048,
         "micro_batch_size": 4,
-        "batch_size": 128,
-        "inner_steps": 30,
-        "optimizer": {"lr": 3e-4, "min_lr": 3e-5, "warmup_steps": 2000},
-        "outer": {"total_windows": 10000},
-        "timing": {"blocks_per_window": 30, "upload_deadline_blocks": 3},
+        "batch_size": 512,
+        "inner_steps": 685,
+        "optimizer": {"lr": 3e-4, "min_lr": 3e-5, "warmup_steps": 500},
+        "outer": {"total_windows": 300},
+        "timing": {"blocks_per_window": 1000, "upload_deadline_blocks": 3},
+        "consensus": {"manifest_wait_s": 1000.0},
         "gather_size": 20,
     },
     "70B": {
@@ -543,11 +557,12 @@ PRESETS: dict[str, dict[str, Any]] = {
         "dataset": "s3://tessera-data/fineweb-edu/llama3",
         "seq_len": 2048,
         "micro_batch_size": 1,
-        "batch_size": 64,
-        "inner_steps": 30,
-        "optimizer": {"lr": 1.5e-4, "min_lr": 1.5e-5, "warmup_steps": 2000},
-        "outer": {"total_windows": 10000},
-        "timing": {"blocks_per_window": 60, "upload_deadline_blocks": 5},
+        "batch_size": 512,
+        "inner_steps": 665,
+        "optimizer": {"lr": 1.5e-4, "min_lr": 1.5e-5, "warmup_steps": 250},
+        "outer": {"total_windows": 71},
+        "timing": {"blocks_per_window": 8500, "upload_deadline_blocks": 5},
+        "consensus": {"fetch_budget_s": 400.0, "manifest_wait_s": 9000.0},
         "gather_size": 20,
     },
 }

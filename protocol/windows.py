@@ -176,6 +176,16 @@ class WindowSchedule:
             window, self.blocks_per_window, self.upload_deadline_blocks
         )
 
+    @property
+    def gather_grace_blocks(self) -> int:
+        """Blocks between a window's deadline and its gather: enough to cover the clock-skew
+        tolerance, so every on-time object is visible, plus one."""
+        return math.ceil(self.clock_skew_tolerance_s / self.block_time_s) + 1
+
+    def gather_block(self, window: int) -> int:
+        """The block at which peers and validators read a window's uploads."""
+        return self.deadline_block(window) + self.gather_grace_blocks
+
     def open_time(self, window: int, anchor_block: int, anchor_timestamp_s: float) -> float:
         return open_time(
             window,

@@ -64,6 +64,9 @@ def test_strategy_lists_parse_with_their_options() -> None:
     assert dl.run.dense.dtype == "fp32"
     assert sl.run.codec.k == 128 and sl.run.outer.beta == 0.9 and sl.run.optimizer.lr == 0.002
     assert sl.run.model == base.model and sl.run.inner_steps == base.inner_steps
+    assert sl.run.outer.delay == 0
+    (late,) = parse_methods("sparseloco:delay=1,label=late", base)
+    assert late.run.outer.delay == 1 and late.label == "late"
     for bad in (
         "adamw",
         "ddp:k=3",
@@ -71,6 +74,8 @@ def test_strategy_lists_parse_with_their_options() -> None:
         "diloco:dtype=fp8",
         "k=3",
         "sparseloco,sparseloco",
+        "sparseloco:delay=2",
+        "ddp:delay=1",
     ):
         with pytest.raises(SpecError):
             parse_methods(bad, base)

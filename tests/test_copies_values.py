@@ -54,7 +54,9 @@ class World:
         for f, up in zip(self.factors, ups, strict=True):
             for s in up:
                 scatter_add(self.mean[s.name], s, RUN.codec, f)
-        make_strategy(RUN, self.spec).apply(model, self.mean)  # window 1 starts from the mean
+        consensus = make_strategy(RUN, self.spec)
+        consensus.receive(self.mean)
+        consensus.advance(model)  # window 1 starts from the mean
         self.next = {u: train_update(RUN, dataset, model, u, 1) for u in HONEST}
 
     def sk(self, uid: int, update: Update, window: int = 0) -> Sketch:

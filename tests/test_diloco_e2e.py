@@ -44,11 +44,15 @@ def _reports(tmp: Path, name: str) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_diloco_peers_validator_and_a_latecomer_stay_identical(tmp_path: Path) -> None:
+@pytest.mark.parametrize("delay", [0, 1])
+def test_diloco_peers_validator_and_a_latecomer_stay_identical(tmp_path: Path, delay: int) -> None:
+    """With outer.delay = 1 too: the validator's schedule, its checkpoint (momentum and the held
+    mean) and the latecomer's replay of it match the peers' weights bit for bit."""
     tmp = tmp_path
     RunConfig.preset(
         "tiny", name="diloco-e2e", strategy="diloco", inner_steps=2,
-        optimizer={"warmup_steps": 2}, outer={"optimizer": "nesterov", "alpha": 0.7},
+        optimizer={"warmup_steps": 2},
+        outer={"optimizer": "nesterov", "alpha": 0.7, "delay": delay},
         timing={"block_time_s": 0.5, "blocks_per_window": 30, "upload_deadline_blocks": 8,
                 "clock_skew_tolerance_s": 0.5, "start_block": START_BLOCK},
     ).dump(tmp / "run.json")  # fmt: skip
@@ -92,12 +96,14 @@ def test_diloco_peers_validator_and_a_latecomer_stay_identical(tmp_path: Path) -
     honest = (uids["peer0"], uids["peer1"])
     judged = [p for r in reports[1:] for p in r["peers"] if p["uid"] in honest]
     assert judged and all(p["verdict"] == "ok" for p in judged), judged
-    sizes = [r["upload_bytes"] for r in peers["peer0"].values()]
+    sizes = [r["upload_bytes"] for r in peers["peer0"].values() if r["exchanged"] is not None]
     assert min(sizes) > 2 * 1_300_000  # 1.3 M parameters in bf16: a dense update
     late = peers["latecomer"]
     assert late and min(late) >= 2, late
-    for w, r in late.items():  # restored from the checkpoint: weights and momentum
-        assert r["fingerprint"] == peers["peer0"][w]["fingerprint"], (
+    common = sorted(set(late) & set(peers["peer0"]))  # a slow latecomer may outlive the peers
+    assert common, (late, peers["peer0"])
+    for w in common:  # restored from the checkpoint: weights and momentum
+        assert late[w]["fingerprint"] == peers["peer0"][w]["fingerprint"], (
             tmp / "latecomer.log"
         ).read_text()[-3000:]
     assert peers["peer0"][WINDOWS]["loss"] < peers["peer0"][0]["loss"]

@@ -21,10 +21,12 @@ from conftest import iam_user
 from moto.core.authorization import disable_iam_authentication
 
 from deploy.cli import main
-from deploy.doctor_bucket import bandwidth_check
-from deploy.doctor_chain import clock_check
-from deploy.doctor_checks import GIB, Gpu, gpu_check
-from deploy.doctor_report import Status
+from deploy.doctor.bucket import bandwidth_check
+from deploy.doctor.chain import clock_check
+from deploy.doctor.machine import GIB, Gpu, gpu_check
+from deploy.doctor.report import Status
+from deploy.doctor.throughput import throughput_check, verdict
+from node.runtime.plan import REFERENCE, plan
 from protocol.chain import open_chain
 from protocol.chain.local_db import LocalChainDB, create_local_chain
 from protocol.keys import create_hotkey
@@ -37,6 +39,7 @@ CHECKS = [
     "run",
     "gpu",
     "disk",
+    "throughput",
     "hotkey",
     "chain",
     "registration",
@@ -92,7 +95,7 @@ def doctor(
     capsys: pytest.CaptureFixture[str], *argv: str
 ) -> tuple[int, dict[str, dict[str, str]], str]:
     capsys.readouterr()  # drop what earlier commands printed
-    rc = main(["doctor", *argv, "--bandwidth-mb", "1", "--json"])
+    rc = main(["doctor", *argv, "--bandwidth-mb", "1", "--train-steps", "0", "--json"])
     out = capsys.readouterr().out
     report = json.loads(out)
     names = [c["name"] for c in report["checks"]]
@@ -123,7 +126,7 @@ def test_healthy_file_store_passes(world: World, capsys: pytest.CaptureFixture[s
     assert rows["registration"]["detail"].startswith("uid 0")
     assert RunConfig.preset("tiny").run_id in rows["run"]["detail"]
 
-    assert main(["doctor", *args, "--bandwidth-mb", "1"]) == 0  # the checklist
+    assert main(["doctor", *args, "--bandwidth-mb", "1", "--train-steps", "0"]) == 0  # checklist
     text = capsys.readouterr().out
     assert "✓" in text and "!" in text and "ready" in text
 
@@ -308,6 +311,29 @@ def test_gpu_fit_against_presets() -> None:
     assert gpu_check(big, "cpu", []).status is Status.FAIL
     assert gpu_check(tiny, "cpu", []).status is Status.WARN
     assert "no CUDA GPU" in gpu_check(tiny, "cuda", []).detail
+
+
+def test_throughput_is_measured_and_a_slow_box_warns(
+    world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    world.register()
+    args = world.args(file_store(world))
+    main(["doctor", *args, "--bandwidth-mb", "0", "--train-steps", "1", "--json"])
+    rows = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    row = rows["throughput"]  # ok or warn: this machine's speed decides
+    assert row["status"] in ("ok", "warn") and "tokens/s on cpu" in row["detail"], row
+    assert "busy" in row["detail"]
+    run = RunConfig.preset("tiny")
+    box = REFERENCE["tiny"]
+    window_tokens_per_s = run.inner_steps * run.batch_size * run.seq_len / 20.0
+    fast = verdict(run, plan(run, box, tokens_per_s=4 * window_tokens_per_s), "measured")
+    assert fast.status is Status.OK and "25% busy" in fast.detail
+    slow = verdict(run, plan(run, box, tokens_per_s=window_tokens_per_s), "measured")
+    assert slow.status is Status.WARN and "miss the upload deadline" in slow.detail
+    assert "--suggest" in slow.fix
+    assert throughput_check(RunConfig.preset("8B"), "cpu", [], 1, 1.0).status is Status.SKIP
+    assert throughput_check(run, "cuda", [], 1, 1.0).status is Status.SKIP
+    assert throughput_check(run, "cpu", [], 0, 1.0).status is Status.SKIP
 
 
 def test_clock_skew_is_caught(world: World) -> None:

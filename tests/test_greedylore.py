@@ -116,7 +116,8 @@ def test_windowed_greedylore_follows_a_plain_reference() -> None:
         for n in MATRICES:
             ref = sums[n] if full else basis[n] @ sums[n]
             torch.testing.assert_close(_work(n, mean[n]).double(), ref, rtol=1e-5, atol=1e-7)
-        validator.apply(_Named(), mean)
+        validator.receive(mean)
+        validator.advance(_Named())
         for peer in peers:
             peer.load_outer_state_dict(validator.outer_state_dict())
         for n in MATRICES:
@@ -139,7 +140,8 @@ def test_outer_state_restores_the_basis_and_refuses_nonsense() -> None:
     a, b = make_strategy(run, SPEC), make_strategy(run, SPEC)
     assert a.outer_state_dict() == {}
     ups = {u: make_strategy(run, SPEC).encode(_deltas(u), 0) for u in range(2)}
-    a.apply(_Named(), a.mean(ups))
+    a.receive(a.mean(ups))
+    a.advance(_Named())
     state = a.outer_state_dict()
     b.load_outer_state_dict(state)
     assert not b.full_round and all(torch.equal(a.projector(n), b.projector(n)) for n in MATRICES)
@@ -162,7 +164,8 @@ def test_validation_refuses_the_wrong_round_kind_and_values_out_of_bounds() -> N
     peer, validator = make_strategy(run, SPEC), make_strategy(run, SPEC)
     full = peer.encode(_deltas(1), 0)
     validator.mean({0: full})  # a full round: fine
-    validator.apply(_Named(), validator.mean({0: full}))
+    validator.receive(validator.mean({0: full}))
+    validator.advance(_Named())
     with pytest.raises(DecodeError, match="other kind of round"):
         validator.mean({0: full})
     peer.load_outer_state_dict(validator.outer_state_dict())
@@ -179,14 +182,16 @@ def test_validation_refuses_the_wrong_round_kind_and_values_out_of_bounds() -> N
 def test_select_now_takes_this_windows_sketches() -> None:
     run = _run()
     a = GreedyLoreNow(run, SPEC)
-    a.apply(_Named(), a.mean({0: a.encode(_deltas(1), 0)}))
+    a.receive(a.mean({0: a.encode(_deltas(1), 0)}))
+    a.advance(_Named())
     sketch = a.sketches(_deltas(2))
     a.select(sketch)
     for n in MATRICES:
         top = sorted(torch.argsort(-(sketch[n].double() ** 2), stable=True)[:3].tolist())
         assert a._select[n].tolist() == top
     before = {n: a._select[n].clone() for n in MATRICES}
-    a.apply(_Named(), a.mean({0: a.encode(_deltas(3), 1)}))  # no lagged selection
+    a.receive(a.mean({0: a.encode(_deltas(3), 1)}))  # no lagged selection
+    a.advance(_Named())
     assert all(torch.equal(a._select[n], before[n]) for n in MATRICES)
 
 
@@ -196,7 +201,8 @@ def test_select_now_takes_this_windows_sketches() -> None:
 def _good(run: RunConfig, full: bool = False) -> bytes:
     peer = make_strategy(run, SPEC)
     if not full:  # after a full round: a projected one
-        peer.apply(_Named(), peer.mean({0: peer.encode(_deltas(3), 0)}))
+        peer.receive(peer.mean({0: peer.encode(_deltas(3), 0)}))
+        peer.advance(_Named())
     return peer.to_bytes(peer.encode(_deltas(4), 1), {"window": 1}, None)
 
 

@@ -129,9 +129,11 @@ def test_mask_follows_a_plain_reference_implementation() -> None:
                 pos, vals = validator.entries(next(p for p in up if p.name == n))
                 ref.view(-1)[pos] += min(1.0, median / norms[u]) * vals.double()
             torch.testing.assert_close(mean[n].double(), ref / 3, rtol=1e-6, atol=1e-7)
-        validator.apply(model, mean)
+        validator.receive(mean)
+        validator.advance(model)
         for peer in peers:
-            peer.apply(_model(), mean)
+            peer.receive(mean)
+            peer.advance(_model())
         new_digest = validator.supports()[0]
         assert new_digest != digest  # the support moved with the aggregate
         assert all(p.supports()[0] == new_digest for p in peers)  # and moved alike everywhere
@@ -144,12 +146,14 @@ def test_one_support_everywhere_and_after_a_restore() -> None:
     mean = {
         n: torch.randn(s, generator=torch.Generator().manual_seed(3)) for n, s in SHAPES.items()
     }
-    a.apply(_model(), mean)
+    a.receive(mean)
+    a.advance(_model())
     assert a.supports()[0] != b.supports()[0]
     b.load_outer_state_dict(a.outer_state_dict())
     assert a.supports()[0] == b.supports()[0]
     c = make_strategy(run, SPEC)
-    c.apply(_model(), {n: t.clone() for n, t in mean.items()})
+    c.receive({n: t.clone() for n, t in mean.items()})
+    c.advance(_model())
     assert c.supports()[0] == a.supports()[0]
     layout = ChunkLayout.for_shape(SHAPES["v"], a.params)  # the aggregate's largest entries
     top = mean["v"].abs().topk(3).indices
@@ -165,7 +169,8 @@ def test_an_unapplied_update_goes_back_even_after_the_support_moved() -> None:
     peer = make_strategy(run, SPEC)
     sent = peer.encode(_deltas(1), 2)
     accumulated = _deltas(1)
-    peer.apply(_model(), _deltas(9))  # the window's step moves the support first
+    peer.receive(_deltas(9))  # the window's step moves the support first
+    peer.advance(_model())
     peer.settle(sent, applied=False, window=2)
     for n in SHAPES:
         torch.testing.assert_close(peer.local_state_dict()[n], accumulated[n], atol=1e-6, rtol=0)
@@ -175,7 +180,8 @@ def test_updates_for_another_support_or_with_fresh_entries_on_it_are_refused() -
     run = _run()
     peer, validator = make_strategy(run, SPEC), make_strategy(run, SPEC)
     stale = peer.encode(_deltas(1), 0)
-    validator.apply(_model(), _deltas(5))  # the validator is a window ahead
+    validator.receive(_deltas(5))  # the validator is a window ahead
+    validator.advance(_model())
     with pytest.raises(DecodeError, match="another shared support"):
         validator.mean({0: stale})
     digest, supports = peer.supports()
@@ -273,7 +279,8 @@ def test_the_validators_probe_scores_mask_updates_with_its_own_support() -> None
     validator = make_strategy(run, spec)
     gen = torch.Generator().manual_seed(0)
     small = {t.name: torch.randn(t.shape, generator=gen) * 1e-3 for t in spec.tensors}
-    validator.apply(build_model(run.model, run.seed), small)  # the support has moved once
+    validator.receive(small)  # the support has moved once
+    validator.advance(build_model(run.model, run.seed))
     peers = [make_strategy(run, spec) for _ in range(2)]
     for peer in peers:
         peer.load_outer_state_dict(validator.outer_state_dict())

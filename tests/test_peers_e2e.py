@@ -18,16 +18,19 @@ from protocol.naming import parse_key
 from protocol.runconfig import RunConfig
 
 NETUID = 1
+STARTUP_BLOCKS = 40
+"""Window 0 opens 20 s after the chain starts: the peers' start-up (torch, data) comes first."""
 
 
-def fast_run(tmp: Path) -> Path:
+def fast_run(tmp: Path, delay: int = 0) -> Path:
     run = RunConfig.preset(
         "tiny",
         name="e2e",
         inner_steps=4,
         optimizer={"warmup_steps": 4},
+        outer={"delay": delay},
         timing={"block_time_s": 0.5, "blocks_per_window": 24, "upload_deadline_blocks": 4,
-                "clock_skew_tolerance_s": 0.5},
+                "clock_skew_tolerance_s": 0.5, "start_block": STARTUP_BLOCKS},
         retention={"windows": 2},
     )  # fmt: skip
     return run.dump(tmp / "run.json")
@@ -75,8 +78,11 @@ def wait(procs: list[subprocess.Popen[bytes]], tmp: Path, timeout: float = 240) 
 
 
 @pytest.mark.slow
-def test_two_peers_stay_identical_learn_and_resume_after_kill(tmp_path: Path) -> None:
-    fast_run(tmp_path)
+@pytest.mark.parametrize("delay", [0, 1])
+def test_two_peers_stay_identical_learn_and_resume_after_kill(tmp_path: Path, delay: int) -> None:
+    """With outer.delay = 1 each window lands the previous window's exchange, and a peer killed
+    mid-window resumes the exchange that was in the air from its saved state."""
+    fast_run(tmp_path, delay)
     setup_chain(tmp_path, 2)
     procs = [start_peer(tmp_path, i, windows=3) for i in range(2)]
     wait(procs, tmp_path)
@@ -84,8 +90,13 @@ def test_two_peers_stay_identical_learn_and_resume_after_kill(tmp_path: Path) ->
     assert [r["window"] for r in a] == [r["window"] for r in b]
     for ra, rb in zip(a, b, strict=True):
         assert ra["fingerprint"] == rb["fingerprint"], (ra, rb)
+    first = a[0]["window"]
+    assert [r["exchanged"] for r in a] == [
+        w - delay if w - delay >= first else None for w in range(first, first + 3)
+    ]
     # window 0's roster is pinned at its first block, before the peers' commitments landed
-    assert all(sorted(r["gathered"]) == [0, 1] for r in a[1:])
+    assert all(sorted(r["gathered"]) == [0, 1] for r in a if (r["exchanged"] or 0) >= 1)
+    assert any(r["applied"] == [0, 1] for r in a)
     assert a[-1]["loss"] < a[0]["loss"]
 
     # kill -9 peer 1 while it trains its next window, restart it: it resumes from its state

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from node.runtime.resilient_chain import ResilientChain
@@ -46,3 +49,32 @@ def test_other_errors_are_not_retried() -> None:
     with pytest.raises(NotRegistered):
         chain.uid_of("5Grw")
     assert flaky.calls == 1
+
+
+class Unshared:
+    """An endpoint client that must not be entered by two threads at once (a websocket)."""
+
+    def __init__(self) -> None:
+        self.inside, self.overlaps = 0, 0
+
+    def block(self) -> int:
+        self.inside += 1
+        if self.inside > 1:
+            self.overlaps += 1
+        time.sleep(0.002)
+        self.inside -= 1
+        return 7
+
+
+def test_calls_from_two_threads_reach_the_client_one_at_a_time() -> None:
+    """A peer's exchange thread and its training thread share one chain client."""
+    client = Unshared()
+    chain = ResilientChain(client)  # type: ignore[arg-type]
+    threads = [
+        threading.Thread(target=lambda: [chain.block() for _ in range(40)]) for _ in range(3)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert client.overlaps == 0

@@ -125,7 +125,8 @@ def test_nesterov_outer_step_is_torch_sgd_with_nesterov() -> None:
     gen = torch.Generator().manual_seed(4)
     for step in range(4):
         mean = {"weight": torch.randn(4, 6, generator=gen)}
-        outer.apply(ours, mean)
+        outer.hold(mean)
+        outer.advance(ours)
         ref.weight.grad = mean["weight"].clone()
         sgd.step()
         torch.testing.assert_close(ours.weight, ref.weight, rtol=1e-6, atol=1e-6)

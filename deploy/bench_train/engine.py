@@ -7,19 +7,25 @@ replicas' batches of that step.
 
 A **local** method (every `node.strategy`) runs, per window: each replica starts from the
 synchronised weights, takes H AdamW steps (its own optimizer state, as a real peer keeps), and
-encodes ``start − θ_r`` with its own strategy state; the update goes through the real wire
-(`Strategy.to_bytes`, then `Strategy.decode` of those bytes), and one consensus instance takes
-the window's outer step (`Strategy.mean`, `Strategy.apply`) exactly as peers and validators do;
-every replica then takes the consensus' outer state (what its own identical step would give
-it: momentum, a shared support, a basis) and settles (its update was applied). **DDP** is one model whose every inner step
-averages the gradients of R replicas (the same as one step on their union).
+encodes ``origin − θ_r`` with its own strategy state; the update goes through the real wire
+(`Strategy.to_bytes`, then `Strategy.decode` of those bytes), and one consensus instance holds the
+window's mean and takes the outer step (`Strategy.receive`, `Strategy.next_weights`) as peers and
+validators do; every replica then takes the consensus' outer state (what its own identical step
+would give it: momentum, a shared support, a basis) and settles (its update was applied). Without
+delay the origin is the window's start and the step follows the window. With ``outer.delay = 1``
+(docs/training.md) the origin is the start moved by the previous window's step, which every
+replica also takes on its live weights after ``land`` of its inner steps, when that window's
+exchange would land on a real peer. **DDP** is one model whose every inner step averages the
+gradients of R replicas (the same as one step on their union).
 
 Scored after every window: the held-out loss of the synchronised model on a fixed set of held-out
-samples; also the bytes one replica sent and the wall time.
+samples; also the bytes one replica sent and the wall time. With ``outer.delay = 1`` the last
+window's mean is still held at the end; the loss once it is applied is kept too (`applied_loss`).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,6 +57,7 @@ class Curve:
     wall_s: list[float] = field(default_factory=list)
     initial_loss: float = float("nan")
     weights: dict[str, torch.Tensor] = field(default_factory=dict)  # the synchronised model's
+    applied_loss: float | None = None  # outer.delay = 1: once the last window's mean is applied
 
 
 @dataclass(frozen=True)
@@ -125,7 +132,7 @@ def run_local(m: MethodSpec, setup: Setup, tick: Tick) -> Curve:
     for w in range(setup.windows):
         began = time.perf_counter()
         sent_bytes = sum(
-            _outer_step(setup, run, sync, worker, optimizers, peers, consensus, w, s)
+            _outer_step(setup, m, sync, worker, optimizers, peers, consensus, w, s)
             for s in range(syncs)
         )
         curve.loss.append(heldout_loss(sync, setup.heldout))
@@ -133,12 +140,15 @@ def run_local(m: MethodSpec, setup: Setup, tick: Tick) -> Curve:
         curve.wall_s.append(time.perf_counter() - began)
         tick(w, curve.loss[-1])
     curve.weights = {n: p.detach().clone() for n, p in sync.named_parameters()}
+    if consensus.holding:  # every window's tokens in the model: apply the held mean
+        consensus.advance(sync)
+        curve.applied_loss = heldout_loss(sync, setup.heldout)
     return curve
 
 
 def _outer_step(
     setup: Setup,
-    run: RunConfig,
+    m: MethodSpec,
     sync: torch.nn.Module,
     worker: torch.nn.Module,
     optimizers: list[torch.optim.Optimizer],
@@ -147,20 +157,28 @@ def _outer_step(
     w: int,
     s: int,
 ) -> int:
-    """Outer step ``s`` of bench window ``w``: H inner steps per replica, encode, the real wire,
-    one consensus step, settle. Returns the bytes the largest update took."""
+    """Outer step ``s`` of bench window ``w``: h inner steps per replica (taking the held step
+    when it lands, ``outer.delay = 1``), encode, the real wire, the consensus' mean and step, then
+    every replica takes the consensus' outer state and settles. Returns the largest update's
+    bytes."""
+    run = m.run
     h, window = run.inner_steps, w * (setup.base.inner_steps // run.inner_steps) + s
     params = dict(worker.named_parameters())
     start = {n: p.detach().clone() for n, p in sync.named_parameters()}
+    origin = consensus.next_weights(start)  # delay 1: the previous step's mean (else `start`)
+    jump = {n: origin[n] - start[n] for n in start}
     deltas = []
     for r in range(setup.replicas):
         with torch.no_grad():
             for n, p in params.items():
                 p.copy_(start[n])
+        landed = _on_landing(params, jump, landing_step(m)) if run.outer.delay else None
+        if landed is not None:
+            landed(-1, 0.0)
         batches = (setup.batch(r, w, s * h + i) for i in range(h))
-        train_window(worker, optimizers[r], batches, run, window, torch.device("cpu"))
+        train_window(worker, optimizers[r], batches, run, window, torch.device("cpu"), landed)
         with torch.no_grad():
-            deltas.append({n: start[n] - p.detach() for n, p in params.items()})
+            deltas.append({n: origin[n] - p.detach() for n, p in params.items()})
     if isinstance(consensus, GreedyLoreNow) and not consensus.full_round:
         _select_now(deltas, peers, consensus)
     updates, sent, sizes = {}, {}, []
@@ -168,7 +186,12 @@ def _outer_step(
         sent[r] = peers[r].encode(deltas[r], window)
         n_bytes, updates[r] = transmit(peers[r], sent[r], window, r)
         sizes.append(n_bytes)
-    consensus.step(sync, updates)
+    consensus.receive(consensus.mean(updates))
+    if not run.outer.delay:  # the window's own step, at once
+        origin = consensus.next_weights(origin)
+    with torch.no_grad():
+        for n, p in sync.named_parameters():
+            p.copy_(origin[n])
     state = consensus.outer_state_dict()  # what each peer's own step would leave it with
     for r in range(setup.replicas):
         peers[r].load_outer_state_dict(state)
@@ -183,6 +206,27 @@ def _select_now(deltas: list[dict], peers: list[Strategy], consensus: GreedyLore
     mean = {n: sum(s[n] for s in sketches) / len(sketches) for n in sketches[0]}
     for strategy in [*peers, consensus]:
         strategy.select(mean)  # type: ignore[attr-defined]
+
+
+def landing_step(m: MethodSpec) -> int:
+    """Inner steps a replica trains before the previous window's exchange lands and its outer
+    step is taken (``outer.delay = 1``, docs/training.md): ``land`` of the window, rounded up."""
+    return math.ceil(m.land * m.run.inner_steps)
+
+
+def _on_landing(
+    params: dict[str, torch.nn.Parameter], jump: dict[str, torch.Tensor], land: int
+) -> Callable[[int, float], None]:
+    """`train_window`'s callback: after inner step ``land − 1`` (before the first when ``land``
+    is 0) the live weights take the outer step that has just landed."""
+
+    def after(step: int, _loss: float) -> None:
+        if step + 1 == land:
+            with torch.no_grad():
+                for n, p in params.items():
+                    p.add_(jump[n])
+
+    return after
 
 
 def run_ddp(m: MethodSpec, setup: Setup, tick: Tick) -> Curve:

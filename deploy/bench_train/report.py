@@ -10,6 +10,10 @@
 * ``bytes_per_window``: what one replica sends per window (mean over windows);
 * ``loss_curve``: the held-out loss after each window.
 
+Extra: ``final_loss_all_applied`` is the final loss with every window's aggregate applied (with
+``outer.delay = 1`` the last one is still held after the last window; otherwise it is
+``final_loss``).
+
 Ratios: each method's final loss over DDP's and over the **best dense local method** (the lowest
 final loss among the dense methods other than DDP, in the same run); bytes over a dense float32
 pseudo-gradient (4 bytes per parameter) and over that best dense method's bytes.
@@ -36,6 +40,9 @@ def result_row(c: Curve, tokens_per_window: int) -> dict[str, Any]:
         "label": m.label,
         "dense": m.dense,
         "final_loss": c.loss[-1] if c.loss else math.nan,
+        "final_loss_all_applied": c.applied_loss
+        if c.applied_loss is not None
+        else (c.loss[-1] if c.loss else math.nan),
         "bytes_per_window": sum(c.bytes_sent) / n if n else 0.0,
         "loss_curve": list(c.loss),
         "initial_loss": c.initial_loss,

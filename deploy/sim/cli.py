@@ -45,6 +45,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before giving up")
     parser.add_argument("--force", action="store_true", help="replace an existing --out folder")
     parser.add_argument("--no-baseline", action="store_true", help="skip the DDP baseline")
+    parser.add_argument(
+        "--delay",
+        type=int,
+        choices=(0, 1),
+        default=0,
+        help="outer.delay: 1 applies each aggregate one window late (docs/training.md)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
             kinds,
             args.storage,
             args.strategy,
+            args.delay,
         )
     except SimKeyError as exc:
         raise SystemExit(f"error: {exc}") from None

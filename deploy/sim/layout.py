@@ -51,6 +51,7 @@ def sim_run_config(
     blocks_per_window: int,
     start_block: int = 0,
     strategy: str = "sparseloco",
+    delay: int = 0,
 ) -> RunConfig:
     """The tiny preset with a clock fast enough for a simulation on a laptop.
 
@@ -63,7 +64,7 @@ def sim_run_config(
         "tiny",
         name="sim",
         strategy=strategy,
-        outer={"total_windows": max(windows, 1)},
+        outer={"total_windows": max(windows, 1), "delay": delay},
         consensus={"fetch_budget_s": max(2.0, window_s / 5), "manifest_wait_s": window_s / 3},
         timing={
             "block_time_s": block_time,
@@ -98,6 +99,7 @@ def build_world(
     adversaries: list[str],
     storage: str,
     strategy: str = "sparseloco",
+    delay: int = 0,
 ) -> World:
     """Create the run folder, the chain and every member's wallet, uid and bucket name.
 
@@ -109,7 +111,7 @@ def build_world(
     db = LocalChainDB(db_path)
     members = peers + len(adversaries) + 1
     start = math.ceil(startup_seconds(members) / block_time)
-    run = sim_run_config(windows, block_time, blocks_per_window, start, strategy)
+    run = sim_run_config(windows, block_time, blocks_per_window, start, strategy, delay)
     run_path = run.dump(out / "run.json")
     world = World(
         out=out,

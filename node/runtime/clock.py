@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 
 from protocol.chain.base import Chain
@@ -35,5 +34,4 @@ class ChainClock:
     def gather_block(self, window: int) -> int:
         """The block at which peers and validators read a window's uploads: the deadline plus
         enough blocks to cover the clock-skew tolerance, so every on-time object is visible."""
-        grace = math.ceil(self.timing.clock_skew_tolerance_s / self.timing.block_time_s) + 1
-        return self.schedule.deadline_block(window) + grace
+        return self.schedule.gather_block(window)

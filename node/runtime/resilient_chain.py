@@ -3,12 +3,15 @@
 A node must keep going when the chain endpoint blips; `ChainUnavailable` (network, node down,
 locked database) is retried up to `attempts` times with exponentially growing, fully jittered
 waits, then raised. Every other error (not registered, invalid weights, ...) propagates at once.
+Calls are made one at a time (a lock around each attempt): a peer's exchange thread
+(`node.window.flight`) and its training thread share one client, which may not be thread-safe.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -27,6 +30,7 @@ class ResilientChain:
     ) -> None:
         self._inner, self._attempts = inner, attempts
         self._base, self._max = base_delay, max_delay
+        self._lock = threading.Lock()
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._inner, name)
@@ -41,7 +45,8 @@ class ResilientChain:
     def _retry(self, fn: Callable[[], Any], what: str) -> Any:
         for attempt in range(1, self._attempts + 1):
             try:
-                return fn()
+                with self._lock:
+                    return fn()
             except ChainUnavailable as exc:
                 if attempt == self._attempts:
                     raise

@@ -1,9 +1,11 @@
 """The peer's local state, saved atomically after every window and restored after any crash.
 
 One file, `state.pt`, holds the model, the inner optimizer, the strategy's local state (error
-feedback) and outer-optimizer state (`node.strategy`), and the next window to train. It is written to a temporary file, fsynced and renamed over the old one, so
-a `kill -9` at any moment leaves either the previous window's state or the new one, never a torn
-file. The previous file is kept as `state.prev.pt` in case the newest is ever unreadable.
+feedback) and outer-optimizer state (`node.strategy`), the next window to train and, with
+``outer.delay = 1``, the exchange still in the air (our signed update of the previous window, so
+a restarted peer resumes it). It is written to a temporary file, fsynced and renamed over the old
+one, so a `kill -9` at any moment leaves either the previous window's state or the new one, never
+a torn file. The previous file is kept as `state.prev.pt` in case the newest is ever unreadable.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class PeerState:
     error_feedback: dict[str, torch.Tensor]
     fingerprint: str
     outer: dict[str, torch.Tensor] = field(default_factory=dict)  # e.g. Nesterov momentum
+    inflight: dict[str, Any] = field(default_factory=dict)  # `node.window.flight.Flight.record`
 
 
 def save_rotating(current: Path, previous: Path, body: dict[str, Any]) -> Path:

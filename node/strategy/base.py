@@ -11,8 +11,12 @@ four jobs, each in one place:
 * **aggregate** (`mean`): the consensus rule of docs/consensus.md for every strategy alike:
   every update validated strictly, each scaled to at most the median norm of the window's updates
   (exact, order-free norms), summed in ascending uid order, divided by the count;
-* **outer step** (`apply`): ``run.outer``'s optimizer (`node.strategy.outer`) on that mean, with
-  its state (Nesterov momentum) saved by `outer_state_dict` and restored by catch-up.
+* **outer step** (`receive`, `next_weights`, `advance`): ``run.outer``'s optimizer
+  (`node.strategy.outer`) on that mean, with its state (Nesterov momentum, and with
+  ``outer.delay = 1`` the mean held for the next window) saved by `outer_state_dict` and
+  restored by catch-up. `step` is the consensus schedule (validators, history replay); a peer,
+  whose aggregate of window ``w`` lands while it trains ``w + 1``, drives the same schedule with
+  `receive` and `next_weights` (`node.peer`).
 
 Hence one update's share of the step is at most ``α · median / N`` in L2 norm (times the
 Nesterov amplification ``1 / (1 − μ)`` in the limit), where ``N`` is the number of updates
@@ -188,18 +192,37 @@ class Strategy(ABC):
         """The mean in the parameters' domain from what `_accumulate` summed and divided."""
         return sums
 
-    def apply(
-        self,
-        model: torch.nn.Module,
-        mean: Mapping[str, torch.Tensor],
-        start: Mapping[str, torch.Tensor] | None = None,
+    def receive(self, mean: Mapping[str, torch.Tensor]) -> None:
+        """Hold a window's mean for the next `advance` (``run.outer.delay``, docs/training.md)."""
+        self.outer.hold(mean)
+
+    @property
+    def holding(self) -> bool:
+        """Whether a mean is held for the next step."""
+        return self.outer.holding
+
+    def next_weights(self, start: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The outer step with the held mean from ``start``, as new tensors (a copy of ``start``
+        when none is held); the held mean is released."""
+        return self.outer.next_weights(start)
+
+    def advance(
+        self, model: torch.nn.Module, start: Mapping[str, torch.Tensor] | None = None
     ) -> None:
-        """The outer step on ``mean`` from ``start`` (default: the model's current weights)."""
-        self.outer.apply(model, mean, start)
+        """The model set to `next_weights` of ``start`` (default: its own weights)."""
+        self.outer.advance(model, start)
 
     def step(self, model: torch.nn.Module, updates: Mapping[Hashable, Update]) -> None:
-        """One whole outer step from the model's current weights."""
-        self.apply(model, self.mean(updates))
+        """One window of the consensus schedule from the model's current weights, as validators
+        and history replay take it: with ``outer.delay = 0`` this window's mean is applied; with
+        ``delay = 1`` the previous window's held mean is, and this window's is held."""
+        mean = self.mean(updates)
+        if self.run.outer.delay:
+            self.advance(model)
+            self.receive(mean)
+        else:
+            self.receive(mean)
+            self.advance(model)
 
     def outer_state_dict(self) -> dict[str, torch.Tensor]:
         """The outer optimizer's state: identical on every honest node, part of checkpoints."""

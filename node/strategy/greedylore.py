@@ -288,14 +288,9 @@ class GreedyLore(Strategy):
         return {t.name: self._matrix(t.name, sums[t.name], self.full_round)
                 if t.name in self.matrices else sums[t.name] for t in self.spec.tensors}  # fmt: skip
 
-    def apply(
-        self,
-        model: torch.nn.Module,
-        mean: Mapping[str, torch.Tensor],
-        start: Mapping[str, torch.Tensor] | None = None,
-    ) -> None:
-        """The outer step, then the window's aggregate moves the basis or the selection."""
-        super().apply(model, mean, start)
+    def receive(self, mean: Mapping[str, torch.Tensor]) -> None:
+        """Hold the window's mean; its aggregate then moves the basis or the selection."""
+        super().receive(mean)
         pending, self._pending = self._pending, None
         if pending is not None and any(bool(v.any()) for v in pending.values()):
             if self.full_round:

@@ -41,13 +41,8 @@ class GreedyLoreRandom(GreedyLore):
         gauss = torch.randn(m, min(self.rank, m), generator=torch.Generator().manual_seed(seed))
         return torch.linalg.qr(gauss.double()).Q.to(torch.float32)
 
-    def apply(
-        self,
-        model: torch.nn.Module,
-        mean: Mapping[str, torch.Tensor],
-        start: Mapping[str, torch.Tensor] | None = None,
-    ) -> None:
-        super().apply(model, mean, start)
+    def receive(self, mean: Mapping[str, torch.Tensor]) -> None:
+        super().receive(mean)
         self._windows += 1
 
     def outer_state_dict(self) -> dict[str, torch.Tensor]:

@@ -153,14 +153,9 @@ class SparseLoCoMask(SparseLoCo):
 
     # -- the window's consensus --------------------------------------------------------------
 
-    def apply(
-        self,
-        model: torch.nn.Module,
-        mean: Mapping[str, torch.Tensor],
-        start: Mapping[str, torch.Tensor] | None = None,
-    ) -> None:
-        """The outer step, then the aggregate becomes the next window's support source."""
-        super().apply(model, mean, start)
+    def receive(self, mean: Mapping[str, torch.Tensor]) -> None:
+        """Hold the window's mean, which becomes the next window's support source."""
+        super().receive(mean)
         self._last = {t.name: mean[t.name].detach().to("cpu", torch.float32).clone()
                       for t in self.spec.tensors}  # fmt: skip
         self._cache = None

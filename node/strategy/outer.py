@@ -6,10 +6,15 @@
 * ``nesterov`` (DiLoCo): ``m ← μ m + mean``, ``θ ← θ_start − α (mean + μ m)``, with ``m = 0``
   before the first window (PyTorch's SGD with ``nesterov=True`` and no dampening).
 
-The momentum ``m`` is state every honest node holds identically (it is a function of the applied
-aggregates only); it is saved with a node's state and published in checkpoints, so catch-up
-restores it (`node.window.history`). Every operation is elementwise, so the result is the same
-bit for bit on every node.
+``run.outer.delay`` (docs/training.md): an aggregate is first **held** (`hold`), then applied by
+the next step (`next_weights`, `advance`). With ``delay = 0`` every window holds its own mean and advances
+at once; with ``delay = 1`` the consensus schedule (`Strategy.step`) advances with the previous
+window's mean, then holds its own, so ``θ_{w+1} = θ_w − α · step(mean_{w−1})``.
+
+The momentum ``m`` and the held mean are state every honest node has identically (functions of
+the applied aggregates only); they are saved with a node's state and published in checkpoints,
+so catch-up restores them (`node.window.history`). Every operation is elementwise, so the result
+is the same bit for bit on every node.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from codec.spec import ModelSpec
 from protocol.runconfig import OuterConfig
 
 MOMENTUM = "momentum"
+HELD = "held"
 
 
 class OuterOptimizer:
@@ -30,19 +36,40 @@ class OuterOptimizer:
     def __init__(self, cfg: OuterConfig, spec: ModelSpec, device: torch.device) -> None:
         self.cfg, self.spec, self.device = cfg, spec, device
         self._momentum: dict[str, torch.Tensor] | None = None
+        self._held: dict[str, torch.Tensor] | None = None
 
-    def apply(
-        self,
-        model: torch.nn.Module,
-        mean: Mapping[str, torch.Tensor],
-        start: Mapping[str, torch.Tensor] | None = None,
-    ) -> None:
-        """``θ ← start − α · step(mean)`` (``start`` defaults to the model's current weights)."""
-        alpha = self.cfg.alpha
+    @property
+    def holding(self) -> bool:
+        return self._held is not None
+
+    def hold(self, mean: Mapping[str, torch.Tensor]) -> None:
+        """Keep ``mean`` (taken over, not copied) for the next step."""
+        if self._held is not None:
+            raise RuntimeError("an aggregate is already held: step before holding another")
+        self._held = dict(mean)
+
+    def next_weights(self, start: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``start − α · step(held)``, releasing the held mean; a copy of ``start`` when none is
+        held (no step: the momentum stays as it is)."""
+        held, self._held = self._held, None
         with torch.no_grad():
-            for name, p in model.named_parameters():
-                base = start[name] if start is not None else p.detach().clone()
-                p.copy_(base.sub(self._direction(name, mean[name]), alpha=alpha))
+            if held is None:
+                return {name: w.detach().clone() for name, w in start.items()}
+            alpha = self.cfg.alpha
+            return {
+                name: w.detach().sub(self._direction(name, held[name]), alpha=alpha)
+                for name, w in start.items()
+            }
+
+    def advance(
+        self, model: torch.nn.Module, start: Mapping[str, torch.Tensor] | None = None
+    ) -> None:
+        """The model set to `next_weights` of ``start`` (default: its own weights)."""
+        params = dict(model.named_parameters())
+        base = start if start is not None else {n: p.detach() for n, p in params.items()}
+        with torch.no_grad():
+            for name, w in self.next_weights(base).items():
+                params[name].copy_(w)
 
     def _direction(self, name: str, mean: torch.Tensor) -> torch.Tensor:
         if self.cfg.optimizer == "sgd":
@@ -58,33 +85,48 @@ class OuterOptimizer:
         return mean + m * mu
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """``{"momentum.<tensor>": m}`` under Nesterov once a step was taken; otherwise empty."""
-        if self._momentum is None:
-            return {}
-        return {f"{MOMENTUM}.{n}": t.detach().cpu().clone() for n, t in self._momentum.items()}
+        """``{"momentum.<tensor>": m}`` under Nesterov once a step was taken, and
+        ``{"held.<tensor>": mean}`` while a mean is held; empty otherwise."""
+        out = {}
+        for prefix, group in ((MOMENTUM, self._momentum), (HELD, self._held)):
+            for n, t in (group or {}).items():
+                out[f"{prefix}.{n}"] = t.detach().cpu().clone()
+        return out
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
-        """Restore `state_dict` (empty means: no momentum yet). ValueError if it does not fit."""
-        if not state:
-            self._momentum = None
-            return
-        if self.cfg.optimizer != "nesterov":
-            raise ValueError(f"outer state {sorted(state)[:3]} for an outer {self.cfg.optimizer}")
-        want = {f"{MOMENTUM}.{t.name}": tuple(t.shape) for t in self.spec.tensors}
+        """Restore `state_dict`: each group absent or complete, finite float tensors of the
+        model's shapes, and only the groups this run's config can have. ValueError otherwise."""
+        allowed = self.shapes()
         got = {k: tuple(v.shape) for k, v in state.items()}
-        if got != want:
-            raise ValueError("outer state does not match the model's tensors")
+        if any(allowed.get(k) != s for k, s in got.items()):
+            raise ValueError(f"outer state {sorted(got)[:3]} does not fit this run's outer step")
         if any(
             not v.is_floating_point() or not bool(torch.isfinite(v).all()) for v in state.values()
         ):
             raise ValueError("outer state must be finite floating tensors")
-        self._momentum = {
-            t.name: state[f"{MOMENTUM}.{t.name}"].to(self.device, torch.float32).clone()
+        self._momentum = self._group(state, MOMENTUM)
+        self._held = self._group(state, HELD)
+
+    def _group(
+        self, state: Mapping[str, torch.Tensor], prefix: str
+    ) -> dict[str, torch.Tensor] | None:
+        names = [f"{prefix}.{t.name}" for t in self.spec.tensors]
+        present = [n for n in names if n in state]
+        if not present:
+            return None
+        if len(present) != len(names):
+            raise ValueError(
+                f"outer state {prefix!r} covers {len(present)} of {len(names)} tensors"
+            )
+        return {
+            t.name: state[f"{prefix}.{t.name}"].to(self.device, torch.float32).clone()
             for t in self.spec.tensors
         }
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         """The names and shapes `state_dict` may hold (what a checkpoint may carry)."""
-        if self.cfg.optimizer != "nesterov":
-            return {}
-        return {f"{MOMENTUM}.{t.name}": tuple(t.shape) for t in self.spec.tensors}
+        out: dict[str, tuple[int, ...]] = {}
+        for prefix, used in ((MOMENTUM, self.cfg.optimizer == "nesterov"), (HELD, self.cfg.delay)):
+            if used:
+                out |= {f"{prefix}.{t.name}": tuple(t.shape) for t in self.spec.tensors}
+        return out

@@ -6,8 +6,9 @@ A validator publishes, in its own bucket:
   (each still signed by its own peer), signed by the validator, so a node that replays it
   re-verifies and re-aggregates them and lands on bit-identical weights;
 * every few windows, a **checkpoint** (safetensors of the weights at the *start* of a window, and
-  of the strategy's outer-optimizer state under ``outer/`` names, e.g. Nesterov momentum, so a
-  replay from it continues bit for bit) and its **manifest** (run id, window, size, SHA-256),
+  of the strategy's outer-optimizer state under ``outer/`` names, e.g. Nesterov momentum or, with
+  ``outer.delay = 1``, the previous window's mean still to apply, so a replay from it continues
+  bit for bit) and its **manifest** (run id, window, size, SHA-256),
   signed by the validator and written after the checkpoint, so a manifest never points at a
   missing file.
 
@@ -262,7 +263,11 @@ def _load_checkpoint(
     shapes = {t.name: tuple(t.shape) for t in spec.tensors}
     outer_shapes = {OUTER_PREFIX + k: s for k, s in strategy.outer_shapes().items()}
     got = {n: tuple(w.shape) for n, w in tensors.items()}
-    if got not in (shapes, shapes | outer_shapes):  # no outer state yet: before the first step
+    weights_got = {n: s for n, s in got.items() if not n.startswith(OUTER_PREFIX)}
+    outer_got = {n: s for n, s in got.items() if n.startswith(OUTER_PREFIX)}
+    # the outer state may hold any of its groups (none before the first step; each group is
+    # checked whole when it is loaded)
+    if weights_got != shapes or any(outer_shapes.get(n) != s for n, s in outer_got.items()):
         raise HistoryError(f"checkpoint of window {window} does not fit this model")
     if any(w.dtype != torch.float32 or not torch.isfinite(w).all() for w in tensors.values()):
         raise HistoryError(f"checkpoint of window {window} holds non-float32 or non-finite values")

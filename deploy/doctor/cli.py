@@ -1,7 +1,7 @@
 """`tessera doctor`: preflight checks before joining a run, with a fix for each failure.
 
 Takes the arguments (and `TESSERA_*` variables) of `tessera miner`, plus `--role`,
-`--bandwidth-mb` and `--json`; it never posts anything (`--commit`, `--windows` and
+`--bandwidth-mb`, `--train-steps`, `--link-gbps` and `--json`; it never posts anything (`--commit`, `--windows` and
 `--metrics-port` are accepted and ignored). Exit code 0 when no check failed (warnings allowed), 1 otherwise.
 Secrets never reach the output: write keys are shown as masked key ids, read secrets not at all.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -19,16 +20,17 @@ from typing import TypeVar
 from rich.console import Console
 from substrateinterface import Keypair
 
-from deploy.doctor_bucket import bandwidth_check, bucket_check, read_key_check
-from deploy.doctor_chain import (
+from deploy.doctor.bucket import bandwidth_check, bucket_check, read_key_check
+from deploy.doctor.chain import (
     chain_check,
     clock_check,
     commitment_check,
     hotkey_check,
     registration_check,
 )
-from deploy.doctor_checks import disk_check, gpu_check, run_check, version_check, visible_gpus
-from deploy.doctor_report import Check, describe_error, fail, passed, print_checklist, skip, to_json
+from deploy.doctor.machine import disk_check, gpu_check, run_check, version_check, visible_gpus
+from deploy.doctor.report import Check, describe_error, fail, passed, print_checklist, skip, to_json
+from deploy.doctor.throughput import throughput_check
 from node.runtime.miner_cli import add_arguments as add_node_arguments
 from protocol.chain import Chain
 from protocol.runconfig import RunConfig
@@ -39,12 +41,27 @@ T = TypeVar("T")
 
 
 MAX_TRANSFER_MIB = 1024
+MAX_TRAIN_STEPS = 100
 
 
 def _transfer_size(text: str) -> int:
     value = int(text)
     if not 0 <= value <= MAX_TRANSFER_MIB:
         raise argparse.ArgumentTypeError(f"must be within 0..{MAX_TRANSFER_MIB} MiB")
+    return value
+
+
+def _train_steps(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= MAX_TRAIN_STEPS:
+        raise argparse.ArgumentTypeError(f"must be within 0..{MAX_TRAIN_STEPS}")
+    return value
+
+
+def _link_gbps(text: str) -> float:
+    value = float(text)
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError("must be a positive number of Gbit/s")
     return value
 
 
@@ -59,6 +76,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_transfer_size,
         default=_transfer_size(env("TESSERA_DOCTOR_BANDWIDTH_MB", "16")),
         help="size of the transfer test object in MiB (0: skip the test)",
+    )
+    parser.add_argument(
+        "--train-steps",
+        type=_train_steps,
+        default=_train_steps(env("TESSERA_DOCTOR_TRAIN_STEPS", "3")),
+        help="inner steps of the run timed on this machine (0: skip the throughput check)",
+    )
+    parser.add_argument(
+        "--link-gbps",
+        type=_link_gbps,
+        default=_link_gbps(env("TESSERA_DOCTOR_LINK_GBPS", "1")),
+        help="link speed the throughput check assumes for upload and gather, Gbit/s",
     )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -105,12 +134,19 @@ def collect(args: argparse.Namespace) -> list[Check]:
         "hotkey", lambda: hotkey_check(args.wallet, args.hotkey, args.wallet_path)
     )
     if run is None:
-        checks += [skip("gpu", "needs the run"), skip("disk", "needs the run")]
+        checks += [skip(n, "needs the run") for n in ("gpu", "disk", "throughput")]
     else:
-        checks.append(_guarded("gpu", lambda: gpu_check(run, args.device, visible_gpus())))
+        gpus = visible_gpus()
+        checks.append(_guarded("gpu", lambda: gpu_check(run, args.device, gpus)))
         hotkey = keypair.ss58_address if keypair else None
         where = state_dir_for(args.state_dir, role, run, hotkey)
         checks.append(_guarded("disk", lambda: disk_check(run, where)))
+        checks.append(
+            _guarded(
+                "throughput",
+                lambda: throughput_check(run, args.device, gpus, args.train_steps, args.link_gbps),
+            )
+        )
     checks.append(hotkey_row)
 
     chain_row, chain = _guarded_open("chain", lambda: chain_check(args.chain, args.netuid))

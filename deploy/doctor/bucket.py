@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from pydantic import ValidationError
 
-from deploy.doctor_report import Check, fail, ok, skip, warn
+from deploy.doctor.report import Check, fail, ok, skip, warn
 from node.runtime.preflight import PreflightError, check_bucket
 from node.runtime.read_key import READ_ENV, READ_ONLY_FIX, probe_read_key, read_credentials
 from protocol.runconfig import RunConfig

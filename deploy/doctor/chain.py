@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from substrateinterface import Keypair
 
-from deploy.doctor_report import Check, fail, ok
+from deploy.doctor.report import Check, fail, ok
 from deploy.provision import ProvisionError, wanted_commitment
 from node.runtime.commit import CommitmentMismatch, ensure_commitment
 from protocol.chain import Chain, ChainError, open_chain

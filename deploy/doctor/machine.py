@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from deploy.doctor_report import Check, fail, ok, warn
+from deploy.doctor.report import Check, fail, ok, warn
 from node.runtime.preflight import MIN_FREE_BYTES, PreflightError, check_disk
 from protocol.runconfig import PRESETS, RunConfig, preset_param_count
 

@@ -1,0 +1,294 @@
+"""The throughput model of one window: how much of it a peer's accelerators spend training.
+
+Used by `tessera plan`, `tessera doctor` and the presets' test. Per window (``outer.delay = 0``,
+everything in sequence)::
+
+    compute = 6 · P · T / (devices · peak · MFU)        P: parameters, T: tokens per window
+    comm    = upload + gather wait + download + decode
+    upload  = U / link                                   U: bytes of one update
+    gather wait = the gather grace after the deadline    (`WindowSchedule.gather_grace_blocks`)
+    download = G · U / link                              G: run.gather_size
+    decode  = G · E / decode rate                        E: entries of one update
+    busy    = compute / window;  fits when compute + comm <= window
+    budgets: download <= consensus.fetch_budget_s, decode <= consensus.manifest_wait_s
+
+A peer starts training window ``w`` once it has gathered and applied ``w − 1`` (at the gather
+point of ``w − 1`` plus download and decode) and must have uploaded ``w`` by the deadline of ``w``,
+one window later: hence ``compute + comm <= window``. With ``outer.delay = 1`` (docs/training.md)
+the communication of ``w`` runs while ``w + 1`` trains, so it only has to fit in a window.
+
+Stated figures (each a constant below): peak bf16 dense FLOP/s from the vendors' datasheets, the
+MFU assumption (40 % on GPUs), the link speed of the reference box, and the decode rate (measured
+on one CPU thread, see `DECODE_ENTRIES_PER_S`). The update size is measured: an update of the
+run's strategy and codec is encoded from a fixed Gaussian sample (`update_size`). Not
+modelled: compression on the device, the outer step, the fingerprint and the state save.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+
+from codec.chunking import ChunkLayout
+from codec.spec import ModelSpec
+from node.model.llama import CausalLM
+from node.strategy import make_strategy
+from protocol.runconfig import ModelConfig, RunConfig
+from protocol.windows import WindowSchedule
+
+MFU = 0.40
+"""Model-FLOPs utilisation assumed on GPUs (the users' reference, issue 15)."""
+
+DECODE_ENTRIES_PER_S = 3.0e6
+"""Entries per second one CPU thread decodes and aggregates (strict decode, exact norm, clipped
+scatter-add), the way a peer handles its gathered updates: one after another on one thread.
+Measured under load on the 2-core development machine, process CPU time, best of 3:
+`tessera plan --measure --json` gave 2.9–3.5 M/s (sparseloco, k = 64 of 4096)."""
+
+SAMPLE_SHAPES = {"w_in": (1024, 4096), "w_out": (4096, 1024), "norm": (1024,)}
+"""The fixed sample an update's size and decode rate are measured on (8.4 M elements)."""
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One accelerator kind: its peak dense throughput and where the figure comes from."""
+
+    name: str
+    peak_flops: float
+    source: str
+    memory_gib: float = 80.0  # per accelerator, the datasheet's figure
+
+
+HARDWARE: dict[str, Hardware] = {
+    "h100": Hardware("H100 SXM", 989.4e12, "bf16 dense, NVIDIA H100 datasheet"),
+    "h200": Hardware("H200 SXM", 989.4e12, "bf16 dense, NVIDIA H200 datasheet", 141.0),
+    "a100": Hardware("A100 SXM", 312e12, "bf16 dense, NVIDIA A100 80GB datasheet"),
+    "cpu": Hardware(
+        "x86 CPU, 2 cores",
+        160e9,
+        "fp32: 2 cores × 2.5 GHz × 32 FLOP/cycle (AVX2, two FMA units)",
+        24.0,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Box:
+    """A peer's machine: ``devices`` accelerators of one kind, a symmetric link, an MFU."""
+
+    gpu: str
+    devices: int
+    link_gbps: float
+    mfu: float = MFU
+
+    @property
+    def hardware(self) -> Hardware:
+        return HARDWARE[self.gpu]
+
+    @property
+    def flops(self) -> float:
+        """Useful FLOP/s of the whole box."""
+        return self.devices * self.hardware.peak_flops * self.mfu
+
+    def describe(self) -> str:
+        return (
+            f"{self.devices} × {self.hardware.name}, {self.mfu:.0%} MFU, {self.link_gbps:g} Gbit/s"
+        )
+
+
+REFERENCE: dict[str, Box] = {
+    "tiny": Box("cpu", 1, 1.0, mfu=0.10),
+    "150M": Box("h100", 1, 1.0),
+    "1B": Box("h100", 8, 1.0),
+    "8B": Box("h100", 8, 1.0),
+    "70B": Box("h200", 8, 1.0),
+}
+"""Each preset's reference machine. ``tiny`` is the CPU test preset: 10 % of the 2-core peak is
+16 GFLOP/s, close to the 18 GFLOP/s `tessera doctor --run tiny` measured on one thread of the
+development machine under load."""
+
+TARGET_BUSY = 0.90
+"""The share of a window the presets spend training on their reference box (tiny excepted:
+its inner steps and batch are the training bench's, its window is sized for CI)."""
+CPU_PRESETS = ("tiny",)
+
+
+@dataclass(frozen=True)
+class UpdateSize:
+    """What one update of a run costs on the wire: entries sent and bytes."""
+
+    entries: int
+    bits_per_entry: float
+
+    @property
+    def bytes(self) -> int:
+        return math.ceil(self.entries * self.bits_per_entry / 8)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One window of a run on one box (see the module docstring); times in seconds."""
+
+    params: int
+    tokens: int
+    flops: float
+    window_s: float
+    compute_s: float
+    update: UpdateSize
+    upload_s: float
+    grace_s: float
+    download_s: float
+    decode_s: float
+    fetch_budget_s: float
+    manifest_wait_s: float
+
+    @property
+    def comm_s(self) -> float:
+        return self.upload_s + self.grace_s + self.download_s + self.decode_s
+
+    @property
+    def busy(self) -> float:
+        """Share of the window spent training."""
+        return self.compute_s / self.window_s
+
+    @property
+    def comm_share(self) -> float:
+        return self.comm_s / self.window_s
+
+    @property
+    def fits(self) -> bool:
+        """Training and the whole exchange fit in one window (``outer.delay = 0``)."""
+        return self.compute_s + self.comm_s <= self.window_s
+
+    @property
+    def budgets_fit(self) -> bool:
+        """The run's consensus bounds leave room for the exchange: the gather's download fits its
+        budget, and the wait for the lead's manifest covers decoding (the lead decodes at least
+        the gathered updates before it publishes)."""
+        return self.download_s <= self.fetch_budget_s and self.decode_s <= self.manifest_wait_s
+
+    @property
+    def fits_overlapped(self) -> bool:
+        """With ``outer.delay = 1``: training and, beside it, the exchange each fit a window."""
+        return max(self.compute_s, self.comm_s) <= self.window_s
+
+
+def model_spec(cfg: ModelConfig) -> ModelSpec:
+    """The model's tensors, built on the meta device (no memory, any size)."""
+    with torch.device("meta"):
+        model = CausalLM(cfg)
+    model.tie_weights()
+    return ModelSpec.from_module(model)
+
+
+def entries(run: RunConfig, spec: ModelSpec) -> int:
+    """Values one update of ``spec`` carries: every element (dense) or the kept ones (sparse)."""
+    if make_strategy(run, spec).dense:
+        return spec.numel
+    return sum(ChunkLayout.for_shape(t.shape, run.codec).n_values for t in spec.tensors)
+
+
+def _sample(run: RunConfig) -> tuple[ModelSpec, bytes, int]:
+    """(spec, wire bytes, entries) of one update of the fixed sample: Gaussian pseudo-gradients
+    of a pseudo-gradient's size, well under the value cap (heavy-tailed ones code smaller)."""
+    spec = ModelSpec.from_shapes(SAMPLE_SHAPES)
+    strategy = make_strategy(run, spec)
+    gen = torch.Generator().manual_seed(0)
+    deltas = {t.name: torch.randn(t.shape, generator=gen) * 1e-3 for t in spec.tensors}
+    with torch.no_grad():
+        pieces = strategy.encode(deltas, 0)
+    meta = {"run_id": run.run_id, "window": 0, "uid": 0, "hotkey": "5" * 48}  # real field sizes
+    data = strategy.to_bytes(pieces, meta, lambda _digest: bytes(64))
+    return spec, data, entries(run, spec)
+
+
+@cache
+def _bits_per_entry(run: RunConfig) -> float:
+    _, data, n = _sample(run)
+    return 8 * len(data) / n
+
+
+def update_size(run: RunConfig, spec: ModelSpec | None = None) -> UpdateSize:
+    """The size of one update of ``run``: its entries, at the bits per entry measured by
+    encoding the fixed sample with the run's strategy and codec."""
+    spec = spec or model_spec(run.model)
+    return UpdateSize(entries(run, spec), _bits_per_entry(run))
+
+
+def measure_decode_rate(run: RunConfig, repeats: int = 3, updates: int = 4) -> float:
+    """Entries per second of CPU time one thread decodes and aggregates: ``updates`` copies of
+    the sample decoded strictly, then their median-clipped mean (best of ``repeats``)."""
+    spec, data, n = _sample(run)
+    strategy = make_strategy(run, spec)
+    cap = strategy.max_update_bytes()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        best = math.inf
+        for _ in range(repeats):
+            begun = time.process_time()
+            strategy.mean({u: strategy.decode(data, cap).tensors for u in range(updates)})
+            best = min(best, time.process_time() - begun)
+    finally:
+        torch.set_num_threads(threads)
+    return updates * n / max(best, 1e-9)
+
+
+def plan(
+    run: RunConfig,
+    box: Box,
+    decode_rate: float = DECODE_ENTRIES_PER_S,
+    tokens_per_s: float | None = None,
+) -> Plan:
+    """The window of ``run`` on ``box``; ``tokens_per_s`` replaces the FLOP model with a
+    measured training rate (`tessera doctor`)."""
+    params = run.param_count()
+    tokens = run.inner_steps * run.batch_size * run.seq_len
+    flops = 6.0 * params * tokens
+    compute_s = tokens / tokens_per_s if tokens_per_s else flops / box.flops
+    update = update_size(run)
+    link = box.link_gbps * 1e9 / 8  # bytes per second
+    schedule = WindowSchedule.from_run(run)
+    return Plan(
+        params=params,
+        tokens=tokens,
+        flops=flops,
+        window_s=run.timing.blocks_per_window * run.timing.block_time_s,
+        compute_s=compute_s,
+        update=update,
+        upload_s=update.bytes / link,
+        grace_s=schedule.gather_grace_blocks * run.timing.block_time_s,
+        download_s=run.gather_size * update.bytes / link,
+        decode_s=run.gather_size * update.entries / decode_rate,
+        fetch_budget_s=run.consensus.fetch_budget_s,
+        manifest_wait_s=run.consensus.manifest_wait_s,
+    )
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """Whole blocks per window and inner steps that reach ``target`` busy on a box."""
+
+    blocks_per_window: int
+    inner_steps: int
+    busy: float
+
+
+def suggest(
+    run: RunConfig, box: Box, target: float = TARGET_BUSY, decode_rate: float = DECODE_ENTRIES_PER_S
+) -> Sizing:
+    """The shortest window (whole blocks) whose exchange fits beside ``target`` of training, and
+    the inner steps (at the run's batch) that fill that share of it."""
+    p = plan(run, box, decode_rate)
+    block = run.timing.block_time_s
+    step_s = p.compute_s / run.inner_steps
+    blocks = max(1, math.ceil(p.comm_s / (1 - target) / block))
+    while True:
+        steps = max(1, math.floor((blocks * block - p.comm_s) / step_s))
+        if steps * step_s >= target * blocks * block:
+            return Sizing(blocks, steps, steps * step_s / (blocks * block))
+        blocks += 1

@@ -15,10 +15,16 @@ refused writes); without it, any key may do anything (the stand-in for a key tha
 
 from __future__ import annotations
 
+import os
+
+# Before anything imports torch: torch.distributed's FSDP imports `triton` (through dynamo), and
+# `triton.language` reads this variable when it is first imported. Set later, its library
+# functions stay compiled-only and the interpreted kernels cannot call them (tests/test_triton_*).
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import itertools
 import json
 import logging
-import os
 import uuid
 from collections.abc import Iterator
 from typing import Any

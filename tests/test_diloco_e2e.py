@@ -44,10 +44,11 @@ def _reports(tmp: Path, name: str) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("delay", [0, 1])
-def test_diloco_peers_validator_and_a_latecomer_stay_identical(tmp_path: Path, delay: int) -> None:
-    """With outer.delay = 1 too: the validator's schedule, its checkpoint (momentum and the held
-    mean) and the latecomer's replay of it match the peers' weights bit for bit."""
+def test_diloco_peers_validator_and_a_latecomer_stay_identical(tmp_path: Path) -> None:
+    """With outer.delay = 1 (delay 0 is the other end-to-end tests' schedule): the validator's
+    schedule, its checkpoint (momentum and the held mean) and the latecomer's replay of it match
+    the peers' weights bit for bit."""
+    delay = 1
     tmp = tmp_path
     RunConfig.preset(
         "tiny", name="diloco-e2e", strategy="diloco", inner_steps=2,
@@ -73,8 +74,8 @@ def test_diloco_peers_validator_and_a_latecomer_stay_identical(tmp_path: Path, d
         time.sleep(0.5)
     running["latecomer"] = _start(tmp, "latecomer", "miner", "--windows", "2")
     try:
-        running["val"].wait(timeout=max(1, deadline - time.time()))
-        running["latecomer"].wait(timeout=max(1, deadline - time.time()))
+        for name in ("val", "latecomer", "peer0"):  # peer0 trains one window more
+            running[name].wait(timeout=max(1, deadline - time.time()))
     finally:
         for p in running.values():
             if p.poll() is None:

@@ -47,7 +47,7 @@ def _window(ranks: Ranks) -> dict[str, object]:
     deltas = {t.name: torch.randn(t.shape, generator=gen) * 1e-3 for t in spec.tensors}
     compressor = Compressor(ranks.shard_of(spec), RUN.codec)
     mine = [compressor.compress(t.name, deltas[t.name], 0.9) for t in compressor.spec.tensors]
-    sparse = ranks.gather_sparse(mine, spec)
+    sparse = ranks.gather_pieces(mine, spec)
     new = None
     if ranks.is_main:
         mean = aggregate({0: sparse}, spec, RUN.codec)

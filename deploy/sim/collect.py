@@ -79,7 +79,9 @@ def collect(
     }
     validator = world.of_kind("validator")[0]
     scores = {r["window"]: r for r in read_json_lines(validator.state_dir / REPORTS)}
-    windows = sorted(scores) or sorted({w for logs in peer_logs.values() for w in logs})
+    # the windows the honest peers trained (the validator runs one more, in case they start late)
+    trained = {w for m in world.of_kind("honest") for w in peer_logs[m.name]}
+    windows = sorted(trained or scores)
     rows = []
     for w in windows:
         by_uid = {p["uid"]: p for p in scores.get(w, {}).get("peers", [])}

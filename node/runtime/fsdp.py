@@ -6,7 +6,7 @@ whose DDP replica does not fit a GPU (`node.runtime.memory` says which).
 final norm, LM head; tied weights stay one parameter) another. Parameters become DTensors sharded
 on dim 0, so a rank holds 1/N of the fp32 weights, gradients and both AdamW moments; each forward
 and backward gathers one layer at a time. The batch split, the sharded compression (each rank
-compresses the tensors it owns, `shard_tensors`), `gather_sparse` and `broadcast_aggregate` are
+compresses the tensors it owns, `shard_tensors`), `gather_pieces` and `broadcast_aggregate` are
 DDP's. What the peer does with whole tensors goes through the functions below, all collectives
 that every rank calls in the same order:
 

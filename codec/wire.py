@@ -174,7 +174,7 @@ def encode_update(
     by_name = {t.name: t for t in tensors}
     if [t.name for t in spec.tensors] != [t.name for t in tensors]:
         raise ValueError("an update must carry every tensor of the spec, in the spec's order")
-    if fmt.masked != all(isinstance(t, MaskedTensor) for t in tensors) or (
+    if {isinstance(t, MaskedTensor) for t in tensors} - {fmt.masked} or (
         not fmt.masked and shared_k
     ):
         raise ValueError(f"{fmt.frame.name}: wrong kind of pieces for this container")

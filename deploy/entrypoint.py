@@ -231,8 +231,8 @@ def _doctor_failures(
     (all but `ignored` ones, and a missing commitment when the node will post it)."""
     from rich.console import Console
 
-    from deploy.doctor import add_arguments, collect
-    from deploy.doctor_report import Status, print_checklist
+    from deploy.doctor.cli import add_arguments, collect
+    from deploy.doctor.report import Status, print_checklist
 
     parser = argparse.ArgumentParser(prog="tessera doctor")
     add_arguments(parser)

@@ -201,6 +201,7 @@ def test_miner_launch_execs_torchrun_with_the_planned_ranks_and_state(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("TESSERA_DOCTOR_BANDWIDTH_MB", "0")
+    monkeypatch.setenv("TESSERA_DOCTOR_TRAIN_STEPS", "0")
     node = Node(tmp_path)
     command = prepare("miner", node.argv(), nproc=2)
     run_id = RunConfig.preset("tiny").run_id
@@ -214,6 +215,7 @@ def test_doctor_failures_stop_the_launch_unless_ignored(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TESSERA_DOCTOR_BANDWIDTH_MB", "0")
+    monkeypatch.setenv("TESSERA_DOCTOR_TRAIN_STEPS", "0")
     node = Node(tmp_path)
     argv = [a for a in node.argv() if a != "--commit"]  # nobody posts the commitment
     with pytest.raises(EntrypointError, match="commitment"):
@@ -228,6 +230,7 @@ def test_a_state_dir_for_another_run_is_refused_before_start(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TESSERA_DOCTOR_BANDWIDTH_MB", "0")
+    monkeypatch.setenv("TESSERA_DOCTOR_TRAIN_STEPS", "0")
     node = Node(tmp_path)
     with pytest.raises(EntrypointError, match="not per run and hotkey"):
         prepare("miner", node.argv("--state-dir", str(tmp_path / "state")))

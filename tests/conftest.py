@@ -42,6 +42,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # one core per worker (scripts/test.s
     torch.set_num_threads(1)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The end-to-end tests run one after another on one worker (`--dist loadgroup`): each one's
     processes keep real-time windows, so two at once on two cores would miss deadlines."""

@@ -47,6 +47,7 @@ def test_cache_root_honours_argument_env_and_default(
 def test_embedded_tokenizer_is_trained_once_then_loaded_from_cache(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    tiny_dataset()  # the corpus is extracted into the shared cache (once per process)
     shutil.copytree(shared_cache() / "corpus", tmp_path / "corpus")  # skip re-extraction
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     calls: list[int] = []

@@ -36,21 +36,6 @@ from moto.server import ThreadedMotoServer
 
 from protocol.credentials import WriteCredentials
 
-if os.environ.get("PYTEST_XDIST_WORKER"):  # one core per worker (scripts/test.sh runs two)
-    import torch
-
-    torch.set_num_threads(1)
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The end-to-end tests run one after another on one worker (`--dist loadgroup`): each one's
-    processes keep real-time windows, so two at once on two cores would miss deadlines."""
-    for item in items:
-        if item.get_closest_marker("slow") is not None:
-            item.add_marker(pytest.mark.xdist_group("e2e"))
-
-
 TEST_ACCESS_KEY_ID = "tessera-test-key"
 TEST_SECRET = "tessera-test-secret"
 _bucket_numbers = itertools.count()

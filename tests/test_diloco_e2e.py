@@ -20,7 +20,7 @@ from protocol.runconfig import RunConfig
 
 NETUID = 1
 WINDOWS = 4
-START_BLOCK = 100  # window 0 opens once every process has imported torch and loaded the data
+START_BLOCK = 70  # window 0 opens once every process has imported torch and loaded the data
 ROOT = Path(__file__).resolve().parents[1]
 
 

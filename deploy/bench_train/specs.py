@@ -54,7 +54,7 @@ from protocol.runconfig import RunConfig, RunConfigError
 DEFAULT_STRATEGIES = (
     "ddp,"
     "diloco:outer=sgd,alpha=1,dtype=fp32,label=dense local SGD,"
-    "diloco:outer=nesterov,alpha=0.1,momentum=0.9,dtype=bf16,label=DiLoCo,"
+    "diloco:outer=nesterov,alpha=0.3,momentum=0.9,dtype=bf16,label=DiLoCo,"
     "sparseloco"
 )
 DEFAULT_LAND = 0.1

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ import torch
 from codec.aggregate import aggregate
 from codec.compress import Compressor
 from codec.dense import dense_norm, exact_norm
+from codec.errors import DecodeError
 from codec.spec import ModelSpec
 from deploy.bench_train.engine import Setup, heldout_set, run_local
 from deploy.bench_train.specs import parse_methods
@@ -154,3 +156,26 @@ def test_sparseloco_with_every_entry_and_exact_values_is_dense_local_sgd() -> No
         torch.testing.assert_close(sparse.weights[name], w, rtol=1e-6, atol=1e-7)
     assert sparse.loss == pytest.approx(dense.loss, rel=1e-6)
     assert dense.loss[-1] < dense.initial_loss  # it trained
+
+
+def test_the_mean_refuses_what_decoding_refuses() -> None:
+    """`mean` validates every piece again (values reach it from memory too, e.g. in replays)."""
+    dense_run, sparse_run = _run("diloco"), _run("sparseloco")
+    dense, sparse = make_strategy(dense_run, SPEC), make_strategy(sparse_run, SPEC)
+    good = dense.encode(_deltas(0), 5)
+    bad_values = {"nan": float("nan"), "above the cap": 2 * CODEC["max_abs_value"]}
+    for what, value in bad_values.items():
+        piece = good[0]
+        values = piece.values.clone()
+        values.view(-1)[3] = value
+        with pytest.raises(DecodeError):
+            dense.mean({0: good, 1: [replace(piece, values=values), *good[1:]]})
+            pytest.fail(what)
+    comp = Compressor(SPEC, sparse_run.codec)
+    sent = [comp.compress(n, d, 0.9) for n, d in _deltas(1).items()]
+    with pytest.raises(DecodeError):
+        dense.mean({0: good, 1: sent})  # a sparse update in a dense run
+    groups = [replace(g, idx=g.idx.flip(1)) for g in sent[0].groups]  # positions not ascending
+    with pytest.raises(DecodeError):
+        sparse.mean({0: [replace(sent[0], groups=groups), *sent[1:]]})
+    assert sparse.mean({0: sent})  # the untouched update is fine

@@ -80,7 +80,7 @@ def share_measurements(
     rows_seen: list[int] = []
     honest = {u: sk(u, upd) for u, upd in updates.items()}
     stamps = {u: Stamp(None, False) for u in honest}
-    for e in explain_window(honest, stamps, history).values():
+    for e in explain_window(honest, stamps, history, ValidatorConfig().replay_threshold).values():
         add("honest: share by this window's others", e.window.share)
         if history.entries():
             add("honest: share by one earlier object", e.history.share)

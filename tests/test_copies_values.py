@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import numpy as np
 import pytest
 import torch
 
@@ -88,7 +89,8 @@ def test_honest_updates_do_not_explain_each_other(world: World) -> None:
     sketches = {u: world.sk(u, world.updates[u]) for u in HONEST}
     stamps = {u: Stamp(T0, False) for u in HONEST}  # unknown order: everyone is a candidate
     shares = {
-        u: e.window.share for u, e in explain_window(sketches, stamps, SketchHistory(4)).items()
+        u: e.window.share
+        for u, e in explain_window(sketches, stamps, SketchHistory(4), REPLAY).items()
     }
     assert max(shares.values()) < THRESHOLD / 2, shares
 
@@ -134,7 +136,7 @@ def test_next_window_honest_updates_are_not_explained_by_the_history(world: Worl
     history.add(0, [*world.window0(), world.aggregate0()])
     sketches = {u: world.sk(u, world.next[u], window=1) for u in HONEST}
     stamps = {u: Stamp(T0, False) for u in HONEST}
-    explained = explain_window(sketches, stamps, history)
+    explained = explain_window(sketches, stamps, history, REPLAY)
     by_window = {u: e.window.share for u, e in explained.items()}
     by_history = {u: e.history.share for u, e in explained.items()}
     assert max(by_window.values()) < THRESHOLD, by_window
@@ -152,7 +154,44 @@ def test_the_copier_is_the_later_upload_and_an_untrusted_clock_never_wins(world:
         ),
     }  # fmt: skip
     for name, (stamps, copier) in cases.items():
-        explained = explain_window(sketches, stamps, SketchHistory(4))
+        explained = explain_window(sketches, stamps, SketchHistory(4), REPLAY)
         shares = {u: e.window.share for u, e in explained.items()}
         assert shares[copier] >= THRESHOLD, name
         assert shares[0] < THRESHOLD, name
+
+
+def _synthetic(uid: int, window: int, values: np.ndarray) -> Sketch:
+    positions = np.arange(values.size, dtype=np.uint64) * np.uint64(3)
+    return Sketch(uid, window, bytes([uid, window]), positions, values.astype(np.float32))
+
+
+def test_a_peers_own_earlier_update_never_makes_it_a_replay() -> None:
+    """Error feedback makes a peer's late updates mostly its previous ones (the main job: shares
+    0.85-0.94 from window 7): that is its own work, not a replay; the same bytes under another
+    uid are one."""
+    rng = np.random.default_rng(0)
+    before = rng.standard_normal(4000)
+    now = before + 0.2 * rng.standard_normal(4000)  # 96 % of the energy is the previous update
+    history = SketchHistory(4)
+    history.add(6, [_synthetic(1, 6, before)])
+    own = explain_window({1: _synthetic(1, 7, now)}, {}, history, REPLAY)[1]
+    assert own.history.share == 0.0
+    other = explain_window({2: _synthetic(2, 7, now)}, {}, history, REPLAY)[2]
+    assert other.history.share >= REPLAY and other.history.sources == ((1, 6),)
+
+
+def test_a_stale_copy_of_a_peers_previous_update_never_makes_the_peer_a_copier() -> None:
+    """The stale attacker uploads peer 0's previous update early in the window; peer 0's fresh
+    update, mostly its previous one through error feedback, must not be explained by it."""
+    rng = np.random.default_rng(1)
+    before = rng.standard_normal(4000)
+    history = SketchHistory(4)
+    history.add(6, [_synthetic(0, 6, before)])
+    sketches = {
+        0: _synthetic(0, 7, before + 0.3 * rng.standard_normal(4000)),
+        6: _synthetic(6, 7, before),  # the stale copy
+    }
+    stamps = {0: Stamp(T0 + timedelta(seconds=5), True), 6: Stamp(T0, True)}
+    explained = explain_window(sketches, stamps, history, REPLAY)
+    assert explained[6].history.share >= REPLAY  # the stale copy is a replay of peer 0's
+    assert explained[0].window.share < THRESHOLD and explained[0].history.share == 0.0

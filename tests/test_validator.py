@@ -33,6 +33,8 @@ from validator.ratings import Book, PeerRecord, WindowOutcome
 from validator.state import ValidatorState, load_state, save_state
 from validator.weights import normalise, set_weights, version_key
 
+REPLAY = ValidatorConfig().replay_threshold
+
 RUN = RunConfig.preset("tiny", name="vt", inner_steps=2)
 SPEC = ModelSpec.from_module(build_model(RUN.model, RUN.seed))
 WINDOW = 3
@@ -134,7 +136,7 @@ def test_perturbed_copy_is_caught_and_the_later_upload_is_the_copier(update: lis
     def explained(stamps: dict[int, Stamp]) -> dict[int, tuple[float, tuple]]:
         return {
             u: (e.window.share, e.window.sources)
-            for u, e in explain_window(sk, stamps, hist).items()
+            for u, e in explain_window(sk, stamps, hist, REPLAY).items()
         }
 
     later0 = explained(
@@ -177,7 +179,7 @@ def test_replay_of_an_older_window_is_detected_and_history_is_bounded(update: li
     hist = SketchHistory(windows=2)
     hist.add(1, [_sk(0, 1, update)])
     replay = _sk(2, 2, perturbed_copy(update, RUN.codec, torch.Generator()))
-    e = explain_window({2: replay}, {}, hist)[2]
+    e = explain_window({2: replay}, {}, hist, REPLAY)[2]
     assert e.history.share > 0.9 and e.history.sources == ((0, 1),) and e.window.share == 0.0
     fresh = noise_update(SPEC, RUN, 0.01, torch.Generator().manual_seed(9))
     assert explain(_sk(2, 2, fresh), hist.entries()).share < 0.05

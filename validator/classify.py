@@ -109,7 +109,7 @@ def _copies_and_replays(
         u: Stamp(checks[u].upload.last_modified, checks[u].upload.keeps_clock)  # type: ignore[union-attr]
         for u in sketches
     }
-    for uid, e in explain_window(sketches, stamps, history).items():
+    for uid, e in explain_window(sketches, stamps, history, cfg.replay_threshold).items():
         c = checks[uid]
         c.explained = e
         if e.window.share >= cfg.copy_threshold:

@@ -280,16 +280,37 @@ class Explained:
 
 
 def explain_window(
-    sketches: Mapping[int, Sketch], stamps: Mapping[int, Stamp], history: SketchHistory
+    sketches: Mapping[int, Sketch],
+    stamps: Mapping[int, Stamp],
+    history: SketchHistory,
+    replay_threshold: float,
 ) -> dict[int, Explained]:
     """Every update's `Explained`: by this window's updates that `may_copy` allows, and by
-    `history`'s entries from earlier windows one at a time."""
+    `history`'s entries from earlier windows one at a time.
+
+    Two sources never count against an update:
+
+    * its own uid's earlier updates: error feedback carries a peer's unsent mass from window to
+      window, so late in a run its honest updates are largely its previous ones (the main job
+      measured shares of 0.85–0.94 from window 7 on, `docs/incentives.md`);
+    * this window's uploads that are themselves replays (history share at or above
+      `replay_threshold`): a stale copy of a peer's previous update, uploaded early, would
+      otherwise explain that peer's fresh update and make the honest peer the copier.
+    """
     earlier = history.entries()
+    past = {
+        uid: explain(x, [s for s in earlier if s.window < x.window and s.uid != uid], max_sources=1)
+        for uid, x in sketches.items()
+    }
+    replays = {u for u, d in past.items() if d.share >= replay_threshold}
     out = {}
     for uid, x in sorted(sketches.items()):
-        pool = [s for u, s in sketches.items() if u != uid and may_copy(u, uid, stamps)]
-        past = [s for s in earlier if s.window < x.window]
-        out[uid] = Explained(explain(x, pool), explain(x, past, max_sources=1))
+        pool = [
+            s
+            for u, s in sketches.items()
+            if u != uid and u not in replays and may_copy(u, uid, stamps)
+        ]
+        out[uid] = Explained(explain(x, pool), past[uid])
     return out
 
 

@@ -118,6 +118,7 @@ class Validator:
     def run_window(self, window: int) -> ScoreReport:
         self.clock.wait_for_block(self.clock.gather_block(window))
         begun = time.monotonic()
+        live = window >= self.current_window() - 1  # else a window long past: catching up
         roster = window_roster(self.chain, self.run, window, self.local_root)
         hotkeys, buckets, no_bucket = _members(roster)
         uploads = fetch_uploads(
@@ -128,14 +129,14 @@ class Validator:
             self.history, self.run, self.spec, self.cfg, self.salt, self.strategy,
         )  # fmt: skip
         agreed = self._agree(window, roster, uploads, checks, begun)
-        losses = self._score(window, checks, self._scoring_deadline(window))
+        losses = self._score(window, checks, self._scoring_deadline(window)) if live else {}
         self.book.update(_outcomes(checks, losses))
         sketches = [c.sketch for c in checks.values() if c.sketch is not None]
         self.history.add(window, [*sketches, self._aggregate_sketch(window, agreed, checks)])
         start_fp = self.fingerprint
         self._outer_step(agreed)
         weights = normalise(self.book.final_scores(), set(hotkeys))
-        status = self._maybe_set_weights(window, weights)
+        status = self._maybe_set_weights(window, weights, live)
         report = build_report(
             self._result(window, start_fp, roster.selected, sorted(agreed.updates), weights, status),
             checks, losses, self.book,
@@ -208,7 +209,7 @@ class Validator:
         (monotonic seconds)."""
         self._reveal = None
         candidates = [u for u, c in checks.items() if c.verdict in SCORABLE]
-        if not candidates or window < self.current_window() - 1:  # catching up: no scoring
+        if not candidates:
             return {}
         secret = window_secret(self.reveal_key, self.run.run_id, window)
         self._reveal = reveal_for(
@@ -267,10 +268,12 @@ class Validator:
         self.strategy.step(self.model, updates)
         self.fingerprint = fingerprint(self.model)
 
-    def _maybe_set_weights(self, window: int, weights: dict[int, float]) -> str:
+    def _maybe_set_weights(self, window: int, weights: dict[int, float], live: bool) -> str:
+        """Weights for a window processed live (judged when it began: scoring runs up to the
+        next gather block, so by now the clock is always a window further on)."""
         if window % self.cfg.weights_every != 0:
             return "not this window"
-        if window < self.current_window() - 1:
+        if not live:
             return "skipped: catching up"
         return set_weights(self.chain, self.keypair, self.run, weights)
 

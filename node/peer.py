@@ -53,7 +53,7 @@ from node.strategy import make_strategy
 from node.window.consensus import agree, wait_for_manifest, window_roster
 from node.window.exchange import encode_signed, publish
 from node.window.flight import Exchanged, Flight
-from node.window.gather import gather
+from node.window.gather import Pieces, gather
 from node.window.history import catch_up_any, history_sources, resync
 from protocol.chain.base import Chain
 from protocol.naming import fingerprint_key, update_key
@@ -296,7 +296,7 @@ class Peer:
     def _take_in(self, flight: Flight) -> None:
         """Hold the mean of the window's agreed updates (computed on rank 0, sent to all)."""
         done = flight.result()
-        updates = {u: up.tensors for u, up in done.agreed.updates.items()} if done else {}
+        updates = Pieces(done.agreed.updates if done else {})
         mean = self.strategy.mean(updates) if self.ranks.is_main else None
         self.strategy.receive(self.ranks.broadcast_aggregate(mean, self.spec, self.device))
 

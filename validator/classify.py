@@ -82,11 +82,13 @@ def check_window(
         if up.fetched.update is None:
             continue
         try:
-            out[uid].norm = strategy.norm(up.fetched.update.tensors)
+            tensors = up.fetched.update.tensors  # decoded once here (it may be kept as bytes)
+            out[uid].norm = strategy.norm(tensors)
             out[uid].sketch = sketch(
-                uid, window, up.fetched.update.digest, up.fetched.update.tensors,
+                uid, window, up.fetched.update.digest, tensors,
                 spec, run.codec, cfg.sketch_size, salt, strategy.entries,
             )  # fmt: skip
+            del tensors
         except Exception as exc:  # one bad peer never stops the window
             log.exception("window %d: checking uid %d failed", window, uid)
             out[uid].verdict, out[uid].detail = Verdict.MALFORMED, f"check failed: {exc}"

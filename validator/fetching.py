@@ -5,7 +5,9 @@ peer's update and its published fingerprint of the previous window; a hung, drip
 endpoint costs at most the budget and is reported ``unreachable``. Updates are then judged by
 `node.window.gather.checked`, the very rule every honest peer applies (late rule, byte cap,
 verify-then-decode), so the validator keeps exactly the set the peers keep; the exact bytes and
-the object time come with each verified update.
+the object time come with each verified update. A verified update is kept as its bytes
+(`node.window.gather.StoredUpdate`) and decoded again whenever it is used, one at a time, so the
+validator's memory does not grow with the decoded updates of all its peers.
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ def fetch_uploads(
         p.uid: Upload(
             p.uid,
             p.hotkey,
-            checked(p.uid, p.hotkey, got[(p.uid, "update")], run, spec, window, deadline_s),
+            checked(p.uid, p.hotkey, got[(p.uid, "update")], run, spec, window, deadline_s, False),
             parse_fingerprint(got.get((p.uid, "fingerprint")), run, window - 1, p.uid),
             p.keeps_clock,
         )

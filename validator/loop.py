@@ -40,6 +40,7 @@ from node.runtime.report_log import REPORTS, append_line
 from node.runtime.retention import prune_own_bucket
 from node.strategy import make_strategy
 from node.window.consensus import Agreement, Roster, wait_for_manifest, window_roster
+from node.window.gather import Pieces
 from node.window.history import (
     catch_up_any,
     history_sources,
@@ -215,15 +216,20 @@ class Validator:
         self._reveal = reveal_for(
             self.dataset, self.run.run_id, window, secret, self.cfg.n_random, self.cfg.n_own
         )
-        accepted = {
-            u: c.upload.fetched.update.tensors  # type: ignore[union-attr]
-            for u, c in checks.items()
-            if c.ok and c.norm is not None and math.isfinite(c.norm)
-        }
+        fetched = Pieces(
+            {
+                u: c.upload.fetched.update
+                for u, c in checks.items()
+                if c.upload and c.upload.fetched.ok
+            }  # type: ignore[misc]
+        )
+        accepted = fetched.only(
+            u for u, c in checks.items() if c.ok and c.norm is not None and math.isfinite(c.norm)
+        )
         consensus = self.book.consensus({u: checks[u].hotkey for u in accepted})
         probe = LossProbe(
             self.model, self.run, self.dataset, window, self._reveal,
-            {u: accepted[u] for u in consensus}, {u: checks[u].norm for u in accepted},  # type: ignore[misc]
+            accepted.only(consensus), {u: checks[u].norm for u in accepted},  # type: ignore[misc]
             self.cfg, self.device, self.strategy,
         )  # fmt: skip
         out: dict[int, LossScore] = {}
@@ -232,9 +238,8 @@ class Validator:
                 log.warning("window %d: out of time, %d peers left unscored", window,
                             len(candidates) - len(out))  # fmt: skip
                 break
-            update = checks[uid].upload.fetched.update  # type: ignore[union-attr]
-            try:
-                out[uid] = probe.score(uid, update.tensors, checks[uid].norm or 0.0)  # type: ignore[union-attr]
+            try:  # one decoded update at a time (the probe's reference shares it)
+                out[uid] = probe.score(uid, fetched[uid], checks[uid].norm or 0.0)
             except Exception:  # one bad peer never stops the window
                 log.exception("window %d: scoring uid %d failed", window, uid)
         return out
@@ -244,16 +249,25 @@ class Validator:
     ) -> Sketch:
         """The sketch of the mean this window applies (what a recycler would re-upload)."""
         uids = sorted(agreed.updates)
-        members = []
+        members, norms = [], []
         for u in uids:
-            up, mine = agreed.updates[u], checks[u].sketch if u in checks else None
-            if mine is None or mine.digest != up.digest:  # the lead's copy, not ours
-                mine = sketch(
-                    u, window, up.digest, up.tensors, self.spec, self.run.codec,
-                    self.cfg.sketch_size, self.salt, self.strategy.entries,
-                )  # fmt: skip
-            members.append(mine)
-        factors = clip_factors([self.strategy.norm(agreed.updates[u].tensors) for u in uids])
+            up, check = agreed.updates[u], checks.get(u)
+            if (
+                check
+                and check.sketch
+                and check.norm is not None
+                and check.sketch.digest == up.digest
+            ):
+                members.append(check.sketch)  # our own copy: already measured
+                norms.append(check.norm)
+                continue
+            tensors = up.tensors  # the lead's copy: measured here, once
+            members.append(sketch(
+                u, window, up.digest, tensors, self.spec, self.run.codec,
+                self.cfg.sketch_size, self.salt, self.strategy.entries,
+            ))  # fmt: skip
+            norms.append(self.strategy.norm(tensors))
+        factors = clip_factors(norms)
         return aggregate_sketch(window, members, [f / len(uids) for f in factors])
 
     def _scoring_deadline(self, window: int) -> float:
@@ -264,8 +278,7 @@ class Validator:
 
     def _outer_step(self, agreed: Agreement) -> None:
         """The window's one outer step (`node.strategy`), as every peer takes it."""
-        updates = {u: up.tensors for u, up in agreed.updates.items()}
-        self.strategy.step(self.model, updates)
+        self.strategy.step(self.model, Pieces(agreed.updates))  # one decoded at a time
         self.fingerprint = fingerprint(self.model)
 
     def _maybe_set_weights(self, window: int, weights: dict[int, float], live: bool) -> str:

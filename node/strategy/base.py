@@ -160,19 +160,25 @@ class Strategy(ABC):
 
     def mean(self, updates: Mapping[Hashable, Update]) -> dict[str, torch.Tensor]:
         """The validated, median-clipped mean of a window's updates in ascending key order
-        (zeros when there are none); a tensor an update leaves out counts as zero for it."""
-        peers = [self._by_name(updates[key]) for key in sorted(updates)]  # type: ignore[type-var]
-        for peer in peers:
+        (zeros when there are none); a tensor an update leaves out counts as zero for it.
+
+        Two passes that each look at one update at a time (validate and norm, then sum), so a
+        lazy mapping (`node.window.gather.Pieces`) never has two decoded at once."""
+        keys = sorted(updates)  # type: ignore[type-var]
+        norms = []
+        for key in keys:
+            peer = self._by_name(updates[key])
             for piece in peer.values():
                 self.validate(piece)
-        factors = clip_factors([self.norm(list(p.values())) for p in peers])
+            norms.append(self.norm(list(peer.values())))
+        factors = clip_factors(norms)
         sums = self._zeros()
-        for peer, factor in zip(peers, factors, strict=True):
-            for name, piece in peer.items():
+        for key, factor in zip(keys, factors, strict=True):
+            for name, piece in self._by_name(updates[key]).items():
                 self._accumulate(sums, name, piece, factor)
-        if peers:
+        if keys:
             for t in sums.values():
-                t.div_(len(peers))
+                t.div_(len(keys))
         return self._finish_mean(sums)
 
     def _zeros(self) -> dict[str, torch.Tensor]:

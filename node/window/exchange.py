@@ -81,3 +81,10 @@ def check_update(
         peer_hotkey, header.sig, run.run_id, window, peer_uid, strategy.signed_digest(header)
     )
     return strategy.decode(data, cap)
+
+
+def decode_verified(data: bytes, run: RunConfig, spec: ModelSpec) -> Decoded:
+    """Decode bytes that `check_update` has verified before (they are immutable: the same bytes
+    decode to the same update, so a node may drop the decoded form and decode them again)."""
+    strategy = make_strategy(run, spec)
+    return strategy.decode(data, strategy.max_update_bytes())

@@ -14,15 +14,16 @@ digest (`node.window.manifest`) and the validator can republish them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from codec.errors import DecodeError
 from codec.spec import ModelSpec
 from node.strategy.base import Decoded
 from node.window.buckets import PeerBucket
-from node.window.exchange import check_update, max_update_bytes
+from node.window.exchange import check_update, decode_verified, max_update_bytes
 from node.window.manifest import bytes_digest
 from protocol.naming import update_key
 from protocol.runconfig import RunConfig
@@ -31,6 +32,64 @@ from protocol.stores import ObjectNotFound, ObjectTooLarge, StoreError
 from protocol.stores.fetch import FetchRequest, Got, fetch_many
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StoredUpdate:
+    """A verified update kept as its bytes: `tensors` decodes them again on every access.
+
+    A validator keeps every peer's update of a window this way (`checked(..., keep=False)`), so
+    it never holds more than one decoded update at a time: its memory grows with the model and
+    the compressed bytes, not with the decoded updates of every peer (`Pieces`)."""
+
+    header: Any
+    digest: bytes
+    signed_digest: bytes
+    data: bytes = field(repr=False)
+    run: RunConfig = field(repr=False)
+    spec: ModelSpec = field(repr=False)
+
+    @classmethod
+    def of(cls, decoded: Decoded, data: bytes, run: RunConfig, spec: ModelSpec) -> StoredUpdate:
+        return cls(decoded.header, decoded.digest, decoded.signed_digest, data, run, spec)
+
+    @property
+    def tensors(self) -> Any:
+        return decode_verified(self.data, self.run, self.spec).tensors
+
+
+class Pieces(Mapping[int, Any]):
+    """uid -> the pieces of its update, decoded when asked for; only the last one asked for is
+    kept (shared with the views `only` makes). With `StoredUpdate`s, a pass over a window's
+    updates in any order holds one decoded update at a time."""
+
+    def __init__(
+        self,
+        updates: Mapping[int, Decoded],
+        keys: Iterable[int] | None = None,
+        last: dict[int, Any] | None = None,
+    ) -> None:
+        self._updates = updates
+        self._keys = sorted(updates if keys is None else set(keys) & set(updates))
+        self._last = {} if last is None else last
+
+    def __getitem__(self, uid: int) -> Any:
+        if uid not in self._keys:
+            raise KeyError(uid)
+        if uid not in self._last:
+            self._last.clear()  # drop the previous one before decoding the next
+            self._last[uid] = self._updates[uid].tensors
+        return self._last[uid]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def only(self, keys: Iterable[int]) -> Pieces:
+        """A view of the uids in `keys`, sharing the one decoded update kept."""
+        return Pieces(self._updates, keys, self._last)
 
 
 @dataclass(frozen=True)
@@ -89,8 +148,10 @@ def checked(
     spec: ModelSpec,
     window: int,
     deadline_s: float,
+    keep: bool = True,
 ) -> Fetched:
-    """What one fetch result is worth: a verified update, or the reason it is dropped."""
+    """What one fetch result is worth: a verified update, or the reason it is dropped. With
+    ``keep=False`` the verified update is kept as its bytes (`StoredUpdate`), not decoded."""
     if isinstance(got, StoreError):
         log.info("window %d: fetching uid %d failed: %s", window, uid, got)
         return Fetched(uid, None, fetch_reason(got))
@@ -108,6 +169,8 @@ def checked(
     except Exception as exc:  # one bad peer never takes the node down
         log.exception("unexpected error checking uid %d", uid)
         return Fetched(uid, None, f"error: {type(exc).__name__}: {exc}", n_bytes=n)
+    if not keep:
+        update = StoredUpdate.of(update, got.data, run, spec)
     return Fetched(uid, update, "ok", got.data, got.last_modified, n)
 
 

@@ -1,0 +1,158 @@
+"""The run presets, `tiny` to `70B`, as raw tables that `RunConfig.preset` validates and merges
+overrides into (`protocol.runconfig`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Shapes and sizes:
+# Shapes follow the LLaMA family: `1B` = Llama-3.2-1B, `8B` = Llama-3-8B, `70B` = Llama-3-70B
+# (max_seq_len kept at 8192 without RoPE scaling). `150M` is a GPT-2-vocabulary LLaMA-style model;
+# `tiny` trains on two CPU cores in minutes; its SparseLoCo settings (k, α) are tuned with
+# `tessera bench train`. Batch, inner steps and window length of 150M and up come from the
+# throughput model (`node.runtime.plan`, `tessera plan --suggest`): training fills over 90 % of
+# each window on the preset's reference box while upload, gather and decode fit in the rest;
+# `manifest_wait_s` and `fetch_budget_s` cover the decode and download there. Warmup keeps the
+# earlier presets' warmup tokens; `total_windows` keeps their wall-clock length. The larger
+# presets' codec follows the SparseLoCo paper (docs/training.md).
+
+_LLAMA3_VOCAB = 128256
+
+
+def _model(**kw: Any) -> dict[str, Any]:
+    base = {"rope_theta": 500000.0, "norm_eps": 1e-5, "tie_embeddings": False}
+    return {**base, **kw}
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": {
+        "name": "tiny",
+        "preset_name": "tiny",
+        "model": _model(
+            vocab_size=4096,
+            hidden_size=128,
+            intermediate_size=384,
+            n_layers=4,
+            n_heads=4,
+            n_kv_heads=2,
+            max_seq_len=128,
+            rope_theta=10000.0,
+            tie_embeddings=True,
+        ),
+        "tokenizer": "embedded://tiny-bpe-4096",
+        "dataset": "embedded://tiny-corpus",
+        "seq_len": 128,
+        "micro_batch_size": 8,
+        "batch_size": 8,
+        "inner_steps": 10,
+        "optimizer": {"lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 20, "weight_decay": 0.1},
+        "codec": {"k": 256},  # tuned with `tessera bench train` (docs/training.md)
+        "outer": {"total_windows": 100, "alpha": 2.0},
+        "timing": {
+            "block_time_s": 1.0,
+            "blocks_per_window": 20,
+            "upload_deadline_blocks": 4,
+            "clock_skew_tolerance_s": 1.0,
+        },
+        "gather_size": 8,
+    },
+    "150M": {
+        "name": "150m",
+        "preset_name": "150M",
+        "model": _model(
+            vocab_size=50304,
+            hidden_size=768,
+            intermediate_size=3072,
+            n_layers=12,
+            n_heads=12,
+            n_kv_heads=12,
+            max_seq_len=2048,
+            rope_theta=10000.0,
+            tie_embeddings=True,
+        ),
+        "tokenizer": "hf://gpt2",
+        "dataset": "s3://tessera-data/fineweb-edu/gpt2",
+        "seq_len": 1024,
+        "micro_batch_size": 16,
+        "batch_size": 512,
+        "inner_steps": 410,
+        "optimizer": {"lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 62},
+        "outer": {"total_windows": 444},
+        "timing": {"blocks_per_window": 45, "upload_deadline_blocks": 2},
+        "gather_size": 16,
+    },
+    "1B": {
+        "name": "1b",
+        "preset_name": "1B",
+        "model": _model(
+            vocab_size=_LLAMA3_VOCAB,
+            hidden_size=2048,
+            intermediate_size=8192,
+            n_layers=16,
+            n_heads=32,
+            n_kv_heads=8,
+            max_seq_len=8192,
+            tie_embeddings=True,
+        ),
+        "tokenizer": "hf://meta-llama/Llama-3.2-1B",
+        "dataset": "s3://tessera-data/fineweb-edu/llama3",
+        "seq_len": 2048,
+        "micro_batch_size": 8,
+        "batch_size": 512,
+        "inner_steps": 800,
+        "optimizer": {"lr": 6e-4, "min_lr": 6e-5, "warmup_steps": 250},
+        "outer": {"total_windows": 556},
+        "timing": {"blocks_per_window": 180, "upload_deadline_blocks": 3},
+        "consensus": {"manifest_wait_s": 180.0},
+        "gather_size": 20,
+    },
+    "8B": {
+        "name": "8b",
+        "preset_name": "8B",
+        "model": _model(
+            vocab_size=_LLAMA3_VOCAB,
+            hidden_size=4096,
+            intermediate_size=14336,
+            n_layers=32,
+            n_heads=32,
+            n_kv_heads=8,
+            max_seq_len=8192,
+        ),
+        "tokenizer": "hf://meta-llama/Meta-Llama-3-8B",
+        "dataset": "s3://tessera-data/fineweb-edu/llama3",
+        "seq_len": 2048,
+        "micro_batch_size": 4,
+        "batch_size": 512,
+        "inner_steps": 685,
+        "optimizer": {"lr": 3e-4, "min_lr": 3e-5, "warmup_steps": 500},
+        "outer": {"total_windows": 300},
+        "timing": {"blocks_per_window": 1000, "upload_deadline_blocks": 3},
+        "consensus": {"manifest_wait_s": 1000.0},
+        "gather_size": 20,
+    },
+    "70B": {
+        "name": "70b",
+        "preset_name": "70B",
+        "model": _model(
+            vocab_size=_LLAMA3_VOCAB,
+            hidden_size=8192,
+            intermediate_size=28672,
+            n_layers=80,
+            n_heads=64,
+            n_kv_heads=8,
+            max_seq_len=8192,
+        ),
+        "tokenizer": "hf://meta-llama/Meta-Llama-3-70B",
+        "dataset": "s3://tessera-data/fineweb-edu/llama3",
+        "seq_len": 2048,
+        "micro_batch_size": 1,
+        "batch_size": 512,
+        "inner_steps": 665,
+        "optimizer": {"lr": 1.5e-4, "min_lr": 1.5e-5, "warmup_steps": 250},
+        "outer": {"total_windows": 71},
+        "timing": {"blocks_per_window": 8500, "upload_deadline_blocks": 5},
+        "consensus": {"fetch_budget_s": 400.0, "manifest_wait_s": 9000.0},
+        "gather_size": 20,
+    },
+}
+"""Raw preset tables; use `RunConfig.preset(name, **overrides)`."""

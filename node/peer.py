@@ -219,7 +219,7 @@ class Peer:
         )
         rows = map(self.ranks.local_rows, batches)
         steps = tracked(rows, f"window {window} (uid {self.uid})", total=self.cfg.inner_steps)
-        on_step = (lambda _step, _loss: self._step_when_landed()) if self.delay else None
+        on_step = (lambda step, _loss: self._step_when_landed(step)) if self.delay else None
         inner = train_window(
             self.trainer, self.optimizer, steps, self.cfg, window, self.device, on_step
         )
@@ -263,10 +263,13 @@ class Peer:
         self._exchanged = flight
         return flight
 
-    def _step_when_landed(self) -> None:
-        """With ``delay = 1``, at the start of a window and between its inner steps: take the
-        outer step of window - 1 once its exchange has landed (or of a mean a replay held)."""
-        landed = self._flight is not None and self._flight.done()
+    def _step_when_landed(self, step: int = -1) -> None:
+        """With ``delay = 1``, at the start of a window (``step`` −1) and after each inner step:
+        take the outer step of window - 1 once its exchange has landed (or of a mean a replay
+        held). After ``run.land_by_step`` inner steps the peer waits for it: a step that lands
+        after the window's training makes the schedule unstable (docs/training.md)."""
+        due = step + 1 >= self.cfg.land_by_step
+        landed = self._flight is not None and (due or self._flight.done())
         if self.ranks.broadcast_object(landed):
             self._land_and_step(live=True)
         elif self.strategy.holding:

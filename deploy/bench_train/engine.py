@@ -25,7 +25,6 @@ window's mean is still held at the end; the loss once it is applied is kept too 
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -172,7 +171,7 @@ def _outer_step(
         with torch.no_grad():
             for n, p in params.items():
                 p.copy_(start[n])
-        landed = _on_landing(params, jump, landing_step(m)) if run.outer.delay else None
+        landed = _on_landing(params, jump, m.run.land_by_step) if run.outer.delay else None
         if landed is not None:
             landed(-1, 0.0)
         batches = (setup.batch(r, w, s * h + i) for i in range(h))
@@ -206,12 +205,6 @@ def _select_now(deltas: list[dict], peers: list[Strategy], consensus: GreedyLore
     mean = {n: sum(s[n] for s in sketches) / len(sketches) for n in sketches[0]}
     for strategy in [*peers, consensus]:
         strategy.select(mean)  # type: ignore[attr-defined]
-
-
-def landing_step(m: MethodSpec) -> int:
-    """Inner steps a replica trains before the previous window's exchange lands and its outer
-    step is taken (``outer.delay = 1``, docs/training.md): ``land`` of the window, rounded up."""
-    return math.ceil(m.land * m.run.inner_steps)
 
 
 def _on_landing(

@@ -18,9 +18,9 @@ alpha         outer.alpha                          every local method
 outer         outer.optimizer (sgd | nesterov)     every local method
 momentum      outer.momentum                       every local method
 delay         outer.delay (0 | 1)                  every local method
-land          with delay 1: share of the inner     every local method
-              steps trained before the previous
-              step lands (default 0.1)
+land          outer.land_by (delay 1: share of     every local method
+              the inner steps trained before the
+              previous window's step lands)
 h             inner steps per outer step (below)   every local method
 k             codec.k                              every sparse method (greedylore: fallback)
 bits          codec.value_bits (2 | 1)             every sparse method
@@ -57,9 +57,6 @@ DEFAULT_STRATEGIES = (
     "diloco:outer=nesterov,alpha=0.3,momentum=0.9,dtype=bf16,label=DiLoCo,"
     "sparseloco"
 )
-DEFAULT_LAND = 0.1
-"""Share of a window trained before the previous window's exchange lands: the presets' exchange
-takes 7-11 % of their windows (`tessera plan`)."""
 QUICK_STRATEGIES = "ddp,diloco:outer=sgd,alpha=1,dtype=fp32,sparseloco"
 
 _COMMON = {"lr", "warmup", "inner", "label"}
@@ -89,7 +86,6 @@ class MethodSpec:
     options: dict[str, str]
     run: RunConfig
     exact_values: bool = False  # sparseloco with float32 values (bench ablation)
-    land: float = DEFAULT_LAND  # with outer.delay = 1 (`deploy.bench_train.engine.landing_step`)
     notes: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -148,6 +144,7 @@ def _overrides(name: str, o: dict[str, str]) -> dict[str, Any]:
         ("freeze", "ef_freeze_fraction", float),
         ("outer", "optimizer", str),
         ("delay", "delay", int),
+        ("land", "land_by", float),
     ):
         if key in o:
             outer[target] = kind(o[key])
@@ -197,7 +194,6 @@ def parse_methods(text: str | list[str], base: RunConfig) -> list[MethodSpec]:
         for key, allowed in CHOICES.items():
             if options.get(key, allowed[0]) not in allowed:
                 raise SpecError(f"{name}: {key} must be one of {', '.join(allowed)}")
-        land = _fraction(item, options.get("land", str(DEFAULT_LAND)))
         try:
             over = _merge(_overrides(name, options), _per_sync(base, options))
             run = RunConfig.from_dict(_merge(base.model_dump(mode="json"), over))
@@ -205,9 +201,7 @@ def parse_methods(text: str | list[str], base: RunConfig) -> list[MethodSpec]:
             raise SpecError(f"{item}: {exc}") from exc
         label = options.get("label") or _label(name, options)
         methods.append(
-            MethodSpec(
-                name, label, options, run, exact_values=options.get("values") == "fp32", land=land
-            )
+            MethodSpec(name, label, options, run, exact_values=options.get("values") == "fp32")
         )
     labels = [m.label for m in methods]
     if len(set(labels)) != len(labels):
@@ -218,13 +212,3 @@ def parse_methods(text: str | list[str], base: RunConfig) -> list[MethodSpec]:
 def _label(name: str, options: dict[str, str]) -> str:
     shown = {k: v for k, v in options.items() if k != "label"}
     return name + (" " + " ".join(f"{k}={v}" for k, v in shown.items()) if shown else "")
-
-
-def _fraction(item: str, text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise SpecError(f"{item}: land must be a number in [0, 1]") from None
-    if not 0 <= value <= 1:
-        raise SpecError(f"{item}: land must be a number in [0, 1]")
-    return value

@@ -101,7 +101,10 @@ def test_fetch_uploads_contains_a_hanging_peer(tmp_path: Path, keys: list, updat
         hung = PeerBucket(1, keys[1].ss58_address, evil)
         t0 = time.time()
         out = fetch_uploads([good, hung], run, SPEC, WINDOW, time.time() + 60)
-        assert time.time() - t0 < 1.0 + MARGIN_S
+        # the hung endpoint would hold the fetch until the deadline, 60 s away; the budget ends
+        # it after 1 s (+ the fetch's margin), then the good update is verified and decoded,
+        # which a loaded machine (the suite's niced half) may take a few seconds over
+        assert time.time() - t0 < 1.0 + MARGIN_S + 10
     assert out[0].fetched.ok and out[0].data is not None
     assert classify_fetch(out[1].fetched)[0] is Verdict.UNREACHABLE
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -40,13 +41,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--heldout", type=int, default=None, help="held-out samples scored (128)")
     g.add_argument("--out", type=Path, default=Path("runs/bench-train"), help="output folder")
     g.add_argument(
-        "--jobs", type=int, default=1, help="methods trained at a time, in worker processes"
+        "--jobs",
+        type=int,
+        default=None,
+        help="methods trained at a time, in worker processes (default: one per CPU core)",
     )
     g.add_argument(
         "--threads",
         type=int,
         default=None,
-        help="torch CPU threads (default: torch's; 1 is far faster on a box busy with other work)",
+        help="torch CPU threads per job (default: 1 with several jobs, else torch's; 1 is far "
+        "faster on a box busy with other work)",
     )
 
 
@@ -93,7 +98,9 @@ def run(args: argparse.Namespace) -> int:
                     f"{methods[i].label}: window {w + 1}/{windows} held-out loss {loss:.4f}"
                 )
 
-        curves = run_all(methods, setup, args.jobs, args.threads or 0, show)
+        jobs = args.jobs or min(len(methods), os.cpu_count() or 1)
+        threads = args.threads or (1 if jobs > 1 else 0)
+        curves = run_all(methods, setup, jobs, threads, show)
     tokens = replicas * base.inner_steps * base.batch_size * base.seq_len
     rows = [report.result_row(c, tokens) for c in curves]
     numel = sum(p.numel() for p in build_model(base.model, base.seed).parameters())

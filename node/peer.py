@@ -50,6 +50,7 @@ from node.runtime.report_log import REPORTS, append_line
 from node.runtime.retention import prune_own_bucket
 from node.runtime.state import PeerState, load_error_feedback, load_state, save_ef_shard, save_state
 from node.strategy import make_strategy
+from node.strategy.outer import land_by_step
 from node.window.consensus import agree, wait_for_manifest, window_roster
 from node.window.exchange import encode_signed, publish
 from node.window.flight import Exchanged, Flight
@@ -266,9 +267,9 @@ class Peer:
     def _step_when_landed(self, step: int = -1) -> None:
         """With ``delay = 1``, at the start of a window (``step`` −1) and after each inner step:
         take the outer step of window - 1 once its exchange has landed (or of a mean a replay
-        held). After ``run.land_by_step`` inner steps the peer waits for it: a step that lands
-        after the window's training makes the schedule unstable (docs/training.md)."""
-        due = step + 1 >= self.cfg.land_by_step
+        held). After `land_by_step` inner steps the peer waits for it: a step that lands after
+        the window's training makes the schedule unstable (docs/training.md)."""
+        due = step + 1 >= land_by_step(self.cfg.inner_steps)
         landed = self._flight is not None and (due or self._flight.done())
         if self.ranks.broadcast_object(landed):
             self._land_and_step(live=True)

@@ -158,14 +158,6 @@ class OuterConfig(_Frozen):
         description="windows an aggregate waits before it is applied: 1 exchanges window w "
         "while w + 1 trains (docs/training.md)",
     )
-    land_by: float = Field(
-        0.1,
-        ge=0,
-        le=1,
-        description="with delay 1: share of a window's inner steps after which a peer waits for "
-        "the previous window's exchange and takes its step before training on (a step that lands "
-        "after the window's training diverges; docs/training.md)",
-    )
 
     @property
     def ef_freeze_windows(self) -> int:
@@ -326,12 +318,6 @@ class RunConfig(_Frozen):
     @property
     def grad_accum_steps(self) -> int:
         return self.batch_size // self.micro_batch_size
-
-    @property
-    def land_by_step(self) -> int:
-        """With ``outer.delay = 1``: the inner steps a peer trains before it waits for the
-        previous window's exchange and takes its step (`OuterConfig.land_by`, rounded up)."""
-        return math.ceil(self.outer.land_by * self.inner_steps)
 
     @property
     def total_inner_steps(self) -> int:

@@ -40,6 +40,7 @@ from node.model.train import lm_loss, make_optimizer, train_window
 from node.strategy import Strategy, make_strategy
 from node.strategy.exact import SparseLoCoExact
 from node.strategy.greedylore_variants import GreedyLoreNow, GreedyLoreRandom
+from node.strategy.outer import land_by_step
 from protocol.runconfig import RunConfig
 
 Tick = Callable[[int, float], None]
@@ -171,7 +172,11 @@ def _outer_step(
         with torch.no_grad():
             for n, p in params.items():
                 p.copy_(start[n])
-        landed = _on_landing(params, jump, m.run.land_by_step) if run.outer.delay else None
+        landed = (
+            _on_landing(params, jump, land_by_step(m.run.inner_steps, m.land))
+            if run.outer.delay
+            else None
+        )
         if landed is not None:
             landed(-1, 0.0)
         batches = (setup.batch(r, w, s * h + i) for i in range(h))

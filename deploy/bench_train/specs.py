@@ -18,9 +18,9 @@ alpha         outer.alpha                          every local method
 outer         outer.optimizer (sgd | nesterov)     every local method
 momentum      outer.momentum                       every local method
 delay         outer.delay (0 | 1)                  every local method
-land          outer.land_by (delay 1: share of     every local method
-              the inner steps trained before the
-              previous window's step lands)
+land          with delay 1: share of the inner     every local method
+              steps trained before the previous
+              step lands (default 0.1)
 h             inner steps per outer step (below)   every local method
 k             codec.k                              every sparse method (greedylore: fallback)
 bits          codec.value_bits (2 | 1)             every sparse method
@@ -49,6 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from node.strategy.outer import LAND_BY
 from protocol.runconfig import RunConfig, RunConfigError
 
 DEFAULT_STRATEGIES = (
@@ -86,6 +87,7 @@ class MethodSpec:
     options: dict[str, str]
     run: RunConfig
     exact_values: bool = False  # sparseloco with float32 values (bench ablation)
+    land: float = LAND_BY  # with outer.delay = 1 (`node.strategy.outer.land_by_step`)
     notes: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -144,7 +146,6 @@ def _overrides(name: str, o: dict[str, str]) -> dict[str, Any]:
         ("freeze", "ef_freeze_fraction", float),
         ("outer", "optimizer", str),
         ("delay", "delay", int),
-        ("land", "land_by", float),
     ):
         if key in o:
             outer[target] = kind(o[key])
@@ -194,6 +195,7 @@ def parse_methods(text: str | list[str], base: RunConfig) -> list[MethodSpec]:
         for key, allowed in CHOICES.items():
             if options.get(key, allowed[0]) not in allowed:
                 raise SpecError(f"{name}: {key} must be one of {', '.join(allowed)}")
+        land = _fraction(item, options.get("land", str(LAND_BY)))
         try:
             over = _merge(_overrides(name, options), _per_sync(base, options))
             run = RunConfig.from_dict(_merge(base.model_dump(mode="json"), over))
@@ -201,7 +203,9 @@ def parse_methods(text: str | list[str], base: RunConfig) -> list[MethodSpec]:
             raise SpecError(f"{item}: {exc}") from exc
         label = options.get("label") or _label(name, options)
         methods.append(
-            MethodSpec(name, label, options, run, exact_values=options.get("values") == "fp32")
+            MethodSpec(
+                name, label, options, run, exact_values=options.get("values") == "fp32", land=land
+            )
         )
     labels = [m.label for m in methods]
     if len(set(labels)) != len(labels):
@@ -212,3 +216,13 @@ def parse_methods(text: str | list[str], base: RunConfig) -> list[MethodSpec]:
 def _label(name: str, options: dict[str, str]) -> str:
     shown = {k: v for k, v in options.items() if k != "label"}
     return name + (" " + " ".join(f"{k}={v}" for k, v in shown.items()) if shown else "")
+
+
+def _fraction(item: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise SpecError(f"{item}: land must be a number in [0, 1]") from None
+    if not 0 <= value <= 1:
+        raise SpecError(f"{item}: land must be a number in [0, 1]")
+    return value

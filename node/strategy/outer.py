@@ -19,6 +19,7 @@ is the same bit for bit on every node.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import torch
@@ -28,6 +29,20 @@ from protocol.runconfig import OuterConfig
 
 MOMENTUM = "momentum"
 HELD = "held"
+
+LAND_BY = 0.1
+"""With ``outer.delay = 1``: the share of a window's inner steps after which the previous window's
+outer step must have been taken. A peer whose exchange has not landed by then waits for it: a
+step that lands only after the window's training makes the schedule unstable (docs/training.md).
+The presets' exchange takes 7-11 % of their windows (`tessera plan`), so there it rarely waits.
+It is each node's own schedule, not part of the consensus (every origin is the same whenever the
+step lands), so it is not in the run config."""
+
+
+def land_by_step(inner_steps: int, land: float = LAND_BY) -> int:
+    """The inner steps trained before the delayed outer step is taken: ``land`` of them, rounded
+    up (0: before the first)."""
+    return math.ceil(land * inner_steps)
 
 
 class OuterOptimizer:

@@ -22,6 +22,7 @@ import torch
 from chain_clock import Clock
 from substrateinterface import Keypair
 
+from codec.bench import one_thread
 from codec.compress import Compressor
 from codec.spec import ModelSpec
 from node.model.llama import build_model
@@ -55,12 +56,8 @@ def key(i: int) -> Keypair:
 def make_world(root: Path, peers: int, genesis: float) -> int:
     """Validator uid 0 and `peers` peers, each with a signed update of window 0 in its bucket;
     returns the largest update's size in bytes."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # far faster on a box busy with other work
-    try:
+    with one_thread():  # far faster on a box busy with other work
         return _make_world(root, peers, genesis)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _make_world(root: Path, peers: int, genesis: float) -> int:

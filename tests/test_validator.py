@@ -219,7 +219,14 @@ def test_rating_maths_noise_zero_honest_positive() -> None:
     assert rec.own_pooled == pytest.approx(8.0)
     b = book.breakdown(0)
     assert b["indicator_factor"] == 1.0
-    gain = 0.02 * (1 - 0.7**4)  # the gain EMA after four windows from 0
+    # relative to the window's median accepted score: of a, b and n in the first window (nobody
+    # has own-data evidence yet), of a and b (the peers whose evidence earns) after it
+    relative = [0.02 / 0.01] + [0.02 / 0.015] * 3
+    ema = 0.0
+    for x in relative:
+        ema = 0.7 * ema + 0.3 * x
+    gain = ema / (1 - 0.7**4)  # bias-corrected: four windows from 0
+    assert b["gain_factor"] == pytest.approx(gain)
     assert b["final"] == pytest.approx(gain * rec.sync_ema * (1 - rec.penalty))
     assert book.records[3].penalty == 1.0  # 0.5 per missed window, capped at 1
 

@@ -233,7 +233,8 @@ class Validator:
             self.cfg, self.device, self.strategy,
         )  # fmt: skip
         out: dict[int, LossScore] = {}
-        for uid in pick_scored(self.run.run_id, window, candidates, self.cfg.max_scored):
+        order = pick_scored(self.run.run_id, window, candidates, self.cfg.max_scored, set(accepted))
+        for uid in order:
             if time.monotonic() > until:
                 log.warning("window %d: out of time, %d peers left unscored", window,
                             len(candidates) - len(out))  # fmt: skip

@@ -2,8 +2,10 @@
 
 State per peer (`PeerRecord`, reset when a uid changes hotkey):
 
-* ``gain_ema``: EMA of the window's score ``s`` (`validator.scoring`: relative improvement on
-  random data at the common, norm-fair step), start 0;
+* ``gain_ema``: EMA of the window's relative score ``s / m`` (``s``: `validator.scoring`, the
+  relative improvement on random data at the common, norm-fair step; ``m``: the window's
+  reference, below), start 0, read bias-corrected (``gain``: divided by ``1 - (1 - r)^n`` after
+  ``n`` scored windows, so that it does not depend on how many windows scored the peer);
 * ``own_z``: the own-data statistics ``z_t`` (`validator.scoring`, clipped to
   [`Z_CLIP_LOW`, `Z_CLIP_HIGH`]) of the peer's last ``own_windows`` (6) scored windows, and their
   pooled value ``Z = Σ z_t / sqrt(n)`` (Stouffer);
@@ -22,7 +24,7 @@ Every EMA is ``x <- (1 - r) x + r x_new`` with ``r = ema_rate`` (0.3).
 
 Final score of peer i::
 
-    final_i = max(0, gain_ema_i) * own_i * sync_ema_i * (1 - p_i) * [gain_ema_i > g]
+    final_i = max(0, gain_i) * own_i * sync_ema_i * (1 - p_i) * [gain_i > g]
     own_i   = clip((Z_i - own_z_low) / (own_z_full - own_z_low), 0, 1)
 
 **Why the gain and not the rank.** Pay linear in the OpenSkill ordinal (shifted to the lowest
@@ -31,6 +33,19 @@ peers, 3–4 of them, windows 3–12): the ranking among equals is a coin toss e
 OpenSkill turns it into persistent ordinal gaps of 8–16 points. The gain EMA of equal peers
 differs by the noise of ``s`` averaged over ~6 windows (a few percent), and a scaled update
 cannot raise it (`validator.scoring` probes every update at the same norm).
+
+**Why relative to the window.** ``s`` shrinks as training goes on (a tenfold drop over the
+first windows of `tiny`), and a validator that runs out of time leaves a different few peers
+unscored each window (`validator.scoring.pick_scored`). With the raw ``s`` in the EMA, a peer
+skipped in an early window kept a low EMA and one skipped late a high one: ±23 % between equal
+peers in `tessera sim --adversaries mixer,scaled,recycler,copier,stale,freeloader`. The EMA
+takes ``s / m`` instead, where ``m`` is the median ``s`` of the window's scored, accepted peers
+whose own-data evidence already earns (`Book.consensus`: all accepted ones while fewer than two
+do), so equal work has the same expected value in every window whichever windows it was scored
+in. Noise, copies and freeloaders carry no own-data evidence and so do not move ``m``; when
+``m`` is not positive, the window leaves every gain EMA as it was. The EMA starts at 0, so it
+is read bias-corrected (``gain_i``, as Adam corrects its moments): otherwise a peer skipped once
+during the warm-up would trail its equals for the next ten windows.
 
 **Why a pooled statistic.** One window's own-data test is noisy: the old factor
 ``max(0, EMA(±1))`` cut an honest peer's pay tenfold when its indicator came out −1 on a
@@ -43,7 +58,7 @@ window with no evidence at all costs it nothing once a few windows are pooled, a
 measured false-negative rate (partial pay after the warm-up) is in the README. The clip keeps
 one extreme window from carrying the pool.
 
-The gain gate ``[gain_ema > g]``, with ``g = max(0, GAIN_FRACTION * median gain_ema)`` over rated
+The gain gate ``[gain_i > g]``, with ``g = max(0, GAIN_FRACTION * median gain)`` over rated
 peers, zeroes a peer whose updates do not, on average, lower the loss on random data by at least
 `GAIN_FRACTION` of the median rated peer's gain: a noise uploader (~1 % of an honest gain) or a
 freeloader (an all-zero update: exactly 0), whatever its evidence.
@@ -52,6 +67,7 @@ freeloader (an all-zero update: exactly 0), whatever its evidence.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping
 
 from openskill.models import PlackettLuce
@@ -78,6 +94,7 @@ class PeerRecord(BaseModel):
     rated: bool = False
     own_z: list[float] = []
     gain_ema: float = 0.0
+    gain_windows: int = 0  # windows that updated `gain_ema`
     sync_ema: float = 1.0
     penalty: float = 0.0
 
@@ -131,6 +148,12 @@ class Book:
 
     def update(self, outcomes: Mapping[int, WindowOutcome]) -> None:
         r = self.cfg.ema_rate
+        scores = {
+            uid: o.score
+            for uid, o in outcomes.items()
+            if o.verdict is Verdict.OK and o.score is not None and math.isfinite(o.score)
+        }
+        reference = self.reference({u: outcomes[u].hotkey for u in scores}, scores)
         for uid, o in outcomes.items():
             rec = self.records.get(uid)
             if rec is None or rec.hotkey != o.hotkey:  # new peer, or a recycled uid
@@ -144,14 +167,19 @@ class Book:
             if o.score is not None and o.own_z is not None and math.isfinite(o.score):
                 z = min(Z_CLIP_HIGH, max(Z_CLIP_LOW, o.own_z)) if math.isfinite(o.own_z) else 0.0
                 rec.own_z = [*rec.own_z, z][-self.cfg.own_windows :]
-                rec.gain_ema = _ema(rec.gain_ema, o.score, r)
-        self._rate(
-            {
-                uid: o.score
-                for uid, o in outcomes.items()
-                if o.verdict is Verdict.OK and o.score is not None and math.isfinite(o.score)
-            }
-        )
+                if reference is not None:
+                    rec.gain_ema = _ema(rec.gain_ema, o.score / reference, r)
+                    rec.gain_windows += 1
+        self._rate(scores)
+
+    def reference(self, hotkeys: Mapping[int, str], scores: Mapping[int, float]) -> float | None:
+        """The window's ``m``: the median score of the accepted peers `hotkeys` in `consensus`
+        (evaluated before this window's evidence is added); None unless positive."""
+        members = sorted(scores[u] for u in self.consensus(hotkeys))
+        if not members:
+            return None
+        mid = statistics.median(members)
+        return mid if mid > 0 else None
 
     def _rate(self, scores: Mapping[int, float]) -> None:
         uids = sorted(scores)
@@ -167,7 +195,7 @@ class Book:
         """The gain a peer must beat to earn: `GAIN_FRACTION` of the median rated peer's gain EMA
         (and never below 0). Noise moves the loss by ~1 % of what an honest update does, so
         it stays under the bar even when its EMA drifts above zero by chance."""
-        gains = sorted(rec.gain_ema for rec in self.records.values() if rec.rated)
+        gains = sorted(self.gain(rec) for rec in self.records.values() if rec.rated)
         if not gains:
             return 0.0
         return max(0.0, GAIN_FRACTION * gains[len(gains) // 2])
@@ -183,6 +211,13 @@ class Book:
         }  # fmt: skip
         return known if len(known) >= 2 else set(hotkeys)
 
+    def gain(self, rec: PeerRecord) -> float:
+        """The bias-corrected gain EMA: equal relative scores give equal gains however many
+        windows scored each peer (a validator out of time skips a different few each window)."""
+        if rec.gain_windows == 0:
+            return rec.gain_ema
+        return rec.gain_ema / (1.0 - (1.0 - self.cfg.ema_rate) ** rec.gain_windows)
+
     def own_factor(self, rec: PeerRecord) -> float:
         """``own_i``: the ramp of the pooled own-data statistic between low (0) and full (1)."""
         lo, hi = self.cfg.own_z_low, self.cfg.own_z_full
@@ -193,8 +228,8 @@ class Book:
         rec = self.records.get(uid)
         if rec is None:
             return {"ordinal": 0.0, "gain_factor": 0.0, "final": 0.0}
-        gain = max(0.0, rec.gain_ema)
-        gate = 1.0 if rec.gain_ema > self.gain_floor() else 0.0
+        gain = max(0.0, self.gain(rec))
+        gate = 1.0 if self.gain(rec) > self.gain_floor() else 0.0
         own = self.own_factor(rec)
         final = gain * own * rec.sync_ema * (1.0 - rec.penalty) * gate
         return {

@@ -91,7 +91,7 @@ class StandingReport(_Model):
     own_z: list[float]  # the last windows' own-data statistics
     own_pooled: float  # Z = Σ z / sqrt(n)
     indicator_factor: float
-    gain_ema: float
+    gain: float  # the bias-corrected EMA of the relative score (`validator.ratings`)
     sync_ema: float
     penalty: float
     gain_gate: float
@@ -173,7 +173,7 @@ def _standing(book: Book, uid: int, weight: float) -> StandingReport | None:
     b = book.breakdown(uid)
     return StandingReport(
         mu=rec.mu, sigma=rec.sigma, ordinal=rec.ordinal, own_z=rec.own_z, own_pooled=rec.own_pooled,
-        indicator_factor=b["indicator_factor"], gain_ema=rec.gain_ema, sync_ema=rec.sync_ema,
+        indicator_factor=b["indicator_factor"], gain=book.gain(rec), sync_ema=rec.sync_ema,
         penalty=rec.penalty, gain_gate=b["gain_gate"], final=b["final"], weight=weight,
     )  # fmt: skip
 

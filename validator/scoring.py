@@ -47,7 +47,7 @@ from __future__ import annotations
 import hashlib
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -179,13 +179,18 @@ def row_losses(
     return torch.cat(out).numpy() if out else np.zeros(0)
 
 
-def pick_scored(run_id: str, window: int, uids: Sequence[int], limit: int) -> list[int]:
+def pick_scored(
+    run_id: str, window: int, uids: Sequence[int], limit: int, first: Collection[int] = ()
+) -> list[int]:
     """The peers scored this window, in the order they are scored: all of them (or the first
-    `limit`) in an order drawn by a hash of (run, window), so that when time runs out
-    (`validator.loop`) no uid is always the one left unscored."""
+    `limit`), the uids in `first` before the others, each group in an order drawn by a hash of
+    (run, window), so that when time runs out (`validator.loop`) no uid is always the one left
+    unscored, and updates already refused (copies, replays: scored only for the report) never
+    take the time of the accepted ones."""
 
-    def draw(uid: int) -> bytes:
-        return hashlib.blake2b(f"score/{run_id}/{window}/{uid}".encode(), digest_size=8).digest()
+    def draw(uid: int) -> tuple[bool, bytes]:
+        digest = hashlib.blake2b(f"score/{run_id}/{window}/{uid}".encode(), digest_size=8)
+        return uid not in first, digest.digest()
 
     ordered = sorted(uids, key=draw)
     return ordered if limit <= 0 else ordered[:limit]

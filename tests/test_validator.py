@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -56,6 +57,11 @@ def _bucket(tmp: Path, name: str, uid: int, hotkey: str) -> tuple[PeerBucket, ob
     return PeerBucket(uid, hotkey, store), store
 
 
+def _spool(tmp: Path) -> Path:
+    """A new, empty spool directory for one `fetch_uploads`."""
+    return Path(tempfile.mkdtemp(dir=tmp, prefix="spool-"))
+
+
 def _put(store: object, data: bytes, uid: int, hotkey: str, window: int = WINDOW) -> None:
     store.put(update_key(RUN.run_id, window, uid, hotkey), data)  # type: ignore[attr-defined]
 
@@ -68,7 +74,7 @@ def test_fetch_verdicts(tmp_path: Path, keys: list, update: list) -> None:
     a, b = keys[0], keys[1]
     peer, store = _bucket(tmp_path, "peer-a", 0, a.ss58_address)
     verdict = lambda deadline: classify_fetch(  # noqa: E731
-        fetch_uploads([peer], RUN, SPEC, WINDOW, deadline)[0].fetched
+        fetch_uploads([peer], RUN, SPEC, WINDOW, deadline, _spool(tmp_path))[0].fetched
     )[0]
     assert verdict(now + 60) is Verdict.MISSING
     _put(store, encode_signed(update, RUN, SPEC, WINDOW, 0, a), 0, a.ss58_address)
@@ -100,12 +106,12 @@ def test_fetch_uploads_contains_a_hanging_peer(tmp_path: Path, keys: list, updat
         )
         hung = PeerBucket(1, keys[1].ss58_address, evil)
         t0 = time.time()
-        out = fetch_uploads([good, hung], run, SPEC, WINDOW, time.time() + 60)
+        out = fetch_uploads([good, hung], run, SPEC, WINDOW, time.time() + 60, _spool(tmp_path))
         # the hung endpoint would hold the fetch until the deadline, 60 s away; the budget ends
         # it after 1 s (+ the fetch's margin), then the good update is verified and decoded,
         # which a loaded machine (the suite's niced half) may take a few seconds over
         assert time.time() - t0 < 1.0 + MARGIN_S + 10
-    assert out[0].fetched.ok and out[0].data is not None
+    assert out[0].fetched.ok and out[0].body is not None
     assert classify_fetch(out[1].fetched)[0] is Verdict.UNREACHABLE
 
 

@@ -26,6 +26,7 @@ from protocol.chain.local_db import LocalChainDB, create_local_chain
 from protocol.commitment import render_commitment
 from protocol.runconfig import RunConfig
 from protocol.stores import open_store
+from protocol.stores.spool import InMemory
 from validator.checks import Verdict
 from validator.classify import PeerCheck
 from validator.fetching import Upload
@@ -123,7 +124,7 @@ def test_scoring_stops_when_its_time_is_up(tmp_path: Path) -> None:
         ]
         data = encode_signed(sparse, RUN, spec, 0, uid, KEYS[uid])
         update = check_update(data, uid, KEYS[uid].ss58_address, RUN, spec, 0)
-        fetched = Fetched(uid, update, "ok", data)
+        fetched = Fetched(uid, update, "ok", InMemory.of(data))
         upload = Upload(uid, KEYS[uid].ss58_address, fetched, None)
         checks[uid] = PeerCheck(
             uid, KEYS[uid].ss58_address, upload, Verdict.OK, "ok", norm=update_norm(update.tensors)

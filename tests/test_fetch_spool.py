@@ -111,3 +111,12 @@ def test_spool_paths_are_new_distinct_and_in_a_directory(tmp_path: Path) -> None
     for requests in bad:
         with pytest.raises(ValueError, match="spool"):
             _fetch(requests)
+
+
+def test_a_spool_file_that_cannot_be_written_is_our_error_not_the_peers(tmp_path: Path) -> None:
+    """`SpoolError` is raised, never returned as the peer's `StoreUnavailable`."""
+    files = FileStore(tmp_path / "files")
+    files.put(KEY, b"body")
+    unwritable = tmp_path / ("x" * 300)  # a name the file system refuses (even to root)
+    with pytest.raises(SpoolError, match="cannot create"):
+        _fetch({"a": FetchRequest(files, KEY, 10, unwritable)})

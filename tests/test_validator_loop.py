@@ -26,7 +26,7 @@ from protocol.chain.local_db import LocalChainDB, create_local_chain
 from protocol.commitment import render_commitment
 from protocol.runconfig import RunConfig
 from protocol.stores import open_store
-from protocol.stores.spool import Body, InMemory, Sink, SpoolError
+from protocol.stores.spool import Sink, SpoolError
 from validator.checks import Verdict
 from validator.classify import PeerCheck
 from validator.fetching import SPOOL, Upload
@@ -110,9 +110,9 @@ def test_a_validator_started_mid_run_catches_up_from_published_history(tmp_path:
     admin.close()
 
 
-def _scorable(v: Validator, spool: Path | None = None) -> dict[int, PeerCheck]:
-    """Passed checks of two peers' (uids 2, 3) updates of window 0; with `spool`, each update is
-    kept as a spool file there, as a validator keeps them."""
+def _scorable(v: Validator, spool: Path) -> dict[int, PeerCheck]:
+    """Passed checks of two peers' (uids 2, 3) updates of window 0, each kept as a spool file in
+    `spool`, as a validator keeps them."""
     gen = torch.Generator().manual_seed(1)
     checks = {}
     for uid in (2, 3):
@@ -125,12 +125,10 @@ def _scorable(v: Validator, spool: Path | None = None) -> dict[int, PeerCheck]:
         data = encode_signed(sparse, RUN, v.spec, 0, uid, KEYS[uid])
         update = check_update(data, uid, KEYS[uid].ss58_address, RUN, v.spec, 0)
         norm = update_norm(update.tensors)
-        body: Body = InMemory.of(data)
-        if spool is not None:
-            with Sink(spool / str(uid)) as sink:
-                sink.write(data)
-                body = sink.finish()
-            update = StoredUpdate.of(update, body, RUN, v.spec)
+        with Sink(spool / str(uid)) as sink:
+            sink.write(data)
+            body = sink.finish()
+        update = StoredUpdate.of(update, body, RUN, v.spec)
         upload = Upload(uid, KEYS[uid].ss58_address, Fetched(uid, update, "ok", body), None)
         checks[uid] = PeerCheck(uid, KEYS[uid].ss58_address, upload, Verdict.OK, "ok", norm=norm)
     return checks
@@ -138,28 +136,18 @@ def _scorable(v: Validator, spool: Path | None = None) -> dict[int, PeerCheck]:
 
 def test_scoring_stops_when_its_time_is_up(tmp_path: Path) -> None:
     """Scoring a window never delays the next window's agreement: it stops at the next gather
-    block, leaving the rest unscored (in an order drawn per window, not always the same uids)."""
+    block, leaving the rest unscored (in an order drawn per window, not always the same uids).
+    Our spool losing a scored update is our fault: scoring raises `SpoolError` rather than
+    leaving the peer unscored (which would cost it pay)."""
     _, admin, chain = _chain(tmp_path, validators=1)
     store = open_store(f"file://{tmp_path}?bucket=bucket0")
     v = Validator(RUN, KEYS[0], chain, store, tmp_path / "state0", local_root=tmp_path)
-    checks = _scorable(v)
+    checks = _scorable(v, tmp_path)  # kept as spool files, as the validator keeps them
     assert set(v._score(0, checks, time.monotonic() + 600)) == {2, 3}
     assert v._score(0, checks, time.monotonic() - 1) == {}
     # the deadline is the next window's gather block
     blocks = v.clock.gather_block(1) - chain.block()
     assert v._scoring_deadline(0) - time.monotonic() == pytest.approx(blocks * BLOCK_TIME, abs=5)
-    chain.close()
-    admin.close()
-
-
-def test_a_lost_spool_file_stops_scoring_instead_of_skipping_the_peer(tmp_path: Path) -> None:
-    """Our spool losing a scored update is our fault: scoring raises `SpoolError` rather than
-    leaving the peer unscored (which would cost it pay)."""
-    _, admin, chain = _chain(tmp_path, validators=1)
-    store = open_store(f"file://{tmp_path}?bucket=bucket0")
-    v = Validator(RUN, KEYS[0], chain, store, tmp_path / "state0", local_root=tmp_path)
-    checks = _scorable(v, tmp_path)
-    assert set(v._score(0, checks, time.monotonic() + 600)) == {2, 3}
     checks[3].verdict = Verdict.COPY  # scored, but outside the reference direction
     (tmp_path / "3").unlink()
     with pytest.raises(SpoolError):

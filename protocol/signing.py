@@ -44,9 +44,14 @@ class SignatureError(ValueError):
     """A signature is missing, malformed, or does not verify for the claimed signer and fields."""
 
 
+def payload_hasher(data: bytes = b"") -> hashlib.blake2b:
+    """A BLAKE2b-256 hasher fed `data`: `payload_digest` of everything it is fed."""
+    return hashlib.blake2b(data, digest_size=32)
+
+
 def payload_digest(data: bytes) -> bytes:
     """BLAKE2b-256 of a payload: the digest signed for objects other than updates."""
-    return hashlib.blake2b(bytes(data), digest_size=32).digest()
+    return payload_hasher(data).digest()
 
 
 def _uint(name: str, value: object, maximum: int) -> int:

@@ -36,6 +36,7 @@ from protocol.keys import create_hotkey
 from protocol.naming import applied_key
 from protocol.runconfig import RunConfig
 from protocol.stores import open_store
+from protocol.stores.spool import InMemory
 
 RUN = RunConfig.preset("tiny", name="consensus", inner_steps=2)
 SPEC = ModelSpec.from_module(build_model(RUN.model, RUN.seed))
@@ -73,7 +74,7 @@ def shared() -> dict[str, torch.Tensor]:
 
 def _fetched(uid: int, data: bytes, keys: dict) -> Fetched:
     update = check_update(data, uid, keys[uid].ss58_address, RUN, SPEC, WINDOW)
-    return Fetched(uid, update, "ok", data, None, len(data))
+    return Fetched(uid, update, "ok", InMemory.of(data), None, len(data))
 
 
 def _roster(keys: dict, lead_store: object, selected: list[int]) -> Roster:

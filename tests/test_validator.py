@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,6 +18,7 @@ from deploy.sim.slow_store import SlowStore
 from node.model.llama import build_model
 from node.window.buckets import PeerBucket
 from node.window.exchange import encode_signed
+from node.window.gather import checked, fetch_all, update_request
 from protocol.chain import open_chain
 from protocol.chain.local_db import LocalChainDB, create_local_chain
 from protocol.credentials import ReadCredentials
@@ -24,8 +26,10 @@ from protocol.keys import create_hotkey
 from protocol.naming import update_key
 from protocol.runconfig import RunConfig
 from protocol.stores import S3Store, open_store
-from protocol.stores.fetch import MARGIN_S
+from protocol.stores.fetch import MARGIN_S, Got
+from protocol.stores.spool import Spooled, SpoolError
 from validator.checks import Verdict, classify_fetch, in_sync, norm_verdicts
+from validator.classify import check_window
 from validator.config import ValidatorConfig
 from validator.copies import SketchHistory, Stamp, explain, explain_window, overlap, sketch
 from validator.fetching import fetch_uploads
@@ -56,6 +60,11 @@ def _bucket(tmp: Path, name: str, uid: int, hotkey: str) -> tuple[PeerBucket, ob
     return PeerBucket(uid, hotkey, store), store
 
 
+def _spool(tmp: Path) -> Path:
+    """A new, empty spool directory for one `fetch_uploads`."""
+    return Path(tempfile.mkdtemp(dir=tmp, prefix="spool-"))
+
+
 def _put(store: object, data: bytes, uid: int, hotkey: str, window: int = WINDOW) -> None:
     store.put(update_key(RUN.run_id, window, uid, hotkey), data)  # type: ignore[attr-defined]
 
@@ -68,7 +77,7 @@ def test_fetch_verdicts(tmp_path: Path, keys: list, update: list) -> None:
     a, b = keys[0], keys[1]
     peer, store = _bucket(tmp_path, "peer-a", 0, a.ss58_address)
     verdict = lambda deadline: classify_fetch(  # noqa: E731
-        fetch_uploads([peer], RUN, SPEC, WINDOW, deadline)[0].fetched
+        fetch_uploads([peer], RUN, SPEC, WINDOW, deadline, _spool(tmp_path))[0].fetched
     )[0]
     assert verdict(now + 60) is Verdict.MISSING
     _put(store, encode_signed(update, RUN, SPEC, WINDOW, 0, a), 0, a.ss58_address)
@@ -100,13 +109,37 @@ def test_fetch_uploads_contains_a_hanging_peer(tmp_path: Path, keys: list, updat
         )
         hung = PeerBucket(1, keys[1].ss58_address, evil)
         t0 = time.time()
-        out = fetch_uploads([good, hung], run, SPEC, WINDOW, time.time() + 60)
+        out = fetch_uploads([good, hung], run, SPEC, WINDOW, time.time() + 60, _spool(tmp_path))
         # the hung endpoint would hold the fetch until the deadline, 60 s away; the budget ends
         # it after 1 s (+ the fetch's margin), then the good update is verified and decoded,
         # which a loaded machine (the suite's niced half) may take a few seconds over
         assert time.time() - t0 < 1.0 + MARGIN_S + 10
-    assert out[0].fetched.ok and out[0].data is not None
+    assert out[0].fetched.ok and out[0].body is not None
     assert classify_fetch(out[1].fetched)[0] is Verdict.UNREACHABLE
+
+
+def test_a_lost_spool_file_is_our_fault_not_the_peers(
+    tmp_path: Path, keys: list, update: list
+) -> None:
+    """A spool file gone between the fetch and a use raises `SpoolError`: the window stops
+    loudly, and no verdict (malformed, invalid) is ever published against the peer."""
+    hotkey = keys[0].ss58_address
+    peer, store = _bucket(tmp_path, "peer-a", 0, hotkey)
+    _put(store, encode_signed(update, RUN, SPEC, WINDOW, 0, keys[0]), 0, hotkey)
+    got = fetch_all({0: update_request(peer, RUN, SPEC, WINDOW, _spool(tmp_path))}, RUN)[0]
+    assert isinstance(got, Got) and isinstance(got.body, Spooled)
+    got.body.path.unlink()
+    with pytest.raises(SpoolError):
+        checked(0, hotkey, got, RUN, SPEC, WINDOW, time.time() + 60, keep=False)
+    uploads = fetch_uploads([peer], RUN, SPEC, WINDOW, time.time() + 60, _spool(tmp_path))
+    body = uploads[0].body
+    assert uploads[0].fetched.ok and isinstance(body, Spooled)
+    body.path.unlink()
+    with pytest.raises(SpoolError):
+        check_window(
+            WINDOW, {0: hotkey}, uploads, {}, None, SketchHistory(4), RUN, SPEC,
+            ValidatorConfig(), 0,
+        )  # fmt: skip
 
 
 def test_norm_and_sync_verdicts() -> None:

@@ -19,16 +19,17 @@ from node.model.llama import build_model
 from node.runtime.commit import commitment_for
 from node.strategy import make_strategy
 from node.window.exchange import check_update, encode_signed
-from node.window.gather import Fetched
+from node.window.gather import Fetched, StoredUpdate
 from node.window.history import Source, catch_up, publish_aggregate
 from protocol.chain.local import LocalChain
 from protocol.chain.local_db import LocalChainDB, create_local_chain
 from protocol.commitment import render_commitment
 from protocol.runconfig import RunConfig
 from protocol.stores import open_store
+from protocol.stores.spool import Sink, SpoolError
 from validator.checks import Verdict
 from validator.classify import PeerCheck
-from validator.fetching import Upload
+from validator.fetching import SPOOL, Upload
 from validator.loop import Validator
 
 NETUID = 3
@@ -94,7 +95,11 @@ def test_a_validator_started_mid_run_catches_up_from_published_history(tmp_path:
     clock.at(PUBLISHED * RUN.timing.blocks_per_window + 5)  # in the middle of window 3
 
     store = open_store(f"file://{tmp_path}?bucket=bucket1")
+    crashed = tmp_path / "state1" / SPOOL / "window-2"  # a crash's leftovers: cleared at start
+    crashed.mkdir(parents=True)
+    (crashed / "update-3").write_bytes(b"x")
     late = Validator(RUN, KEYS[1], chain, store, tmp_path / "state1", local_root=tmp_path)
+    assert not (tmp_path / "state1" / SPOOL).exists()
     assert late.next_window == PUBLISHED
     assert late.fingerprint == fps[PUBLISHED] != fps[0]
 
@@ -105,33 +110,47 @@ def test_a_validator_started_mid_run_catches_up_from_published_history(tmp_path:
     admin.close()
 
 
-def test_scoring_stops_when_its_time_is_up(tmp_path: Path) -> None:
-    """Scoring a window never delays the next window's agreement: it stops at the next gather
-    block, leaving the rest unscored (in an order drawn per window, not always the same uids)."""
-    _, admin, chain = _chain(tmp_path, validators=1)
-    store = open_store(f"file://{tmp_path}?bucket=bucket0")
-    v = Validator(RUN, KEYS[0], chain, store, tmp_path / "state0", local_root=tmp_path)
-    spec = v.spec
+def _scorable(v: Validator, spool: Path) -> dict[int, PeerCheck]:
+    """Passed checks of two peers' (uids 2, 3) updates of window 0, each kept as a spool file in
+    `spool`, as a validator keeps them."""
     gen = torch.Generator().manual_seed(1)
     checks = {}
     for uid in (2, 3):
         sparse = [
-            Compressor(spec, RUN.codec).compress(
+            Compressor(v.spec, RUN.codec).compress(
                 n, torch.randn(p.shape, generator=gen) * 1e-3, 0.95
             )
             for n, p in v.model.named_parameters()
         ]
-        data = encode_signed(sparse, RUN, spec, 0, uid, KEYS[uid])
-        update = check_update(data, uid, KEYS[uid].ss58_address, RUN, spec, 0)
-        fetched = Fetched(uid, update, "ok", data)
-        upload = Upload(uid, KEYS[uid].ss58_address, fetched, None)
-        checks[uid] = PeerCheck(
-            uid, KEYS[uid].ss58_address, upload, Verdict.OK, "ok", norm=update_norm(update.tensors)
-        )
+        data = encode_signed(sparse, RUN, v.spec, 0, uid, KEYS[uid])
+        update = check_update(data, uid, KEYS[uid].ss58_address, RUN, v.spec, 0)
+        norm = update_norm(update.tensors)
+        with Sink(spool / str(uid)) as sink:
+            sink.write(data)
+            body = sink.finish()
+        update = StoredUpdate.of(update, body, RUN, v.spec)
+        upload = Upload(uid, KEYS[uid].ss58_address, Fetched(uid, update, "ok", body), None)
+        checks[uid] = PeerCheck(uid, KEYS[uid].ss58_address, upload, Verdict.OK, "ok", norm=norm)
+    return checks
+
+
+def test_scoring_stops_when_its_time_is_up(tmp_path: Path) -> None:
+    """Scoring a window never delays the next window's agreement: it stops at the next gather
+    block, leaving the rest unscored (in an order drawn per window, not always the same uids).
+    Our spool losing a scored update is our fault: scoring raises `SpoolError` rather than
+    leaving the peer unscored (which would cost it pay)."""
+    _, admin, chain = _chain(tmp_path, validators=1)
+    store = open_store(f"file://{tmp_path}?bucket=bucket0")
+    v = Validator(RUN, KEYS[0], chain, store, tmp_path / "state0", local_root=tmp_path)
+    checks = _scorable(v, tmp_path)  # kept as spool files, as the validator keeps them
     assert set(v._score(0, checks, time.monotonic() + 600)) == {2, 3}
     assert v._score(0, checks, time.monotonic() - 1) == {}
     # the deadline is the next window's gather block
     blocks = v.clock.gather_block(1) - chain.block()
     assert v._scoring_deadline(0) - time.monotonic() == pytest.approx(blocks * BLOCK_TIME, abs=5)
+    checks[3].verdict = Verdict.COPY  # scored, but outside the reference direction
+    (tmp_path / "3").unlink()
+    with pytest.raises(SpoolError):
+        v._score(0, checks, time.monotonic() + 600)
     chain.close()
     admin.close()

@@ -1,11 +1,13 @@
-"""The validator streams a window's updates: its peak memory does not grow with decoded updates.
+"""The validator streams a window's updates: its peak memory is flat in the number of peers.
 
 A real `Validator.run_window` (SQLite chain, file buckets, checks, agreement, outer step and
 scoring) processes the window of 64 registered peers twice, each time in a fresh process: once
 with 8 of them uploading, once with all 64, and the growth of the process's peak RSS over the
-window is compared. A decoded `tiny` update is about
-ten times its compressed bytes; a validator that held every peer's decoded update would grow by
-at least that per extra peer, one that decodes them one at a time grows by their bytes only.
+window is compared. The updates' bytes go to the window's spool directory as they arrive and are
+read back one at a time, so what a validator keeps per peer is its sketch (`sketch_size` entries
+of 12 bytes); the extra peers may cost at most that each. A validator that kept every update's
+bytes in memory grows by about their size per peer (three times the bound here), one that kept
+the decoded updates by ten times that.
 """
 
 from __future__ import annotations
@@ -28,13 +30,14 @@ from codec.spec import ModelSpec
 from node.model.llama import build_model
 from node.runtime.commit import commitment_for
 from node.strategy import make_strategy
-from node.window.exchange import decode_verified, encode_signed
+from node.window.exchange import encode_signed
 from protocol.chain.local import LocalChain
 from protocol.chain.local_db import LocalChainDB, create_local_chain
 from protocol.commitment import render_commitment
 from protocol.naming import update_key
 from protocol.runconfig import RunConfig
 from protocol.stores import open_store
+from validator.fetching import SPOOL
 
 NETUID = 5
 BLOCK_TIME = 12.0
@@ -46,6 +49,9 @@ RUN = RunConfig.preset(
     model={"n_layers": 1},  # fewer tensors, faster decoding; the embedding keeps updates large
 )
 PEERS = 64
+SKETCH = 1024
+"""`ValidatorConfig.sketch_size`: sketches (`validator.copies`) are the validator's per-peer
+memory by design, a fixed number of 12-byte entries (uint64 position, float32 value) each."""
 TESTS = Path(__file__).resolve().parent
 
 
@@ -88,9 +94,10 @@ def _make_world(root: Path, peers: int, genesis: float) -> int:
 
 
 def window_peak_growth(root: Path, genesis: float) -> dict:
-    """Run in a fresh process: the validator's window 0, and how far it raised the process's
-    peak resident memory (run with malloc returning large blocks to the system at once, so the
-    peak is what was live at one time)."""
+    """Run in a fresh process: the validator's window 0, how far it raised the process's peak
+    resident memory (run with malloc returning large blocks to the system at once, so the peak
+    is what was live at one time), and what is left in its spool (a crash's leftovers planted
+    before the start included)."""
     import resource
 
     from validator.config import ValidatorConfig
@@ -99,10 +106,10 @@ def window_peak_growth(root: Path, genesis: float) -> dict:
     clock = Clock(genesis, BLOCK_TIME)
     chain = LocalChain(root / "chain.db", NETUID, clock=clock)
     store = open_store(f"file://{root}?bucket=bucket0")
-    # sketches (`validator.copies`) are the validator's per-peer memory by design: a fixed
-    # `sketch_size` entries each, ~0.8 MB at the default, a whole `tiny` update; small here, so
-    # what is measured is whether decoded updates are held
-    cfg = ValidatorConfig(n_random=8, n_own=8, max_scored=2, sketch_size=1024)
+    crashed = root / "state" / SPOOL / "window-9"
+    crashed.mkdir(parents=True)
+    (crashed / "update-3").write_bytes(b"left by a crash")
+    cfg = ValidatorConfig(n_random=8, n_own=8, max_scored=2, sketch_size=SKETCH)
     validator = Validator(RUN, key(0), chain, store, root / "state", cfg, local_root=root)
     make_strategy(RUN, validator.spec)  # warm every lazy import and table before measuring
     clock.at(validator.clock.gather_block(0))
@@ -110,29 +117,8 @@ def window_peak_growth(root: Path, genesis: float) -> dict:
     report = validator.run_window(0)
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     chain.close()
-    return {"growth": after - before, "aggregated": len(report.aggregated)}
-
-
-def decoded_bytes(root: Path, uid: int) -> int:
-    """The memory of one decoded update: what holding it costs beyond its bytes."""
-    spec = ModelSpec.from_module(build_model(RUN.model, RUN.seed))
-    store = open_store(f"file://{root}?bucket=bucket{uid}")
-    data = store.get(update_key(RUN.run_id, 0, uid, key(uid).ss58_address), 1 << 30)
-    update = decode_verified(data, RUN, spec)
-    arrays = [x for piece in update.tensors for x in _tensors(piece)]
-    return sum(a.numel() * a.element_size() for a in arrays)
-
-
-def _tensors(obj: object) -> list[torch.Tensor]:
-    """Every tensor reachable from a decoded piece's fields (groups, codebooks, indices)."""
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, list | tuple):
-        return [t for x in obj for t in _tensors(x)]
-    fields = getattr(obj, "__dict__", None) or {
-        f: getattr(obj, f) for f in getattr(obj, "__slots__", ())
-    }
-    return [t for x in fields.values() for t in _tensors(x)]
+    left = sorted(str(p.relative_to(root)) for p in (root / "state" / SPOOL).rglob("*"))
+    return {"growth": after - before, "aggregated": len(report.aggregated), "spool": left}
 
 
 def measure(root: Path, genesis: float) -> dict:
@@ -159,9 +145,9 @@ def test_peak_memory_is_flat_in_the_number_of_peers(tmp_path: Path) -> None:
         shutil.rmtree(few_root / f"bucket{uid}")
     few, many = measure(few_root, genesis), measure(many_root, genesis)
     assert (few["aggregated"], many["aggregated"]) == (8, PEERS)  # every upload went through
+    assert few["spool"] == many["spool"] == []  # the window's files, and a crash's, are gone
     per_peer = (many["growth"] - few["growth"]) / (PEERS - 8)
-    decoded = decoded_bytes(many_root, 1)
-    # a validator holding every decoded update grows by at least `decoded` per extra peer;
-    # streaming costs the update's bytes (fetched, then kept: `largest`) and its small sketch
-    assert decoded > 5 * largest  # the measurement can tell the two apart
-    assert per_peer < decoded / 2, (few, many, per_peer, largest, decoded)
+    bound = SKETCH * 12  # one sketch per extra peer
+    # keeping each update's bytes costs `largest` per peer: the measurement can tell
+    assert largest > 3 * bound
+    assert per_peer < bound, (few, many, per_peer, largest)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from pathlib import Path
 
 from substrateinterface import Keypair
 
@@ -41,11 +42,11 @@ def lead_manifest(
     entries, rejected = [], {}
     for u in roster.selected:
         c = checks.get(u)
-        if c is None or not c.ok or c.upload is None or c.upload.data is None:
+        if c is None or not c.ok or c.upload is None or c.upload.body is None:
             rejected[str(u)] = (c.verdict.value if c is not None else "missing")[:200]
             continue
-        data = c.upload.data
-        entries.append(Entry(uid=u, hotkey=c.hotkey, digest=_digest(c.upload), size=len(data)))
+        body = c.upload.body
+        entries.append(Entry(uid=u, hotkey=c.hotkey, digest=body.digest, size=body.size))
     return WindowManifest(
         run_id=run.run_id,
         window=window,
@@ -58,21 +59,17 @@ def lead_manifest(
     )
 
 
-def _digest(upload: Upload) -> str:
-    digest = upload.fetched.digest
-    assert digest is not None  # a verified upload always keeps its bytes
-    return digest
-
-
 def publish_decision(
     store: ObjectStore,
     run: RunConfig,
     keypair: Keypair,
     manifest: WindowManifest,
     uploads: Mapping[int, Upload],
+    scratch: Path,
 ) -> None:
-    """The aggregate object first (peers fall back on its copies), then the manifest."""
-    applied = {u: uploads[u].data for u in manifest.uids}
+    """The aggregate object first (peers fall back on its copies), then the manifest; the
+    aggregate is written in `scratch`, one update read back from the spool at a time."""
+    applied = {u: uploads[u].body for u in manifest.uids}
     try:
         publish_aggregate(
             store,
@@ -81,6 +78,7 @@ def publish_decision(
             manifest.validator_uid,
             keypair,
             applied,  # type: ignore[arg-type]
+            scratch,
         )
         publish_manifest(store, manifest, keypair)
     except StoreError as exc:  # peers fall back to their own choice and resync next window

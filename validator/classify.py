@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from codec.spec import ModelSpec
 from node.strategy import Strategy, make_strategy
 from protocol.runconfig import RunConfig
+from protocol.stores.spool import SpoolError
 from validator.checks import Verdict, classify_fetch, in_sync, norm_verdicts
 from validator.config import ValidatorConfig
 from validator.copies import (
@@ -89,6 +90,8 @@ def check_window(
                 spec, run.codec, cfg.sketch_size, salt, strategy.entries,
             )  # fmt: skip
             del tensors
+        except SpoolError:
+            raise  # our disk, not the peer's update
         except Exception as exc:  # one bad peer never stops the window
             log.exception("window %d: checking uid %d failed", window, uid)
             out[uid].verdict, out[uid].detail = Verdict.MALFORMED, f"check failed: {exc}"

@@ -5,18 +5,24 @@ peer's update and its published fingerprint of the previous window; a hung, drip
 endpoint costs at most the budget and is reported ``unreachable``. Updates are then judged by
 `node.window.gather.checked`, the very rule every honest peer applies (late rule, byte cap,
 verify-then-decode), so the validator keeps exactly the set the peers keep; the exact bytes and
-the object time come with each verified update. A verified update is kept as its bytes
-(`node.window.gather.StoredUpdate`) and decoded again whenever it is used, one at a time, so the
-validator's memory does not grow with the decoded updates of all its peers.
+the object time come with each verified update.
+
+Each update's body goes to a file in the window's spool directory while it arrives
+(`protocol.stores.spool`, under the validator's state directory: `window_spool`), and a verified
+update is kept as that file (`node.window.gather.StoredUpdate`): read back, checked against its
+digest and decoded whenever it is used, one at a time. So the validator holds no peer's bytes
+between uses, and its memory does not grow with the number of peers beyond the sketches.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 
 from codec.spec import ModelSpec
 from node.window.buckets import PeerBucket
@@ -24,10 +30,25 @@ from node.window.gather import Fetched, checked, fetch_all, update_request
 from protocol.naming import fingerprint_key
 from protocol.runconfig import RunConfig
 from protocol.stores.fetch import FetchRequest, Got
+from protocol.stores.spool import Body, remove_spool, spool_directory
 
 log = logging.getLogger(__name__)
 
 MAX_FINGERPRINT_BYTES = 4096
+SPOOL = "spool"
+"""The validator's spool, under its state directory: one subdirectory per window in progress."""
+
+
+def clear_spool(state_dir: Path) -> None:
+    """Remove whatever a crashed run left in the spool (at start-up)."""
+    remove_spool(state_dir / SPOOL)
+
+
+@contextlib.contextmanager
+def window_spool(state_dir: Path, window: int) -> Iterator[Path]:
+    """The window's empty spool directory, removed with its files when the window is done."""
+    with spool_directory(state_dir / SPOOL / f"window-{window}") as path:
+        yield path
 
 
 @dataclass(frozen=True)
@@ -41,9 +62,9 @@ class Upload:
     keeps_clock: bool = False  # its provider stamps objects with its own clock
 
     @property
-    def data(self) -> bytes | None:
+    def body(self) -> Body | None:
         """The exact bytes (only when they verified and decoded)."""
-        return self.fetched.data
+        return self.fetched.body
 
     @property
     def last_modified(self) -> datetime | None:
@@ -67,12 +88,18 @@ def parse_fingerprint(got: object, run: RunConfig, window: int, uid: int) -> str
 
 
 def fetch_uploads(
-    peers: Sequence[PeerBucket], run: RunConfig, spec: ModelSpec, window: int, deadline_s: float
+    peers: Sequence[PeerBucket],
+    run: RunConfig,
+    spec: ModelSpec,
+    window: int,
+    deadline_s: float,
+    spool: Path,
 ) -> dict[int, Upload]:
-    """Every peer's `Upload`, keyed by uid, within the run's fetch budget."""
+    """Every peer's `Upload`, keyed by uid, within the run's fetch budget; update bodies go to
+    files in `spool` (an empty directory that lives as long as the uploads are used)."""
     requests: dict[tuple[int, str], FetchRequest] = {}
     for p in peers:
-        requests[(p.uid, "update")] = update_request(p, run, spec, window)
+        requests[(p.uid, "update")] = update_request(p, run, spec, window, spool)
         if window > 0:
             key = fingerprint_key(run.run_id, window - 1, p.uid, p.hotkey)
             requests[(p.uid, "fingerprint")] = FetchRequest(p.store, key, MAX_FINGERPRINT_BYTES)

@@ -53,12 +53,13 @@ from protocol.chain.errors import NotRegistered
 from protocol.naming import fingerprint_key, run_prefix, scores_key
 from protocol.runconfig import RunConfig
 from protocol.stores import ObjectStore, StoreError
+from protocol.stores.spool import SpoolError
 from validator.agreement import follow, lead_agreement, lead_manifest, publish_decision
 from validator.checks import Verdict
 from validator.classify import PeerCheck, check_window
 from validator.config import ValidatorConfig
 from validator.copies import Sketch, SketchHistory, aggregate_sketch, sketch
-from validator.fetching import Upload, fetch_uploads
+from validator.fetching import Upload, clear_spool, fetch_uploads, window_spool
 from validator.ratings import Book, WindowOutcome
 from validator.reports import ScoreReport, WindowResult, build_report
 from validator.reveal import (
@@ -112,6 +113,7 @@ class Validator:
             raise NotRegistered(keypair.ss58_address, chain.netuid, "register it as a validator")
         self.uid = uid
         self._reveal: SampleReveal | None = None  # the secret of the window being scored
+        clear_spool(state_dir)  # a crashed run's spool files
         self._restore()
 
     # -- the window --------------------------------------------------------------------------
@@ -122,20 +124,22 @@ class Validator:
         live = window >= self.current_window() - 1  # else a window long past: catching up
         roster = window_roster(self.chain, self.run, window, self.local_root)
         hotkeys, buckets, no_bucket = _members(roster)
-        uploads = fetch_uploads(
-            list(buckets.values()), self.run, self.spec, window, self.clock.deadline_s(window)
-        )
-        checks = check_window(
-            window, hotkeys, uploads, no_bucket, self.fingerprint if window > 0 else None,
-            self.history, self.run, self.spec, self.cfg, self.salt, self.strategy,
-        )  # fmt: skip
-        agreed = self._agree(window, roster, uploads, checks, begun)
-        losses = self._score(window, checks, self._scoring_deadline(window)) if live else {}
-        self.book.update(_outcomes(checks, losses))
-        sketches = [c.sketch for c in checks.values() if c.sketch is not None]
-        self.history.add(window, [*sketches, self._aggregate_sketch(window, agreed, checks)])
-        start_fp = self.fingerprint
-        self._outer_step(agreed)
+        with window_spool(self.state_dir, window) as spool:  # the updates' bytes, until stepped
+            uploads = fetch_uploads(
+                list(buckets.values()), self.run, self.spec, window,
+                self.clock.deadline_s(window), spool,
+            )  # fmt: skip
+            checks = check_window(
+                window, hotkeys, uploads, no_bucket, self.fingerprint if window > 0 else None,
+                self.history, self.run, self.spec, self.cfg, self.salt, self.strategy,
+            )  # fmt: skip
+            agreed = self._agree(window, roster, uploads, checks, begun, spool)
+            losses = self._score(window, checks, self._scoring_deadline(window)) if live else {}
+            self.book.update(_outcomes(checks, losses))
+            sketches = [c.sketch for c in checks.values() if c.sketch is not None]
+            self.history.add(window, [*sketches, self._aggregate_sketch(window, agreed, checks)])
+            start_fp = self.fingerprint
+            self._outer_step(agreed)
         weights = normalise(self.book.final_scores(), set(hotkeys))
         status = self._maybe_set_weights(window, weights, live)
         report = build_report(
@@ -175,14 +179,16 @@ class Validator:
         uploads: Mapping[int, Upload],
         checks: Mapping[int, PeerCheck],
         begun: float,
+        spool: Path,
     ) -> Agreement:
-        """As the lead: decide and publish the window's set. Otherwise: follow the lead."""
+        """As the lead: decide and publish the window's set. Otherwise: follow the lead. The
+        aggregate we publish is written in `spool`, one update read back at a time."""
         if roster.lead is not None and roster.lead.uid == self.uid:
             manifest = lead_manifest(
                 self.run, window, roster, checks, self.uid, self.keypair.ss58_address,
                 self.fingerprint,
             )  # fmt: skip
-            publish_decision(self.store, self.run, self.keypair, manifest, uploads)
+            publish_decision(self.store, self.run, self.keypair, manifest, uploads, spool)
             return lead_agreement(manifest, uploads)
         c = self.run.consensus
         until = begun + c.fetch_budget_s + c.manifest_wait_s
@@ -196,8 +202,8 @@ class Validator:
                 window, agreed.manifest.fingerprint_start,
             )  # fmt: skip
         try:  # our own history: the exact bytes we applied
-            applied = {u: uploads[u].data for u in agreed.updates if uploads[u].data is not None}
-            publish_aggregate(self.store, self.run, window, self.uid, self.keypair, applied)  # type: ignore[arg-type]
+            applied = {u: b for u in agreed.updates if (b := uploads[u].body) is not None}
+            publish_aggregate(self.store, self.run, window, self.uid, self.keypair, applied, spool)
         except StoreError as exc:
             log.error("window %d: publishing the aggregate failed: %s", window, exc)
         return agreed
@@ -241,6 +247,8 @@ class Validator:
                 break
             try:  # one decoded update at a time (the probe's reference shares it)
                 out[uid] = probe.score(uid, fetched[uid], checks[uid].norm or 0.0)
+            except SpoolError:
+                raise  # ours, not the peer's
             except Exception:  # one bad peer never stops the window
                 log.exception("window %d: scoring uid %d failed", window, uid)
         return out

@@ -7,8 +7,10 @@ minimum transfer rate after a grace period, and a wall-clock budget for the whol
 * an object stored after the deadline plus the run's clock-skew tolerance is ``late``;
 * the bytes must verify and decode strictly (`node.window.exchange.check_update`).
 
-A `Fetched` keeps the exact bytes of a verified update, so the window's manifest can pin them by
-digest (`node.window.manifest`) and the validator can republish them.
+A `Fetched` keeps the exact bytes of a verified update as its `Body`, so the window's manifest
+can pin them by digest (`node.window.manifest`) and the validator can republish them: peers keep
+them in memory, a validator spools them to disk while they arrive and reads each back when it
+needs it (`protocol.stores.spool`, `update_request(..., spool=...)`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import logging
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from codec.errors import DecodeError
@@ -24,38 +27,38 @@ from codec.spec import ModelSpec
 from node.strategy.base import Decoded
 from node.window.buckets import PeerBucket
 from node.window.exchange import check_update, decode_verified, max_update_bytes
-from node.window.manifest import bytes_digest
 from protocol.naming import update_key
 from protocol.runconfig import RunConfig
 from protocol.signing import SignatureError
 from protocol.stores import ObjectNotFound, ObjectTooLarge, StoreError
 from protocol.stores.fetch import FetchRequest, Got, fetch_many
+from protocol.stores.spool import Body
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class StoredUpdate:
-    """A verified update kept as its bytes: `tensors` decodes them again on every access.
+    """A verified update kept as its `Body`: `tensors` reads and decodes it on every access.
 
-    A validator keeps every peer's update of a window this way (`checked(..., keep=False)`), so
-    it never holds more than one decoded update at a time: its memory grows with the model and
-    the compressed bytes, not with the decoded updates of every peer (`Pieces`)."""
+    A validator keeps every peer's update of a window this way (`checked(..., keep=False)`), its
+    bytes in a spool file, so it never holds more than one update's bytes and one decoded update
+    at a time: its memory grows with the model, not with the number of peers (`Pieces`)."""
 
     header: Any
     digest: bytes
     signed_digest: bytes
-    data: bytes = field(repr=False)
+    body: Body = field(repr=False)
     run: RunConfig = field(repr=False)
     spec: ModelSpec = field(repr=False)
 
     @classmethod
-    def of(cls, decoded: Decoded, data: bytes, run: RunConfig, spec: ModelSpec) -> StoredUpdate:
-        return cls(decoded.header, decoded.digest, decoded.signed_digest, data, run, spec)
+    def of(cls, decoded: Decoded, body: Body, run: RunConfig, spec: ModelSpec) -> StoredUpdate:
+        return cls(decoded.header, decoded.digest, decoded.signed_digest, body, run, spec)
 
     @property
     def tensors(self) -> Any:
-        return decode_verified(self.data, self.run, self.spec).tensors
+        return decode_verified(self.body.read(), self.run, self.spec).tensors
 
 
 class Pieces(Mapping[int, Any]):
@@ -99,7 +102,7 @@ class Fetched:
     uid: int
     update: Decoded | None
     reason: str
-    data: bytes | None = None  # the exact bytes, kept only when they verified and decoded
+    body: Body | None = None  # the exact bytes, kept only when they verified and decoded
     last_modified: datetime | None = None
     n_bytes: int = 0
 
@@ -109,12 +112,18 @@ class Fetched:
 
     @property
     def digest(self) -> str | None:
-        return bytes_digest(self.data) if self.data is not None else None
+        """The manifest digest of the exact bytes (`node.window.manifest.bytes_digest`)."""
+        return self.body.digest if self.body is not None else None
 
 
-def update_request(peer: PeerBucket, run: RunConfig, spec: ModelSpec, window: int) -> FetchRequest:
+def update_request(
+    peer: PeerBucket, run: RunConfig, spec: ModelSpec, window: int, spool: Path | None = None
+) -> FetchRequest:
+    """The request for a peer's update; with `spool` (a directory), its body goes to a file
+    there named after the peer's uid."""
     key = update_key(run.run_id, window, peer.uid, peer.hotkey)
-    return FetchRequest(peer.store, key, max_update_bytes(spec, run))
+    path = None if spool is None else spool / f"update-{peer.uid}"
+    return FetchRequest(peer.store, key, max_update_bytes(spec, run), path)
 
 
 def fetch_all(requests: Mapping[Hashable, FetchRequest], run: RunConfig) -> dict:
@@ -151,7 +160,8 @@ def checked(
     keep: bool = True,
 ) -> Fetched:
     """What one fetch result is worth: a verified update, or the reason it is dropped. With
-    ``keep=False`` the verified update is kept as its bytes (`StoredUpdate`), not decoded."""
+    ``keep=False`` the verified update is kept as its body (`StoredUpdate`), not decoded: a
+    spooled body is read back here, checked, and dropped from memory again."""
     if isinstance(got, StoreError):
         log.info("window %d: fetching uid %d failed: %s", window, uid, got)
         return Fetched(uid, None, fetch_reason(got))
@@ -159,9 +169,9 @@ def checked(
         late_by = got.last_modified.timestamp() - deadline_s
         if late_by > run.timing.clock_skew_tolerance_s:
             return Fetched(uid, None, f"late: stored {late_by:.1f}s after the deadline")
-    n = len(got.data)
+    n, data = got.body.size, got.data  # read back if spooled (a `SpoolError` is ours: raised)
     try:
-        update = check_update(got.data, uid, hotkey, run, spec, window)
+        update = check_update(data, uid, hotkey, run, spec, window)
     except DecodeError as exc:
         return Fetched(uid, None, f"malformed: {exc}", n_bytes=n)
     except SignatureError as exc:
@@ -170,8 +180,8 @@ def checked(
         log.exception("unexpected error checking uid %d", uid)
         return Fetched(uid, None, f"error: {type(exc).__name__}: {exc}", n_bytes=n)
     if not keep:
-        update = StoredUpdate.of(update, got.data, run, spec)
-    return Fetched(uid, update, "ok", got.data, got.last_modified, n)
+        update = StoredUpdate.of(update, got.body, run, spec)
+    return Fetched(uid, update, "ok", got.body, got.last_modified, n)
 
 
 def gather(

@@ -28,6 +28,7 @@ import hashlib
 import json
 import logging
 import math
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,7 @@ from codec.spec import ModelSpec
 from node.model.fingerprint import fingerprint
 from node.model.llama import build_model
 from node.strategy import Strategy, make_strategy
+from node.window.aggregate_writer import write_aggregate
 from node.window.buckets import peer_buckets
 from node.window.exchange import check_update, max_update_bytes
 from protocol.chain.base import Chain
@@ -50,6 +52,7 @@ from protocol.naming import ObjectKind, aggregate_key, checkpoint_key, manifest_
 from protocol.runconfig import RunConfig
 from protocol.signing import SignatureError, payload_digest, sign_object, verify_object
 from protocol.stores import ObjectNotFound, ObjectStore, ReadableStore, StoreError
+from protocol.stores.spool import Body, InMemory
 
 log = logging.getLogger(__name__)
 
@@ -96,15 +99,19 @@ def publish_aggregate(
     window: int,
     uid: int,
     keypair: Keypair,
-    updates: Mapping[int, bytes],
+    updates: Mapping[int, bytes | Body],
+    scratch: Path | None = None,
 ) -> str:
-    """Publish the exact update bytes a window applied, keyed by peer uid, signed by us."""
-    body = msgpack.packb(
-        {"window": window, "updates": {int(k): v for k, v in sorted(updates.items())}}
-    )
-    sig = sign_object(keypair, ObjectKind.AGGREGATE, run.run_id, window, uid, payload_digest(body))
+    """Publish the exact update bytes a window applied, keyed by peer uid, signed by us.
+
+    The object is written to a temporary file in `scratch` (default: the system's) one update
+    at a time (`node.window.aggregate_writer`), and uploaded from there."""
+    bodies = {k: InMemory.of(v) if isinstance(v, bytes) else v for k, v in updates.items()}
     key = aggregate_key(run.run_id, window, uid, keypair.ss58_address)
-    store.put(key, msgpack.packb({"body": body, "sig": sig}))
+    with tempfile.NamedTemporaryFile(dir=scratch, prefix="aggregate-") as out:
+        write_aggregate(out, run, window, uid, keypair, bodies)
+        out.flush()
+        store.put_file(key, out.name)
     return key
 
 

@@ -20,14 +20,19 @@ the lead validator's uid. Any problem is one `ManifestError`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from substrateinterface import Keypair
 
 from protocol.naming import ObjectKind, applied_key
-from protocol.signing import SignatureError, payload_digest, sign_object, verify_object
+from protocol.signing import (
+    SignatureError,
+    payload_digest,
+    payload_hasher,
+    sign_object,
+    verify_object,
+)
 from protocol.stores import ObjectStore, ReadableStore, StoreError
 
 MAX_ENTRIES = 4096
@@ -44,8 +49,9 @@ class ManifestError(ValueError):
 
 
 def bytes_digest(data: bytes) -> str:
-    """The digest a manifest pins an update's exact bytes by (hex BLAKE2b-256)."""
-    return hashlib.blake2b(data, digest_size=32).hexdigest()
+    """The digest a manifest pins an update's exact bytes by (hex BLAKE2b-256, as a fetched
+    `protocol.stores.spool.Body` carries it)."""
+    return payload_hasher(data).hexdigest()
 
 
 class Entry(BaseModel):

@@ -15,6 +15,10 @@ status line, headers or body, hang after accepting, lie about its length, redire
 - **byte cap**: an announced ``Content-Length`` above ``max_bytes`` is refused before the body is
   read; the body is counted while it streams and refused at byte ``max_bytes + 1``, so a server
   that announces no length cannot push more; bytes beyond an announced length are never read;
+- **spool**: a request with a ``spool`` path has its body written to that new file as it arrives,
+  under the same cap, watchdog and deadline, and never held whole in memory; a transfer that
+  fails or is cancelled removes its partial file (`protocol.stores.spool`). A spool file that
+  cannot be written is the caller's fault, not the peer's: `SpoolError` is raised, not returned;
 - **one request**: one signed GET per object (no HEAD first), so ETag and Last-Modified describe
   exactly the bytes returned and nothing can change between two requests; a redirect is an error
   (never followed); responses are taken as stored (``Accept-Encoding: identity``, no decoding);
@@ -45,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
 import time
 from collections.abc import AsyncIterator, Coroutine, Hashable, Iterable, Mapping
 from dataclasses import dataclass
@@ -62,6 +67,7 @@ from protocol.stores.fetch_types import FetchRequest, Got, Progress
 from protocol.stores.file import FileStore
 from protocol.stores.keys import validate_key
 from protocol.stores.s3 import S3Store
+from protocol.stores.spool import SpoolError
 
 __all__ = [
     "MARGIN_S",
@@ -116,6 +122,7 @@ def fetch_many(
     _check_limits(budget_s, min_rate_bytes_s, grace_s, max_connections)
     for req in requests.values():
         check_max_bytes(req.max_bytes)
+    _check_spools(requests.values())
     if not requests:
         return {}
     started = time.monotonic()
@@ -140,6 +147,16 @@ def _policies(requests: Iterable[FetchRequest]) -> dict[str, EndpointPolicy]:
         if host not in out or out[host].allow_private:
             out[host] = policy
     return out
+
+
+def _check_spools(requests: Iterable[FetchRequest]) -> None:
+    """Every spool path is new, distinct, and in an existing directory."""
+    paths = [req.spool for req in requests if req.spool is not None]
+    if len(set(paths)) != len(paths):
+        raise ValueError("two requests spool to the same file")
+    for path in paths:
+        if not path.parent.is_dir() or os.path.lexists(path):
+            raise ValueError(f"spool file {path} exists, or its directory does not")
 
 
 def _check_limits(budget_s: float, min_rate: float, grace_s: float, connections: int) -> None:
@@ -231,6 +248,8 @@ async def _one(req: FetchRequest, ctx: _Context) -> Got | StoreError:
             return await _watched(req, ctx)
     except StoreError as exc:
         return exc
+    except SpoolError:
+        raise  # ours, not the peer's
     except TimeoutError as exc:
         if scope.expired():
             return FetchTimeout(f"{req.key!r} on {sanitize(req.store.location)}: no answer in time")
@@ -277,7 +296,6 @@ def _check_rate(req: FetchRequest, progress: Progress, limits: _Limits) -> None:
 async def _transfer(req: FetchRequest, ctx: _Context, progress: Progress) -> Got:
     store = req.store
     if isinstance(store, S3Store):
-        return await get_s3(ctx.session, store, req.key, req.max_bytes, progress)
-    if isinstance(store, FileStore):
-        return await ctx.threads.run(read_file, store, req.key, req.max_bytes, progress)
-    return await ctx.threads.run(read_other, store, req.key, req.max_bytes, progress)
+        return await get_s3(ctx.session, store, req.key, req.max_bytes, progress, req.spool)
+    read = read_file if isinstance(store, FileStore) else read_other
+    return await ctx.threads.run(read, store, req.key, req.max_bytes, progress, req.spool)

@@ -1,9 +1,12 @@
 """One transfer of `fetch_many`: a signed GET with aiohttp, or a read of a local file.
 
-Both hold at most ``max_bytes + 1`` bytes of an object: an announced size above the cap is refused
-before the body is read, and the body is counted while it arrives (a server that announces no
-length, or more than it sends, cannot push more). Both report what they received in `Progress`
-for the rate watchdog. Neither has its own timeouts: `fetch_many` cancels them.
+Neither takes more than ``max_bytes`` bytes of an object: an announced size above the cap is
+refused before the body is read, and the body is counted while it arrives (a server that
+announces no length, or more than it sends, cannot push more). The body goes into a `Sink`: into
+memory, or into the request's spool file, chunk by chunk, so a spooled body is never held whole
+(`protocol.stores.spool`); a transfer that fails or is cancelled leaves no spool file. Both report
+what they received in `Progress` for the rate watchdog. Neither has its own timeouts:
+`fetch_many` cancels them.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import stat
 import time
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
+from pathlib import Path
 
 import aiohttp
 from multidict import CIMultiDictProxy
@@ -30,6 +34,7 @@ from protocol.stores.errors import (
 from protocol.stores.fetch_types import Got, Progress
 from protocol.stores.file import FileStore
 from protocol.stores.s3 import S3Store
+from protocol.stores.spool import Sink
 
 __all__ = ["get_s3", "read_file", "read_other"]
 
@@ -42,7 +47,12 @@ _MAX_ETAG = 1024
 
 
 async def get_s3(
-    session: aiohttp.ClientSession, store: S3Store, key: str, max_bytes: int, progress: Progress
+    session: aiohttp.ClientSession,
+    store: S3Store,
+    key: str,
+    max_bytes: int,
+    progress: Progress,
+    spool: Path | None,
 ) -> Got:
     """One signed GET of `key`, path-style, redirects refused. A peer's endpoint passed its
     policy when the store was opened; its addresses are checked when the connector resolves it."""
@@ -54,13 +64,15 @@ async def get_s3(
         if announced is not None and announced > max_bytes:
             raise ObjectTooLarge(key, max_bytes, announced)
         progress.total = announced
-        data = await read_capped(resp.content, key, max_bytes, progress)
-        if announced is not None and len(data) != announced:
-            raise StoreUnavailable(
-                f"GET {key!r} on {store.location}: {len(data)} of {announced} bytes arrived"
-            )
+        with Sink(spool) as sink:
+            await read_capped(resp.content, key, max_bytes, progress, sink)
+            if announced is not None and sink.size != announced:
+                raise StoreUnavailable(
+                    f"GET {key!r} on {store.location}: {sink.size} of {announced} bytes arrived"
+                )
+            body = sink.finish()
         return Got(
-            data,
+            body,
             etag_of(resp.headers),
             http_date(resp.headers.get("Last-Modified")),
             time.monotonic() - progress.started,
@@ -68,16 +80,15 @@ async def get_s3(
 
 
 async def read_capped(
-    content: aiohttp.StreamReader, key: str, max_bytes: int, progress: Progress
-) -> bytes:
-    """The whole body, or `ObjectTooLarge` as soon as byte ``max_bytes + 1`` arrives."""
-    body = bytearray()
-    while chunk := await content.read(min(CHUNK, max_bytes + 1 - len(body))):
-        body += chunk
-        progress.received = len(body)
-        if len(body) > max_bytes:
+    content: aiohttp.StreamReader, key: str, max_bytes: int, progress: Progress, sink: Sink
+) -> None:
+    """The whole body into `sink`, or `ObjectTooLarge` as soon as byte ``max_bytes + 1``
+    arrives (that byte is never stored)."""
+    while chunk := await content.read(min(CHUNK, max_bytes + 1 - sink.size)):
+        progress.received = sink.size + len(chunk)
+        if progress.received > max_bytes:
             raise ObjectTooLarge(key, max_bytes)
-    return bytes(body)
+        sink.write(chunk)
 
 
 def check_status(status: int, key: str, location: str) -> None:
@@ -115,7 +126,9 @@ def http_date(value: str | None) -> datetime | None:
     return parsed.astimezone(UTC)
 
 
-def read_file(store: FileStore, key: str, max_bytes: int, progress: Progress) -> Got:
+def read_file(
+    store: FileStore, key: str, max_bytes: int, progress: Progress, spool: Path | None
+) -> Got:
     """Read a `FileStore` object (blocking; run in a worker thread), cap checked by fstat first.
 
     Reads in `FILE_CHUNK` pieces and stops at the next piece once `progress.cancelled` is set."""
@@ -133,29 +146,39 @@ def read_file(store: FileStore, key: str, max_bytes: int, progress: Progress) ->
         if st.st_size > max_bytes:
             raise ObjectTooLarge(key, max_bytes, st.st_size)
         progress.total = st.st_size
-        data = _read_fd(fd, key, max_bytes, progress)
+        with Sink(spool) as sink:
+            md5 = _read_fd(fd, key, max_bytes, progress, sink)
+            body = sink.finish()
     finally:
         os.close(fd)
-    etag = f'"{hashlib.md5(data, usedforsecurity=False).hexdigest()}"'
     modified = datetime.fromtimestamp(st.st_mtime, UTC)
-    return Got(data, etag, modified, time.monotonic() - progress.started)
+    return Got(body, f'"{md5}"', modified, time.monotonic() - progress.started)
 
 
-def _read_fd(fd: int, key: str, max_bytes: int, progress: Progress) -> bytes:
-    body = bytearray()
+def _read_fd(fd: int, key: str, max_bytes: int, progress: Progress, sink: Sink) -> str:
+    """The file's bytes into `sink`; returns their MD5 (hex)."""
+    md5 = hashlib.md5(usedforsecurity=False)
     while not progress.cancelled.is_set():
-        chunk = os.read(fd, min(FILE_CHUNK, max_bytes + 1 - len(body)))
+        chunk = os.read(fd, min(FILE_CHUNK, max_bytes + 1 - sink.size))
         if not chunk:
-            return bytes(body)
-        body += chunk
-        progress.received = len(body)
-        if len(body) > max_bytes:  # grew after the fstat
+            return md5.hexdigest()
+        progress.received = sink.size + len(chunk)
+        if progress.received > max_bytes:  # grew after the fstat
             raise ObjectTooLarge(key, max_bytes)
+        md5.update(chunk)
+        sink.write(chunk)
     raise StoreUnavailable(f"reading {key!r} was cancelled")
 
 
-def read_other(store: ReadableStore, key: str, max_bytes: int, progress: Progress) -> Got:
-    """Any other `ReadableStore`: its own `get` (blocking; not cancellable, only abandoned)."""
+def read_other(
+    store: ReadableStore, key: str, max_bytes: int, progress: Progress, spool: Path | None
+) -> Got:
+    """Any other `ReadableStore`: its own `get` (blocking; not cancellable, only abandoned; the
+    body is whole in memory once before it is spooled)."""
     data = store.get(key, max_bytes)
     progress.received = len(data)
-    return Got(data, None, None, time.monotonic() - progress.started)
+    with Sink(spool) as sink:
+        sink.write(data)
+        del data
+        body = sink.finish()
+    return Got(body, None, None, time.monotonic() - progress.started)

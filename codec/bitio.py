@@ -102,6 +102,26 @@ class BitReader:
         out &= _MASKS.take(widths)
         return out
 
+    def shift_in(self, x: np.ndarray, bits: np.ndarray) -> None:
+        """x[i] = x[i] << w | (the next field of w = bits[i + 1] bits), fields read in order from
+        the cursor on. `bits` (x.size + 1, overwritten) is scratch with the widths after its first
+        item, so that one running sum over it gives every field's position."""
+        widths = bits[1:]
+        x <<= widths
+        masks = _MASKS.take(widths)
+        bits[0] = self.cursor
+        pos = np.cumsum(bits, out=bits)
+        end = int(pos[-1])
+        if end > self.total_bits:
+            raise DecodeError(f"bit stream truncated: needs {end} bits, has {self.total_bits}")
+        self.cursor = end
+        pos = pos[:-1]
+        field = self.pairs.take(pos >> 5)
+        pos &= 31
+        field >>= pos
+        field &= masks
+        x |= field
+
     def read_uniform(self, count: int, width: int) -> np.ndarray:
         """`count` fields of the same width."""
         return self.read(np.full(count, width, dtype=np.int64))

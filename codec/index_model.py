@@ -63,9 +63,22 @@ class SplitTables:
     end: np.ndarray  # cum + freq
     coarse: np.ndarray  # int64: first candidate entry per (table, bucket)
     packed: np.ndarray  # int64: freq << 32 | cum, one gather for both
+    # the CPU decoder's records (see `record`): per entry, and per coarse bucket (its candidate's)
+    entry_record: np.ndarray
+    coarse_record: np.ndarray
 
     def table_id(self, level: int, partial: np.ndarray, m: np.ndarray) -> np.ndarray:
         return (2 * level + partial) * (self.k + 1) + m
+
+
+RECORD_BITS = 16  # each field of a record: cum < 2**15, freq <= 2**15, rel < 2**LEAF_BITS
+RECORD_MASK = (1 << RECORD_BITS) - 1
+
+
+def record(freq: np.ndarray, rel: np.ndarray, cum: np.ndarray) -> np.ndarray:
+    """An entry's freq, cum and position in its table (rel: value = rel + table_lo) in one int64,
+    freq << 32 | rel << 16 | cum, so that one gather per symbol fetches all three."""
+    return (freq << (2 * RECORD_BITS)) | (rel << RECORD_BITS) | cum
 
 
 def padded_levels(chunk_size: int) -> int:
@@ -142,6 +155,8 @@ def split_tables(chunk_size: int, k: int) -> SplitTables:
     freq = np.concatenate(bld.freqs)
     cum = np.concatenate([np.cumsum(f) - f for f in bld.freqs])
     coarse = np.concatenate(bld.coarse)
+    rel = np.concatenate([np.arange(f.size) for f in bld.freqs])
+    entry_record = record(freq, rel, cum)
     bld.los[~bld.sends] = bld.split_lo[~bld.sends]  # the certain entry stands for split_lo
     return SplitTables(
         chunk_size=chunk_size,
@@ -160,6 +175,8 @@ def split_tables(chunk_size: int, k: int) -> SplitTables:
         end=cum + freq,
         coarse=coarse,
         packed=(freq << 32) | cum,
+        entry_record=entry_record,
+        coarse_record=entry_record.take(coarse),
     )
 
 

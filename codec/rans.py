@@ -24,7 +24,7 @@ import numpy as np
 
 from codec.bitio import BitReader
 from codec.errors import DecodeError
-from codec.index_model import PRECISION_BITS, SplitTables
+from codec.index_model import PRECISION_BITS, RECORD_BITS, RECORD_MASK, SplitTables
 
 GROUP = 2
 STATE_BITS = GROUP * PRECISION_BITS  # R: 30, so every renormalisation field fits 32 bits
@@ -135,39 +135,43 @@ def decode_round(
 ) -> np.ndarray:
     """Decode one round; updates lane states `x`; returns each symbol's value (j or leaf rank).
 
-    Everything a step needs is gathered per step, so the working set stays in cache."""
+    Per step, one gather fetches the record (`codec.index_model.record`) of each symbol's
+    candidate entry from the coarse lookup; with d = slot - cum (< freq, else the candidate is
+    behind: a short forward scan), the state becomes (x >> M) * freq + d. The lookups by table
+    are gathered once for the round, the steps work in preallocated buffers, and the values come
+    out of the records at the end."""
     t = tids if rnd.perm is None else tids.take(rnd.perm)
-    values = np.empty(t.size, dtype=np.int64)
-    coarse, packed, end = tables.coarse, tables.packed, tables.end
-    cbase, cshift, vbase = tables.coarse_base, tables.coarse_shift, tables.value_base
+    base, shift = tables.coarse_base.take(t), tables.coarse_shift.take(t)
+    records = np.empty(t.size, dtype=np.int64)
+    coarse = tables.coarse_record
     xo = x if rnd.order is None else x.take(rnd.order)
+    width = rnd.busy[0]
+    buf_d, buf_f = np.empty(width, dtype=np.int64), np.empty(width, dtype=np.int64)
+    bits = np.empty(width + 1, dtype=np.int64)  # scratch: [cursor, field widths...]
     for s in range(rnd.n_steps):
         busy, sl = rnd.busy[s], rnd.step(s)
-        ts = t[sl]
-        xs = xo[:busy]
-        slot = xs & _SLOT_MASK
-        e = slot >> cshift.take(ts)
-        e += cbase.take(ts)
-        e = coarse.take(e)
-        behind = np.flatnonzero(slot >= end.take(e))
-        while behind.size:  # the few slots past their bucket's first candidate
-            e[behind] += 1
-            behind = behind[slot.take(behind) >= end.take(e.take(behind))]
-        p = packed.take(e)  # freq << 32 | cum
-        np.subtract(e, vbase.take(ts), out=values[sl])
+        xs, d, f, rec = xo[:busy], buf_d[:busy], buf_f[:busy], records[sl]
+        np.bitwise_and(xs, _SLOT_MASK, out=d)  # the slot
+        np.right_shift(d, shift[sl], out=f)
+        f += base[sl]
+        np.take(coarse, f, out=rec, mode="clip")  # in range; "raise" would copy through a buffer
+        d -= np.bitwise_and(rec, RECORD_MASK, out=f)  # cum
+        np.right_shift(rec, 2 * RECORD_BITS, out=f)  # freq
+        behind = np.flatnonzero(d >= f)
+        if behind.size:
+            _scan(rec, d, f, behind, t[sl], tables)
         xs >>= _M
-        xs *= p >> 32
-        xs += slot
-        p &= 0xFFFFFFFF
-        xs -= p
+        xs *= f
+        xs += d
         r0 = rnd.readers(s)
         if r0 < busy:
-            tail = xs[r0:]
-            nbits = _renorm_bits(tail)
-            tail <<= nbits
-            tail |= reader.read(nbits)
+            _renormalise(xs[r0:], bits[: busy - r0 + 1], reader)
     if rnd.order is not None:
         x[rnd.order] = xo
+    values = records
+    values >>= RECORD_BITS
+    values &= RECORD_MASK
+    values += tables.table_lo.take(t)
     if rnd.perm is None:
         return values
     out = np.empty_like(values)
@@ -175,10 +179,35 @@ def decode_round(
     return out
 
 
-def _renorm_bits(x: np.ndarray) -> np.ndarray:
-    """Bits that bring each decoded state back into [2**R, 2**(R+1)): R + 1 - bitlen(x)."""
-    nbits = _exponent(x)
-    np.subtract(STATE_BITS + 1 + 1022, nbits, out=nbits)
+def _scan(
+    rec: np.ndarray,
+    d: np.ndarray,
+    f: np.ndarray,
+    behind: np.ndarray,
+    tids: np.ndarray,
+    tables: SplitTables,
+) -> None:
+    """Move the symbols `behind` (slot at or past their entry's end) to the entry holding their
+    slot; `rec`, `d` and `f` follow. The next entry's cum is this one's end: d - freq."""
+    e = tables.table_start.take(tids.take(behind))
+    e += (rec.take(behind) >> RECORD_BITS) & RECORD_MASK
+    while behind.size:
+        e += 1
+        rb = tables.entry_record.take(e)
+        db = d.take(behind) - f.take(behind)
+        fb = rb >> (2 * RECORD_BITS)
+        rec[behind], d[behind], f[behind] = rb, db, fb
+        still = np.flatnonzero(db >= fb)
+        behind, e = behind.take(still), e.take(still)
+
+
+def _renormalise(x: np.ndarray, bits: np.ndarray, reader: BitReader) -> None:
+    """Shift each state back into [2**R, 2**(R+1)), reading the bits it lacks (laid out lane
+    after lane from the reader's cursor). `bits` is a scratch buffer of x.size + 1."""
+    nbits = bits[1:]
+    ex = x.astype(np.float64).view(np.int64)
+    ex >>= 52  # the exponent field: bit length + 1022 (0 for x = 0)
+    np.subtract(STATE_BITS + 1 + 1022, ex, out=nbits)
     if nbits.max(initial=0) > STATE_BITS:  # x == 0 (exponent field 0) lands here too
         raise DecodeError("index stream is corrupt: a lane state collapsed")
-    return nbits
+    reader.shift_in(x, bits)

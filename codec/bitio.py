@@ -108,7 +108,8 @@ class BitReader:
         item, so that one running sum over it gives every field's position."""
         widths = bits[1:]
         x <<= widths
-        masks = _MASKS.take(widths)
+        masks = np.left_shift(1, widths)
+        masks -= 1
         bits[0] = self.cursor
         pos = np.cumsum(bits, out=bits)
         end = int(pos[-1])

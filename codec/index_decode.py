@@ -41,7 +41,8 @@ def decode_body(
     levels = tables.levels
     reader = BitReader(body)
     x = reader.read_uniform(n, STATE_BITS) | STATE_LOW
-    out = np.empty(n * k, dtype=np.int64)
+    # positions are written in scattered order: the narrowest type keeps the array in cache
+    out = np.empty(n * k, dtype=np.int16 if chunk_size <= 1 << 15 else np.int32)
     lone: list[_Lone] = []
     if k == 1 and chunk_size == 1 << levels:
         lone.append((np.arange(n, dtype=np.int64), np.zeros(n, np.int64), levels))
@@ -52,8 +53,9 @@ def decode_body(
     widths = np.concatenate([np.full(p.size, w, np.int64) for p, _, w in lone])
     raw = _read_raw(reader, x, widths, n)
     slots = np.concatenate([p for p, _, _ in lone])
-    out[slots] = np.concatenate([s for _, s, _ in lone]) + raw
-    return out.reshape(n, k)
+    raw += np.concatenate([s for _, s, _ in lone])
+    out[slots] = raw.astype(out.dtype)
+    return out.astype(np.int64).reshape(n, k)
 
 
 def _decode_splits(
@@ -191,7 +193,8 @@ def _write_leaves(
         group = np.flatnonzero(m == mm)
         if group.size:
             rows = leaf_columns(size, mm).take(rank.take(group), axis=1)  # (mm, leaves)
-            rows += start.take(group)
+            rows = rows.astype(out.dtype, copy=False)
+            rows += start.take(group).astype(out.dtype)
             out[dst.take(group) + np.arange(mm)[:, None]] = rows
 
 

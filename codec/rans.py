@@ -24,13 +24,14 @@ import numpy as np
 
 from codec.bitio import BitReader
 from codec.errors import DecodeError
-from codec.index_model import PRECISION_BITS, RECORD_BITS, RECORD_MASK, SplitTables
+from codec.index_model import KEY_BITS, PRECISION_BITS, RECORD_BITS, RECORD_MASK, SplitTables
 
 GROUP = 2
 STATE_BITS = GROUP * PRECISION_BITS  # R: 30, so every renormalisation field fits 32 bits
 STATE_LOW = 1 << STATE_BITS
 _M = PRECISION_BITS
 _SLOT_MASK = (1 << PRECISION_BITS) - 1
+_KEY_MASK = (1 << KEY_BITS) - 1
 
 
 def _exponent(x: np.ndarray) -> np.ndarray:
@@ -137,41 +138,40 @@ def decode_round(
 
     Per step, one gather fetches the record (`codec.index_model.record`) of each symbol's
     candidate entry from the coarse lookup; with d = slot - cum (< freq, else the candidate is
-    behind: a short forward scan), the state becomes (x >> M) * freq + d. The lookups by table
-    are gathered once for the round, the steps work in preallocated buffers, and the values come
-    out of the records at the end."""
+    behind: a short forward scan), the state becomes (x >> M) * freq + d. Everything a step needs
+    is gathered per step, into preallocated buffers, so the working set stays in cache."""
     t = tids if rnd.perm is None else tids.take(rnd.perm)
-    base, shift = tables.coarse_base.take(t), tables.coarse_shift.take(t)
-    records = np.empty(t.size, dtype=np.int64)
-    coarse = tables.coarse_record
+    values = np.empty(t.size, dtype=np.int64)
+    coarse, key = tables.coarse_record, tables.coarse_key
     xo = x if rnd.order is None else x.take(rnd.order)
-    width = rnd.busy[0]
-    buf_d, buf_f = np.empty(width, dtype=np.int64), np.empty(width, dtype=np.int64)
-    bits = np.empty(width + 1, dtype=np.int64)  # scratch: [cursor, field widths...]
+    buf = np.empty((4, rnd.busy[0]), dtype=np.int64)
+    bits = np.empty(rnd.busy[0] + 1, dtype=np.int64)  # scratch: [cursor, field widths...]
     for s in range(rnd.n_steps):
         busy, sl = rnd.busy[s], rnd.step(s)
-        xs, d, f, rec = xo[:busy], buf_d[:busy], buf_f[:busy], records[sl]
+        ts = t[sl]
+        xs, d, f, rec, g = xo[:busy], *buf[:, :busy]
         np.bitwise_and(xs, _SLOT_MASK, out=d)  # the slot
-        np.right_shift(d, shift[sl], out=f)
-        f += base[sl]
-        np.take(coarse, f, out=rec, mode="clip")  # in range; "raise" would copy through a buffer
+        np.take(key, ts, out=g, mode="clip")  # in range; "raise" would copy through a buffer
+        np.right_shift(d, np.bitwise_and(g, _KEY_MASK, out=f), out=f)
+        g >>= KEY_BITS
+        f += g
+        np.take(coarse, f, out=rec, mode="clip")
         d -= np.bitwise_and(rec, RECORD_MASK, out=f)  # cum
         np.right_shift(rec, 2 * RECORD_BITS, out=f)  # freq
         behind = np.flatnonzero(d >= f)
         if behind.size:
-            _scan(rec, d, f, behind, t[sl], tables)
+            _scan(rec, d, f, behind, ts, tables)
         xs >>= _M
         xs *= f
         xs += d
+        np.bitwise_and(
+            np.right_shift(rec, RECORD_BITS, out=values[sl]), RECORD_MASK, out=values[sl]
+        )
         r0 = rnd.readers(s)
         if r0 < busy:
             _renormalise(xs[r0:], bits[: busy - r0 + 1], reader)
     if rnd.order is not None:
         x[rnd.order] = xo
-    values = records
-    values >>= RECORD_BITS
-    values &= RECORD_MASK
-    values += tables.table_lo.take(t)
     if rnd.perm is None:
         return values
     out = np.empty_like(values)
@@ -189,7 +189,7 @@ def _scan(
 ) -> None:
     """Move the symbols `behind` (slot at or past their entry's end) to the entry holding their
     slot; `rec`, `d` and `f` follow. The next entry's cum is this one's end: d - freq."""
-    e = tables.table_start.take(tids.take(behind))
+    e = tables.value_base.take(tids.take(behind))  # entry = value_base + value
     e += (rec.take(behind) >> RECORD_BITS) & RECORD_MASK
     while behind.size:
         e += 1

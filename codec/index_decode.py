@@ -21,6 +21,7 @@ from codec.index_nodes import (
     dense_depth,
     grid_busy_t,
     grid_eff,
+    grid_leaves,
     grid_tids,
     transposed,
 )
@@ -87,8 +88,8 @@ def _dense_phase(
 ) -> Nodes:
     """Grid levels. Grids are cell-major, (cells, n), the order the round decodes them in, so a
     cell's row is one rANS step and the one cell per level that straddles C is one row to fix.
-    Counts (<= k <= 1024) are int16 and output slots int32 (while n * k fits): the grids are
-    the bulk of the work, and narrow integers cut its memory traffic to a quarter."""
+    Counts (<= k <= 1024) and values are int16, table ids and output slots int32 (while n * k
+    fits): the grids are the bulk of the work, and narrow integers cut its memory traffic."""
     k = tables.k
     levels = tables.levels
     m = np.full((1, n), k, dtype=np.int16)
@@ -99,10 +100,12 @@ def _dense_phase(
         cells = 1 << level
         eff = grid_eff(tables, level)
         busy = grid_busy_t(m, eff, size)
-        tid = grid_tids(tables, level, np.zeros(1, np.int64), eff)[:, None] + m * busy
+        mb = m * busy  # the count where the cell codes one, else 0
+        tid = mb.astype(np.int32)  # table ids < 2**31, as rounds read them
+        tid += grid_tids(tables, level, np.zeros(1, np.int32), eff)[:, None]
         left = rounds(x, Round.grid(n, cells), tid.reshape(-1), tables, reader)
-        left = left.astype(np.int16).reshape(cells, n)
-        if size <= MAX_LEAF_BLOCK and (leaf := tables.is_leaf.take(tid)).any():
+        left = left.astype(np.int16, copy=False).reshape(cells, n)
+        if size <= MAX_LEAF_BLOCK and (leaf := grid_leaves(tables, level, mb, eff)).any():
             # a leaf's value is its rank: it writes its positions and has no children
             at = np.flatnonzero(leaf)
             _write_leaves(

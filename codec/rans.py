@@ -18,6 +18,7 @@ of once per symbol halves the renormalisation work. A step's fields are laid out
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +33,8 @@ STATE_LOW = 1 << STATE_BITS
 _M = PRECISION_BITS
 _SLOT_MASK = (1 << PRECISION_BITS) - 1
 _KEY_MASK = (1 << KEY_BITS) - 1
+# a record's value field (bits 16..31, < 2**15) is one of the int16s of its int64
+_VALUE_AT = RECORD_BITS // 16 if sys.byteorder == "little" else 3 - RECORD_BITS // 16
 
 
 def _exponent(x: np.ndarray) -> np.ndarray:
@@ -134,14 +137,15 @@ def encode_round(
 def decode_round(
     x: np.ndarray, rnd: Round, tids: np.ndarray, tables: SplitTables, reader: BitReader
 ) -> np.ndarray:
-    """Decode one round; updates lane states `x`; returns each symbol's value (j or leaf rank).
+    """Decode one round; updates lane states `x`; returns each symbol's value (j or leaf rank,
+    int16).
 
     Per step, one gather fetches the record (`codec.index_model.record`) of each symbol's
     candidate entry from the coarse lookup; with d = slot - cum (< freq, else the candidate is
     behind: a short forward scan), the state becomes (x >> M) * freq + d. Everything a step needs
     is gathered per step, into preallocated buffers, so the working set stays in cache."""
     t = tids if rnd.perm is None else tids.take(rnd.perm)
-    values = np.empty(t.size, dtype=np.int64)
+    values = np.empty(t.size, dtype=np.int16)
     coarse, key = tables.coarse_record, tables.coarse_key
     xo = x if rnd.order is None else x.take(rnd.order)
     buf = np.empty((4, rnd.busy[0]), dtype=np.int64)
@@ -164,9 +168,7 @@ def decode_round(
         xs >>= _M
         xs *= f
         xs += d
-        np.bitwise_and(
-            np.right_shift(rec, RECORD_BITS, out=values[sl]), RECORD_MASK, out=values[sl]
-        )
+        np.copyto(values[sl], rec.view(np.int16)[_VALUE_AT::4])
         r0 = rnd.readers(s)
         if r0 < busy:
             _renormalise(xs[r0:], bits[: busy - r0 + 1], reader)

@@ -51,8 +51,7 @@ def decode_body(
         dense = dense_depth(k, levels)
         nodes = _dense_phase(x, tables, reader, rounds, n, dense, out, lone)
         _sparse_phase(x, tables, reader, rounds, n, dense, nodes, out, lone)
-    widths = np.concatenate([np.full(p.size, w, np.int64) for p, _, w in lone])
-    raw = _read_raw(reader, x, widths, n)
+    raw = _read_raw(reader, x, [(p.size, w) for p, _, w in lone], n)
     slots = np.concatenate([p for p, _, _ in lone])
     raw += np.concatenate([s for _, s, _ in lone])
     out[slots] = raw.astype(out.dtype)
@@ -106,12 +105,16 @@ def _dense_phase(
         left = rounds(x, Round.grid(n, cells), tid.reshape(-1), tables, reader)
         left = left.astype(np.int16, copy=False).reshape(cells, n)
         if size <= MAX_LEAF_BLOCK and (leaf := grid_leaves(tables, level, mb, eff)).any():
-            # a leaf's value is its rank: it writes its positions and has no children
-            at = np.flatnonzero(leaf)
+            # a leaf's value is its rank: it writes its positions and has no children. Taken in
+            # (chunk, position) order (transposing the one-byte mask), leaves write `out` in order
+            at = np.flatnonzero(transposed(leaf))
+            cell = at & (cells - 1)
+            at >>= level
+            at += cell * n
             _write_leaves(
                 out,
                 dst.reshape(-1).take(at),
-                (at // n) * size,
+                cell * size,
                 m.reshape(-1).take(at),
                 left.reshape(-1).take(at),
                 size,
@@ -133,7 +136,8 @@ def _dense_phase(
         single[odd] = False  # a lone position must fill a whole power-of-two block
         at = np.flatnonzero(single)
         lone.append((dst.reshape(-1).take(at), (at // n) * half, levels - level - 1))
-        if ((child_eff > 0) & (child_eff <= k)).any():  # else no child can be full
+        sizes = child_eff[child_eff > 0]
+        if sizes.min() <= min(k, int(m.max())):  # else no child can be full
             full = m == half
             full[odd] = (m[odd] == child_eff[odd, None]) & (m[odd] > 0)
             if full.any():
@@ -207,9 +211,10 @@ def _write_full(out: np.ndarray, dst: np.ndarray, start: np.ndarray, eff: np.nda
     out[np.repeat(dst, eff) + within] = np.repeat(start, eff) + within
 
 
-def _read_raw(reader: BitReader, x: np.ndarray, widths: np.ndarray, n: int) -> np.ndarray:
-    """Raw fields: the explicit part from the stream, the rest from the lanes' final states."""
-    total = int(widths.sum())
+def _read_raw(reader: BitReader, x: np.ndarray, runs: list[tuple[int, int]], n: int) -> np.ndarray:
+    """Raw fields, given as runs of (count, width): the explicit part from the stream, the rest
+    from the lanes' final states."""
+    total = sum(count * width for count, width in runs)
     back = min(STATE_BITS, total // n)
     tail = x - STATE_LOW
     if (tail >> back).any():
@@ -224,5 +229,5 @@ def _read_raw(reader: BitReader, x: np.ndarray, widths: np.ndarray, n: int) -> n
     reader.check_padding()
     vals = np.concatenate([head, tail]) if back else head
     wids = np.concatenate([pieces, np.full(n, back, np.int64)]) if back else pieces
-    joined, _ = pack_fields(vals, wids)
-    return BitReader(joined).read(widths)
+    joined = BitReader(pack_fields(vals, wids)[0])
+    return np.concatenate([joined.read_uniform(count, width) for count, width in runs])

@@ -75,11 +75,14 @@ class BitReader:
         self.total_bits = buf.size * 8
         padded = np.zeros(((buf.size + 3) // 4 + 2) * 4, dtype=np.uint8)
         padded[: buf.size] = buf
-        words = padded.view("<u4").astype(_U64)
-        # pairs[i] = words[i] | words[i+1] << 32: any field of <= 32 bits at bit offset < 32 of
-        # word i lies inside pairs[i].
+        # pairs[i] = words[i] | words[i+1] << 32 (32-bit little-endian words): any field of <= 32
+        # bits at bit offset < 32 of word i lies inside pairs[i]. It is the 64-bit little-endian
+        # value at byte 4 * i: the even ones and the odd ones are two views of the bytes.
         # Stored as int64: a masked field of <= 32 bits at offset < 32 never reaches bit 63.
-        self.pairs = (words[:-1] | (words[1:] << _U64(32))).view(np.int64)
+        n_pairs = padded.size // 4 - 1
+        self.pairs = np.empty(n_pairs, dtype=np.int64)
+        self.pairs[0::2] = padded[: 8 * ((n_pairs + 1) // 2)].view("<i8")
+        self.pairs[1::2] = padded[4 : 4 + 8 * (n_pairs // 2)].view("<i8")
         self.cursor = start_bit
         self.copies: dict[str, object] = {}  # `pairs` on other devices (`codec.gpu.rans`)
 

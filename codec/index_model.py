@@ -16,8 +16,10 @@ uniform symbol, its colex rank, which is exact too and saves the many tiny split
 the tree.
 
 Probabilities are quantised to `PRECISION_BITS` for rANS with every possible value kept at a
-frequency >= 1. Entry 0 of the flat arrays is the certain symbol (frequency 2**PRECISION_BITS):
-every table that sends nothing points at it, with the value it stands for (its only split).
+frequency >= 1. A table that sends nothing codes a certain symbol (frequency 2**PRECISION_BITS):
+a forced split has its own such entry, standing for its only value; every other one (m = 0,
+or a count no node of its class can hold) points at entry 0 of the flat arrays, standing for 0:
+so every entry stands for one value.
 Tables are indexed by (class, m), the class being (level, full | partial): at each level every
 node but the one straddling C is full. Decoding a slot uses a coarse lookup table
 (256 buckets per split table, a direct table per leaf table) and a short forward scan.
@@ -52,7 +54,7 @@ class SplitTables:
     is_leaf: np.ndarray  # bool: a uniform rank over the node's whole subset
     sends: np.ndarray  # bool: the node sends a symbol (a leaf, or a split that is not forced)
     split_lo: np.ndarray  # int64: the smallest possible left count (the only one if forced)
-    value_base: np.ndarray  # int64: table_start - table_lo (entry - value_base = value)
+    value_base: np.ndarray  # int64: first entry - its value (entry - value_base = value)
     coarse_base: np.ndarray  # int64: where the table's coarse lookup starts
     coarse_shift: np.ndarray  # int64: slot >> shift indexes the coarse lookup
     coarse_key: np.ndarray  # int64: coarse_base << KEY_BITS | coarse_shift, one gather for both

@@ -75,11 +75,14 @@ class BitReader:
         self.total_bits = buf.size * 8
         padded = np.zeros(((buf.size + 3) // 4 + 2) * 4, dtype=np.uint8)
         padded[: buf.size] = buf
-        words = padded.view("<u4").astype(_U64)
-        # pairs[i] = words[i] | words[i+1] << 32: any field of <= 32 bits at bit offset < 32 of
-        # word i lies inside pairs[i].
+        # pairs[i] = words[i] | words[i+1] << 32 (32-bit little-endian words): any field of <= 32
+        # bits at bit offset < 32 of word i lies inside pairs[i]. It is the 64-bit little-endian
+        # value at byte 4 * i: the even ones and the odd ones are two views of the bytes.
         # Stored as int64: a masked field of <= 32 bits at offset < 32 never reaches bit 63.
-        self.pairs = (words[:-1] | (words[1:] << _U64(32))).view(np.int64)
+        n_pairs = padded.size // 4 - 1
+        self.pairs = np.empty(n_pairs, dtype=np.int64)
+        self.pairs[0::2] = padded[: 8 * ((n_pairs + 1) // 2)].view("<i8")
+        self.pairs[1::2] = padded[4 : 4 + 8 * (n_pairs // 2)].view("<i8")
         self.cursor = start_bit
         self.copies: dict[str, object] = {}  # `pairs` on other devices (`codec.gpu.rans`)
 
@@ -102,9 +105,38 @@ class BitReader:
         out &= _MASKS.take(widths)
         return out
 
+    def shift_in(self, x: np.ndarray, bits: np.ndarray) -> None:
+        """x[i] = x[i] << w | (the next field of w = bits[i + 1] bits), fields read in order from
+        the cursor on. `bits` (x.size + 1, overwritten) is scratch with the widths after its first
+        item, so that one running sum over it gives every field's position."""
+        widths = bits[1:]
+        x <<= widths
+        masks = np.left_shift(1, widths)
+        masks -= 1
+        bits[0] = self.cursor
+        pos = np.cumsum(bits, out=bits)
+        end = int(pos[-1])
+        if end > self.total_bits:
+            raise DecodeError(f"bit stream truncated: needs {end} bits, has {self.total_bits}")
+        self.cursor = end
+        pos = pos[:-1]
+        field = self.pairs.take(pos >> 5)
+        pos &= 31
+        field >>= pos
+        field &= masks
+        x |= field
+
     def read_uniform(self, count: int, width: int) -> np.ndarray:
-        """`count` fields of the same width."""
-        return self.read(np.full(count, width, dtype=np.int64))
+        """`count` fields of the same width (their positions need no running sum)."""
+        end = self.cursor + count * width
+        if end > self.total_bits:
+            raise DecodeError(f"bit stream truncated: needs {end} bits, has {self.total_bits}")
+        pos = self.cursor + np.arange(count, dtype=np.int64) * width
+        self.cursor = end
+        out = self.pairs.take(pos >> 5)
+        out >>= pos & 31
+        out &= (1 << width) - 1
+        return out
 
     def check_padding(self) -> None:
         """Everything after the cursor must be zero padding inside the last byte."""

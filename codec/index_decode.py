@@ -21,6 +21,7 @@ from codec.index_nodes import (
     dense_depth,
     grid_busy_t,
     grid_eff,
+    grid_leaves,
     grid_tids,
     transposed,
 )
@@ -41,7 +42,8 @@ def decode_body(
     levels = tables.levels
     reader = BitReader(body)
     x = reader.read_uniform(n, STATE_BITS) | STATE_LOW
-    out = np.empty(n * k, dtype=np.int64)
+    # positions are written in scattered order: the narrowest type keeps the array in cache
+    out = np.empty(n * k, dtype=np.int16 if chunk_size <= 1 << 15 else np.int32)
     lone: list[_Lone] = []
     if k == 1 and chunk_size == 1 << levels:
         lone.append((np.arange(n, dtype=np.int64), np.zeros(n, np.int64), levels))
@@ -49,11 +51,11 @@ def decode_body(
         dense = dense_depth(k, levels)
         nodes = _dense_phase(x, tables, reader, rounds, n, dense, out, lone)
         _sparse_phase(x, tables, reader, rounds, n, dense, nodes, out, lone)
-    widths = np.concatenate([np.full(p.size, w, np.int64) for p, _, w in lone])
-    raw = _read_raw(reader, x, widths, n)
+    raw = _read_raw(reader, x, [(p.size, w) for p, _, w in lone], n)
     slots = np.concatenate([p for p, _, _ in lone])
-    out[slots] = np.concatenate([s for _, s, _ in lone]) + raw
-    return out.reshape(n, k)
+    raw += np.concatenate([s for _, s, _ in lone])
+    out[slots] = raw.astype(out.dtype)
+    return out.astype(np.int64).reshape(n, k)
 
 
 def _decode_splits(
@@ -85,8 +87,8 @@ def _dense_phase(
 ) -> Nodes:
     """Grid levels. Grids are cell-major, (cells, n), the order the round decodes them in, so a
     cell's row is one rANS step and the one cell per level that straddles C is one row to fix.
-    Counts (<= k <= 1024) are int16 and output slots int32 (while n * k fits): the grids are
-    the bulk of the work, and narrow integers cut its memory traffic to a quarter."""
+    Counts (<= k <= 1024) and values are int16, table ids and output slots int32 (while n * k
+    fits): the grids are the bulk of the work, and narrow integers cut its memory traffic."""
     k = tables.k
     levels = tables.levels
     m = np.full((1, n), k, dtype=np.int16)
@@ -97,16 +99,22 @@ def _dense_phase(
         cells = 1 << level
         eff = grid_eff(tables, level)
         busy = grid_busy_t(m, eff, size)
-        tid = grid_tids(tables, level, np.zeros(1, np.int64), eff)[:, None] + m * busy
+        mb = m * busy  # the count where the cell codes one, else 0
+        tid = mb.astype(np.int32)  # table ids < 2**31, as rounds read them
+        tid += grid_tids(tables, level, np.zeros(1, np.int32), eff)[:, None]
         left = rounds(x, Round.grid(n, cells), tid.reshape(-1), tables, reader)
-        left = left.astype(np.int16).reshape(cells, n)
-        if size <= MAX_LEAF_BLOCK and (leaf := tables.is_leaf.take(tid)).any():
-            # a leaf's value is its rank: it writes its positions and has no children
-            at = np.flatnonzero(leaf)
+        left = left.astype(np.int16, copy=False).reshape(cells, n)
+        if size <= MAX_LEAF_BLOCK and (leaf := grid_leaves(tables, level, mb, eff)).any():
+            # a leaf's value is its rank: it writes its positions and has no children. Taken in
+            # (chunk, position) order (transposing the one-byte mask), leaves write `out` in order
+            at = np.flatnonzero(transposed(leaf))
+            cell = at & (cells - 1)
+            at >>= level
+            at += cell * n
             _write_leaves(
                 out,
                 dst.reshape(-1).take(at),
-                (at // n) * size,
+                cell * size,
                 m.reshape(-1).take(at),
                 left.reshape(-1).take(at),
                 size,
@@ -128,7 +136,8 @@ def _dense_phase(
         single[odd] = False  # a lone position must fill a whole power-of-two block
         at = np.flatnonzero(single)
         lone.append((dst.reshape(-1).take(at), (at // n) * half, levels - level - 1))
-        if ((child_eff > 0) & (child_eff <= k)).any():  # else no child can be full
+        sizes = child_eff[child_eff > 0]
+        if sizes.min() <= min(k, int(m.max())):  # else no child can be full
             full = m == half
             full[odd] = (m[odd] == child_eff[odd, None]) & (m[odd] > 0)
             if full.any():
@@ -191,7 +200,8 @@ def _write_leaves(
         group = np.flatnonzero(m == mm)
         if group.size:
             rows = leaf_columns(size, mm).take(rank.take(group), axis=1)  # (mm, leaves)
-            rows += start.take(group)
+            rows = rows.astype(out.dtype, copy=False)
+            rows += start.take(group).astype(out.dtype)
             out[dst.take(group) + np.arange(mm)[:, None]] = rows
 
 
@@ -201,9 +211,10 @@ def _write_full(out: np.ndarray, dst: np.ndarray, start: np.ndarray, eff: np.nda
     out[np.repeat(dst, eff) + within] = np.repeat(start, eff) + within
 
 
-def _read_raw(reader: BitReader, x: np.ndarray, widths: np.ndarray, n: int) -> np.ndarray:
-    """Raw fields: the explicit part from the stream, the rest from the lanes' final states."""
-    total = int(widths.sum())
+def _read_raw(reader: BitReader, x: np.ndarray, runs: list[tuple[int, int]], n: int) -> np.ndarray:
+    """Raw fields, given as runs of (count, width): the explicit part from the stream, the rest
+    from the lanes' final states."""
+    total = sum(count * width for count, width in runs)
     back = min(STATE_BITS, total // n)
     tail = x - STATE_LOW
     if (tail >> back).any():
@@ -218,5 +229,5 @@ def _read_raw(reader: BitReader, x: np.ndarray, widths: np.ndarray, n: int) -> n
     reader.check_padding()
     vals = np.concatenate([head, tail]) if back else head
     wids = np.concatenate([pieces, np.full(n, back, np.int64)]) if back else pieces
-    joined, _ = pack_fields(vals, wids)
-    return BitReader(joined).read(widths)
+    joined = BitReader(pack_fields(vals, wids)[0])
+    return np.concatenate([joined.read_uniform(count, width) for count, width in runs])

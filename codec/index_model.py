@@ -16,8 +16,10 @@ uniform symbol, its colex rank, which is exact too and saves the many tiny split
 the tree.
 
 Probabilities are quantised to `PRECISION_BITS` for rANS with every possible value kept at a
-frequency >= 1. Entry 0 of the flat arrays is the certain symbol (frequency 2**PRECISION_BITS):
-every table that sends nothing points at it, with the value it stands for (its only split).
+frequency >= 1. A table that sends nothing codes a certain symbol (frequency 2**PRECISION_BITS):
+a forced split has its own such entry, standing for its only value; every other one (m = 0,
+or a count no node of its class can hold) points at entry 0 of the flat arrays, standing for 0:
+so every entry stands for one value.
 Tables are indexed by (class, m), the class being (level, full | partial): at each level every
 node but the one straddling C is full. Decoding a slot uses a coarse lookup table
 (256 buckets per split table, a direct table per leaf table) and a short forward scan.
@@ -49,23 +51,36 @@ class SplitTables:
     k: int
     levels: int  # L: the padded chunk has 2**L positions
     # per table (id = (2 * level + partial) * (k + 1) + m)
-    table_start: np.ndarray  # int64: first entry in the flat arrays (0, certain: sends nothing)
-    table_lo: np.ndarray  # int64: the value the first entry stands for
     is_leaf: np.ndarray  # bool: a uniform rank over the node's whole subset
     sends: np.ndarray  # bool: the node sends a symbol (a leaf, or a split that is not forced)
     split_lo: np.ndarray  # int64: the smallest possible left count (the only one if forced)
-    value_base: np.ndarray  # int64: table_start - table_lo (entry - value_base = value)
+    value_base: np.ndarray  # int64: first entry - its value (entry - value_base = value)
     coarse_base: np.ndarray  # int64: where the table's coarse lookup starts
     coarse_shift: np.ndarray  # int64: slot >> shift indexes the coarse lookup
+    coarse_key: np.ndarray  # int64: coarse_base << KEY_BITS | coarse_shift, one gather for both
     # per entry (int64)
     freq: np.ndarray
     cum: np.ndarray
     end: np.ndarray  # cum + freq
     coarse: np.ndarray  # int64: first candidate entry per (table, bucket)
     packed: np.ndarray  # int64: freq << 32 | cum, one gather for both
+    # the CPU decoder's records (see `record`): per entry, and per coarse bucket (its candidate's)
+    entry_record: np.ndarray
+    coarse_record: np.ndarray
 
     def table_id(self, level: int, partial: np.ndarray, m: np.ndarray) -> np.ndarray:
         return (2 * level + partial) * (self.k + 1) + m
+
+
+KEY_BITS = 4  # coarse shifts are at most PRECISION_BITS
+RECORD_BITS = 16  # each field of a record: cum < 2**15, freq <= 2**15, value < 2**LEAF_BITS
+RECORD_MASK = (1 << RECORD_BITS) - 1
+
+
+def record(freq: np.ndarray, value: np.ndarray, cum: np.ndarray) -> np.ndarray:
+    """An entry's freq, cum and value (j or leaf rank) in one int64, freq << 32 | value << 16 |
+    cum, so that one gather per symbol fetches all three."""
+    return (freq << (2 * RECORD_BITS)) | (value << RECORD_BITS) | cum
 
 
 def padded_levels(chunk_size: int) -> int:
@@ -87,20 +102,25 @@ class _Builder:
         self.split_lo = np.zeros(n_tables, dtype=np.int64)
         self.cbase = np.zeros(n_tables, dtype=np.int64)
         # Entry 0 (and coarse slot 0) is the certain symbol: frequency TOTAL_FREQ, so coding it
-        # leaves the state as it is. Every table that sends nothing points there (slot >> M = 0).
+        # leaves the state as it is. Every table that sends nothing and has no certain entry of
+        # its own (a forced split's, see `add`) points there (slot >> M = 0): its value is 0.
         self.cshift = np.full(n_tables, PRECISION_BITS, dtype=np.int64)
         self.freqs: list[np.ndarray] = [np.array([TOTAL_FREQ], dtype=np.int64)]
+        self.values: list[np.ndarray] = [np.zeros(1, dtype=np.int64)]  # what each entry stands for
         self.coarse: list[np.ndarray] = [np.zeros(1, dtype=np.int64)]
         self.n_entries = 1
         self.n_coarse = 1
 
     def add(self, tid: int, lo: int, f: np.ndarray, leaf: bool) -> None:
+        """A table: values lo, lo + 1, ... with frequencies `f` (a single TOTAL_FREQ: a forced
+        split, which sends nothing but has its own certain entry, standing for its value lo)."""
         cum = np.cumsum(f) - f
-        shift = 0 if leaf else PRECISION_BITS - COARSE_BITS
+        shift = PRECISION_BITS if f.size == 1 else 0 if leaf else PRECISION_BITS - COARSE_BITS
         buckets = np.arange(TOTAL_FREQ >> shift, dtype=np.int64) << shift
         self.starts[tid], self.los[tid], self.leaf[tid] = self.n_entries, lo, leaf
-        self.sends[tid] = True
+        self.sends[tid] = f.size > 1
         self.cbase[tid], self.cshift[tid] = self.n_coarse, shift
+        self.values.append(lo + np.arange(f.size, dtype=np.int64))
         self.coarse.append(self.n_entries + np.searchsorted(cum + f, buckets, side="right"))
         self.freqs.append(f)
         self.n_entries += f.size
@@ -133,8 +153,9 @@ def split_tables(chunk_size: int, k: int) -> SplitTables:
                     continue
                 lo, hi = max(0, m - b), min(m, a)
                 bld.split_lo[tid] = lo
-                if hi == lo:
-                    continue  # forced split: no symbol
+                if hi == lo:  # forced split: no symbol
+                    bld.add(tid, lo, np.array([TOTAL_FREQ], dtype=np.int64), False)
+                    continue
                 j = np.arange(lo, hi + 1)
                 logp = (lf[a] - lf[j] - lf[a - j]) + (lf[b] - lf[m - j] - lf[b - m + j])
                 logp -= lf[e] - lf[m] - lf[e - m]
@@ -142,24 +163,25 @@ def split_tables(chunk_size: int, k: int) -> SplitTables:
     freq = np.concatenate(bld.freqs)
     cum = np.concatenate([np.cumsum(f) - f for f in bld.freqs])
     coarse = np.concatenate(bld.coarse)
-    bld.los[~bld.sends] = bld.split_lo[~bld.sends]  # the certain entry stands for split_lo
+    entry_record = record(freq, np.concatenate(bld.values), cum)
     return SplitTables(
         chunk_size=chunk_size,
         k=k,
         levels=levels,
-        table_start=bld.starts,
-        table_lo=bld.los,
         is_leaf=bld.leaf,
         sends=bld.sends,
         split_lo=bld.split_lo,
         value_base=bld.starts - bld.los,
         coarse_base=bld.cbase,
         coarse_shift=bld.cshift,
+        coarse_key=(bld.cbase << KEY_BITS) | bld.cshift,
         freq=freq,
         cum=cum,
         end=cum + freq,
         coarse=coarse,
         packed=(freq << 32) | cum,
+        entry_record=entry_record,
+        coarse_record=entry_record.take(coarse),
     )
 
 
@@ -195,5 +217,6 @@ def leaf_subsets(e: int, m: int) -> np.ndarray:
 
 @lru_cache(maxsize=128)
 def leaf_columns(e: int, m: int) -> np.ndarray:
-    """`leaf_subsets(e, m)` transposed: column r holds the subset of colex rank r."""
-    return np.ascontiguousarray(leaf_subsets(e, m).T)
+    """`leaf_subsets(e, m)` transposed (int16: e <= MAX_LEAF_BLOCK): column r holds the subset
+    of colex rank r."""
+    return np.ascontiguousarray(leaf_subsets(e, m).T, dtype=np.int16)

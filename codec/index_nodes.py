@@ -142,6 +142,25 @@ def grid_tids(tables: SplitTables, level: int, m: np.ndarray, eff: np.ndarray) -
     return m + ((2 * level + partial) * (tables.k + 1))
 
 
+def grid_leaves(tables: SplitTables, level: int, mb: np.ndarray, eff: np.ndarray) -> np.ndarray:
+    """Cells of a cell-major (2**level, n) grid whose table is a leaf, from `mb` (int16: the
+    count where the cell codes a symbol, else 0). Leaves are full-size cells whose count lies in
+    the runs of leaf counts of the level's table (C(size, m) is unimodal in m: at most two runs),
+    tested with compares instead of a gather by table id."""
+    k = tables.k
+    first = 2 * level * (k + 1)  # the level's full-size tables
+    counts = np.flatnonzero(tables.is_leaf[first : first + k + 1])
+    leaf = np.zeros(mb.shape, dtype=bool)
+    if counts.size == 0:
+        return leaf
+    ends = np.flatnonzero(np.diff(counts) != 1)
+    runs = zip(counts[np.r_[0, ends + 1]].tolist(), counts[np.r_[ends, -1]].tolist(), strict=True)
+    for lo, hi in runs:
+        leaf |= (mb - lo).view(np.uint16) <= hi - lo  # lo <= mb <= hi (lo >= 2 > 0)
+    leaf[np.flatnonzero(eff != 1 << (tables.levels - level))] = False  # partial: never a leaf
+    return leaf
+
+
 def grid_busy_t(m: np.ndarray, eff: np.ndarray, size: int) -> np.ndarray:
     """`grid_busy` of a cell-major (2**level, n) grid: 2 <= m < size, but 1 <= m < e in the cell
     straddling C (where a lone position is no full block) and none in the cells past it. `m` is

@@ -18,19 +18,23 @@ of once per symbol halves the renormalisation work. A step's fields are laid out
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import numpy as np
 
 from codec.bitio import BitReader
 from codec.errors import DecodeError
-from codec.index_model import PRECISION_BITS, SplitTables
+from codec.index_model import KEY_BITS, PRECISION_BITS, RECORD_BITS, RECORD_MASK, SplitTables
 
 GROUP = 2
 STATE_BITS = GROUP * PRECISION_BITS  # R: 30, so every renormalisation field fits 32 bits
 STATE_LOW = 1 << STATE_BITS
 _M = PRECISION_BITS
 _SLOT_MASK = (1 << PRECISION_BITS) - 1
+_KEY_MASK = (1 << KEY_BITS) - 1
+# a record's value field (bits 16..31, < 2**15) is one of the int16s of its int64
+_VALUE_AT = RECORD_BITS // 16 if sys.byteorder == "little" else 3 - RECORD_BITS // 16
 
 
 def _exponent(x: np.ndarray) -> np.ndarray:
@@ -133,39 +137,41 @@ def encode_round(
 def decode_round(
     x: np.ndarray, rnd: Round, tids: np.ndarray, tables: SplitTables, reader: BitReader
 ) -> np.ndarray:
-    """Decode one round; updates lane states `x`; returns each symbol's value (j or leaf rank).
+    """Decode one round; updates lane states `x`; returns each symbol's value (j or leaf rank,
+    int16).
 
-    Everything a step needs is gathered per step, so the working set stays in cache."""
+    Per step, one gather fetches the record (`codec.index_model.record`) of each symbol's
+    candidate entry from the coarse lookup; with d = slot - cum (< freq, else the candidate is
+    behind: a short forward scan), the state becomes (x >> M) * freq + d. Everything a step needs
+    is gathered per step, into preallocated buffers, so the working set stays in cache."""
     t = tids if rnd.perm is None else tids.take(rnd.perm)
-    values = np.empty(t.size, dtype=np.int64)
-    coarse, packed, end = tables.coarse, tables.packed, tables.end
-    cbase, cshift, vbase = tables.coarse_base, tables.coarse_shift, tables.value_base
+    values = np.empty(t.size, dtype=np.int16)
+    coarse, key = tables.coarse_record, tables.coarse_key
     xo = x if rnd.order is None else x.take(rnd.order)
+    buf = np.empty((4, rnd.busy[0]), dtype=np.int64)
+    bits = np.empty(rnd.busy[0] + 1, dtype=np.int64)  # scratch: [cursor, field widths...]
     for s in range(rnd.n_steps):
         busy, sl = rnd.busy[s], rnd.step(s)
         ts = t[sl]
-        xs = xo[:busy]
-        slot = xs & _SLOT_MASK
-        e = slot >> cshift.take(ts)
-        e += cbase.take(ts)
-        e = coarse.take(e)
-        behind = np.flatnonzero(slot >= end.take(e))
-        while behind.size:  # the few slots past their bucket's first candidate
-            e[behind] += 1
-            behind = behind[slot.take(behind) >= end.take(e.take(behind))]
-        p = packed.take(e)  # freq << 32 | cum
-        np.subtract(e, vbase.take(ts), out=values[sl])
+        xs, d, f, rec, g = xo[:busy], *buf[:, :busy]
+        np.bitwise_and(xs, _SLOT_MASK, out=d)  # the slot
+        np.take(key, ts, out=g, mode="clip")  # in range; "raise" would copy through a buffer
+        np.right_shift(d, np.bitwise_and(g, _KEY_MASK, out=f), out=f)
+        g >>= KEY_BITS
+        f += g
+        np.take(coarse, f, out=rec, mode="clip")
+        d -= np.bitwise_and(rec, RECORD_MASK, out=f)  # cum
+        np.right_shift(rec, 2 * RECORD_BITS, out=f)  # freq
+        behind = np.flatnonzero(d >= f)
+        if behind.size:
+            _scan(rec, d, f, behind, ts, tables)
         xs >>= _M
-        xs *= p >> 32
-        xs += slot
-        p &= 0xFFFFFFFF
-        xs -= p
+        xs *= f
+        xs += d
+        np.copyto(values[sl], rec.view(np.int16)[_VALUE_AT::4])
         r0 = rnd.readers(s)
         if r0 < busy:
-            tail = xs[r0:]
-            nbits = _renorm_bits(tail)
-            tail <<= nbits
-            tail |= reader.read(nbits)
+            _renormalise(xs[r0:], bits[: busy - r0 + 1], reader)
     if rnd.order is not None:
         x[rnd.order] = xo
     if rnd.perm is None:
@@ -175,10 +181,35 @@ def decode_round(
     return out
 
 
-def _renorm_bits(x: np.ndarray) -> np.ndarray:
-    """Bits that bring each decoded state back into [2**R, 2**(R+1)): R + 1 - bitlen(x)."""
-    nbits = _exponent(x)
-    np.subtract(STATE_BITS + 1 + 1022, nbits, out=nbits)
+def _scan(
+    rec: np.ndarray,
+    d: np.ndarray,
+    f: np.ndarray,
+    behind: np.ndarray,
+    tids: np.ndarray,
+    tables: SplitTables,
+) -> None:
+    """Move the symbols `behind` (slot at or past their entry's end) to the entry holding their
+    slot; `rec`, `d` and `f` follow. The next entry's cum is this one's end: d - freq."""
+    e = tables.value_base.take(tids.take(behind))  # entry = value_base + value
+    e += (rec.take(behind) >> RECORD_BITS) & RECORD_MASK
+    while behind.size:
+        e += 1
+        rb = tables.entry_record.take(e)
+        db = d.take(behind) - f.take(behind)
+        fb = rb >> (2 * RECORD_BITS)
+        rec[behind], d[behind], f[behind] = rb, db, fb
+        still = np.flatnonzero(db >= fb)
+        behind, e = behind.take(still), e.take(still)
+
+
+def _renormalise(x: np.ndarray, bits: np.ndarray, reader: BitReader) -> None:
+    """Shift each state back into [2**R, 2**(R+1)), reading the bits it lacks (laid out lane
+    after lane from the reader's cursor). `bits` is a scratch buffer of x.size + 1."""
+    nbits = bits[1:]
+    ex = x.astype(np.float64).view(np.int64)
+    ex >>= 52  # the exponent field: bit length + 1022 (0 for x = 0)
+    np.subtract(STATE_BITS + 1 + 1022, ex, out=nbits)
     if nbits.max(initial=0) > STATE_BITS:  # x == 0 (exponent field 0) lands here too
         raise DecodeError("index stream is corrupt: a lane state collapsed")
-    return nbits
+    reader.shift_in(x, bits)

@@ -51,6 +51,16 @@ def test_round_trip_is_exact(case: tuple[np.ndarray, int]) -> None:
     assert np.array_equal(out.numpy(), idx)
 
 
+@pytest.mark.parametrize("c", [32768, 32769, 100_000])
+def test_positions_past_16_bits_round_trip(c: int) -> None:
+    """The decoder writes positions in the narrowest integer type that holds every position of
+    the chunk: chunks past 2**15 positions take the wider one."""
+    rng = np.random.default_rng(c)
+    idx = random_subsets(rng, 4, c, 40)
+    idx[0] = np.arange(c - 40, c)  # the last positions of the chunk
+    assert np.array_equal(indices.decode(indices.encode(idx, c)).numpy(), idx)
+
+
 @pytest.mark.parametrize("c", [256, 300, 4096])
 def test_dense_blocks_with_gaps_round_trip(c: int) -> None:
     """Near-full blocks: leaves with m = e - 1 inside grid levels, and blocks past a leaf."""

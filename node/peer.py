@@ -20,6 +20,11 @@
    the local state atomically, with the exchange still in the air, so a restart resumes it.
 5. append the window's report to the (rotated) local log and prune our bucket's old objects
    (`node.runtime.retention`).
+
+Every read and write of the weights outside the inner steps (the start copy, the pseudo-gradient,
+the outer step, the fingerprint, the state file, a history replay) goes through `self.weights`
+(`node.runtime.weights`): whole tensors for one process and DDP, FSDP2 shards under
+``--sharding fsdp2`` (`node.runtime.sharded_weights`).
 """
 
 from __future__ import annotations
@@ -102,14 +107,14 @@ class Peer:
         self.clock = ChainClock(chain, run)
         self.model = build_model(run.model, run.seed).to(self.device)
         self.spec = ModelSpec.from_module(self.model)
-        self.trainer = self.ranks.wrap(
-            self.model
-        )  # what the inner steps train (DDP, FSDP2, itself)
-        self.optimizer = make_optimizer(self.model, run)  # after wrap: FSDP2 shards in place
+        # what the inner steps train: DDP, the model sharded in place (FSDP2) or itself; the
+        # optimizer comes after, with the parameters as they are trained
+        self.trainer = self.ranks.wrap(self.model)
+        self.optimizer = make_optimizer(self.model, run)
         self.strategy = make_strategy(
             run, self.spec, self.device, owned=self.ranks.shard_of(self.spec)
         )
-        # how the peer reads and writes its weights: whole tensors or FSDP2 shards
+        # how the peer reads and writes its weights (`node.runtime.weights`): whole or sharded
         self.weights = self.ranks.weights(self.model, self.optimizer, self.strategy, self.spec)
         _, self.dataset = open_run_dataset(run)
         self.uid = self._registered_uid()

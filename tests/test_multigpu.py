@@ -162,8 +162,9 @@ def setup_peer(tmp: Path, genesis_in_s: float) -> None:
     LocalChainDB(tmp / "chain.db").register(NETUID, kp.ss58_address)
 
 
-def start_miner(tmp: Path, nproc: int, windows: int) -> subprocess.Popen:
-    """The peer of `tmp` on `nproc` ranks for `windows` windows; its log is `tmp/peer0.log`."""
+def start_miner(tmp: Path, nproc: int, windows: int, *extra: str) -> subprocess.Popen:
+    """The peer of `tmp` on `nproc` ranks for `windows` windows (`extra`: more miner options);
+    its log is `tmp/peer0.log`. It leads a process group of its own (torchrun and its ranks)."""
     launcher = [sys.executable, "-m", "deploy.cli"]
     if nproc > 1:
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -173,11 +174,13 @@ def start_miner(tmp: Path, nproc: int, windows: int) -> subprocess.Popen:
         "--chain", f"local://{tmp / 'chain.db'}", "--netuid", str(NETUID),
         "--store", f"file://{tmp / 'buckets'}?bucket=peer-0", "--local-root", str(tmp / "buckets"),
         "--wallet", "sim", "--hotkey", "peer0", "--wallet-path", str(tmp / "wallets"),
-        "--state-dir", str(tmp / "state0"), "--windows", str(windows), "--commit",
+        "--state-dir", str(tmp / "state0"), "--windows", str(windows), "--commit", *extra,
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     log = (tmp / "peer0.log").open("ab")
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    return subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+    )
 
 
 def relative_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

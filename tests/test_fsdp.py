@@ -5,6 +5,7 @@ compression, the peer's weight operations) and as the real peer under torchrun (
 
 from __future__ import annotations
 
+import copy
 import os
 import signal
 import time
@@ -147,18 +148,22 @@ def _weight_ops(ranks: Ranks, saved: PeerState | None) -> dict[str, object]:
         train_window(weights.model, weights.optimizer, [ranks.local_rows(batch)], OUTER, 0, CPU)
     else:
         weights.load(saved)
-    out: dict[str, object] = {"state0": weights.state()}
+
+    def state() -> FullState | None:  # a copy: one process's state holds the live tensors
+        return copy.deepcopy(weights.state())
+
+    out: dict[str, object] = {"state0": state()}
     origin = weights.start()
     bump = weights.share(_fixed(spec, 3, 1e-3) if main else None)
     weights.move(bump, {n: torch.zeros_like(b) for n, b in bump.items()})
     out["deltas"] = weights.deltas(origin)
     weights.strategy.receive(weights.share(_fixed(spec, 4, 1e-2) if main else None))
     weights.advance(origin)
-    out["fp1"], out["state1"] = weights.fingerprint(), weights.state()
+    out["fp1"], out["state1"] = weights.fingerprint(), state()
     weights.strategy.receive(weights.share(_fixed(spec, 5, 1e-2) if main else None))
-    out["state2"] = weights.state()
+    out["state2"] = state()
     out["replayed"] = weights.replay(lambda model, strategy: (strategy.advance(model), 7)[1])
-    out["fp3"], out["state3"] = weights.fingerprint(), weights.state()
+    out["fp3"], out["state3"] = weights.fingerprint(), state()
     return out
 
 
@@ -221,39 +226,60 @@ def test_sharded_weights_refuse_a_strategy_with_whole_tensor_outer_state() -> No
 # -- the real peer: `tessera miner --sharding fsdp2` under torchrun ----------------------------
 
 
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants (torchrun starts each rank in a session of its
+    own, so its process group does not hold them)."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[1]) == pid:
+            children.append(int(stat.parent.name))
+    os.kill(pid, signal.SIGKILL)
+    for child in children:
+        kill_tree(child)
+
+
 @pytest.mark.slow
 def test_fsdp2_peer_ends_where_one_rank_ends_and_resumes_after_kill(tmp_path: Path) -> None:
     one, two = tmp_path / "one", tmp_path / "two"
-    setup_peer(one, 10.0)  # both chains start in 10 s: both peers train window 0
-    setup_peer(two, 10.0)
-    single, sharded = start_miner(one, 1, 1), start_miner(two, 2, 3, *FSDP2)
+    # both chains start in 20 s: both peers, however slow torchrun is to start, have committed
+    # their bucket by window 0 and train windows 0 and 1 alike
+    setup_peer(one, 20.0)
+    setup_peer(two, 20.0)
+    single, sharded = start_miner(one, 1, 2), start_miner(two, 2, 3, *FSDP2)
     run_id = RunConfig.load(one / "run.json").run_id
     deadline = time.monotonic() + 150
-    while not reports(two, 0):
+    while len(reports(two, 0)) < 2:
         assert sharded.poll() is None, (two / "peer0.log").read_text()[-3000:]
-        assert time.monotonic() < deadline, "the FSDP2 peer never finished window 0"
+        assert time.monotonic() < deadline, "the FSDP2 peer never finished window 1"
         time.sleep(0.2)
-    after_0 = load_state(two / "state0", run_id)  # saved before the window's report
+    after_1 = load_state(two / "state0", run_id)  # saved before the window's report
     time.sleep(1.0)
-    os.killpg(sharded.pid, signal.SIGKILL)  # torchrun and both ranks, training window 1
+    kill_tree(sharded.pid)  # torchrun and both ranks, training window 2
     sharded.wait()
     wait([single], one, timeout=120)
     log = (two / "peer0.log").read_text()
     assert "2 ranks: FSDP2 (--sharding fsdp2)" in log
     a, b = reports(one, 0), reports(two, 0)
-    assert [r["window"] for r in a] == [r["window"] for r in b] == [0]
-    assert a[0]["gathered"] == b[0]["gathered"] == [0] and b[0]["applied"] == [0]
-    assert a[0]["loss"] == pytest.approx(b[0]["loss"], rel=1e-4)
-    # The weights after window 0's outer step. The update is discrete (Top-k positions, 2-bit
+    assert [r["window"] for r in a] == [r["window"] for r in b] == [0, 1]
+    assert [r["gathered"] for r in a] == [r["gathered"] for r in b] == [[0], [0]]
+    assert b[1]["applied"] == [0]
+    for ra, rb in zip(a, b, strict=True):
+        assert ra["loss"] == pytest.approx(rb["loss"], rel=1e-4)
+    # The weights after window 1's outer step. The update is discrete (Top-k positions, 2-bit
     # codes, scale bytes): a last-bit difference in the pseudo-gradient (FSDP2 reduces the
     # gradients in another order) can move an entry across the Top-k threshold or a chunk's
-    # scale byte, and that entry then differs by a quantization step. As for DDP, all but
-    # 0.5 % of the weights agree within 1e-5 of their tensor's largest value.
+    # scale byte, and that entry then differs by a quantization step. All but 0.1 % of the
+    # weights agree within 1e-5 of their tensor's largest value (measured: 1e-6 of them differ,
+    # while the two outer steps moved 12 %).
     s1 = load_state(one / "state0", run_id)
-    assert s1 is not None and after_0 is not None and s1.window == after_0.window == 1
-    assert fraction_off(s1.model, after_0.model, 1e-5) < 0.005
+    assert s1 is not None and after_1 is not None and s1.window == after_1.window == 2
+    assert fraction_off(s1.model, after_1.model, 1e-5) < 1e-3
     start = dict(build_model(RunConfig.load(one / "run.json").model, 0).state_dict())
-    moved = fraction_off(start, after_0.model, 1e-5)  # what the sparse outer step moved
+    moved = fraction_off(start, after_1.model, 1e-5)  # what the sparse outer step moved
     assert moved > 0.01
 
     # kill -9 mid-window, restart: both ranks resume from state.pt (rank 1 from its EF shard)

@@ -137,7 +137,7 @@ class ShardedWeights(Weights):
 
     def fingerprint(self) -> str:
         state = sorted(self.model.state_dict().items())
-        whole: Iterator[tuple[str, torch.Tensor]] = ((n, _whole(v)) for n, v in state)
+        whole: Iterator[tuple[str, torch.Tensor]] = ((n, _whole(v.detach())) for n, v in state)
         if not self.ranks.is_main:
             for _ in whole:  # the other ranks take part in every gather
                 pass

@@ -187,8 +187,8 @@ def same(a: object, b: object) -> bool:
         return isinstance(b, FullState) and same(vars(a), vars(b))
     if isinstance(a, dict):
         return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, list | tuple):
-        return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))  # type: ignore[arg-type]
+    if isinstance(a, list | tuple):  # FSDP2's optimizer loader makes AdamW's betas a list
+        return isinstance(b, list | tuple) and len(a) == len(b) and all(map(same, a, b))
     return a == b
 
 

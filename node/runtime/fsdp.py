@@ -10,13 +10,12 @@ compresses the tensors it owns, `shard_tensors`) and `gather_pieces` are DDP's. 
 does with its weights outside the inner steps (the start copy, the pseudo-gradient, the outer
 step, the fingerprint, the state file) goes through `node.runtime.sharded_weights.ShardedWeights`.
 
-`init_peer_ranks` lays out a `tessera miner` under torchrun as ``--sharding`` says
+`node.runtime.multigpu.init_peer_ranks` makes these ranks when ``--sharding`` picks FSDP2
 (`node.runtime.memory.pick_sharding`). A single process stays unsharded.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import torch
@@ -25,15 +24,11 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from codec.spec import ModelSpec
-from node.runtime.memory import Sharding, pick_sharding
-from node.runtime.multigpu import DistributedRanks, Ranks, init_ranks
+from node.runtime.multigpu import DistributedRanks
 from node.runtime.sharded_weights import ShardedWeights
 from node.strategy import Strategy
-from protocol.runconfig import RunConfig
 
-__all__ = ["ShardedRanks", "init_peer_ranks", "shard_model"]
-
-log = logging.getLogger(__name__)
+__all__ = ["ShardedRanks", "shard_model"]
 
 
 class ShardedRanks(DistributedRanks):
@@ -57,21 +52,6 @@ class ShardedRanks(DistributedRanks):
         spec: ModelSpec,
     ) -> ShardedWeights:
         return ShardedWeights(model, optimizer, strategy, self, spec)
-
-
-def init_peer_ranks(device: str, run: RunConfig, sharding: Sharding) -> tuple[Ranks, torch.device]:
-    """`init_ranks`, sharded with FSDP2 under torchrun when `pick_sharding` says so (a single
-    process stays unsharded)."""
-    ranks, dev = init_ranks(device, run)
-    if not isinstance(ranks, DistributedRanks):
-        return ranks, dev
-    memory = torch.cuda.get_device_properties(dev).total_memory if dev.type == "cuda" else None
-    picked = pick_sharding(sharding, run, ranks.world, memory)
-    if ranks.is_main:
-        log.info("%d ranks: %s (--sharding %s)", ranks.world, picked.upper(), sharding)
-    if picked == "ddp":
-        return ranks, dev
-    return ShardedRanks(ranks.rank, ranks.world, dev), dev
 
 
 def shard_model(model: torch.nn.Module, mesh: Any) -> None:

@@ -30,8 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from node.peer import Peer
-    from node.runtime.fsdp import init_peer_ranks
     from node.runtime.logs import setup_logging
+    from node.runtime.multigpu import init_peer_ranks
     from node.runtime.preflight import check_disk
     from node.runtime.shutdown import Stopped, install_stop_handler
 

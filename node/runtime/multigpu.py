@@ -42,11 +42,12 @@ from codec.compress import SparseGroup, SparseTensor
 from codec.dense import DenseTensor
 from codec.spec import ModelSpec
 from node.model.train import InnerResult
+from node.runtime.memory import Sharding, pick_sharding
 from node.runtime.weights import Weights
 from node.strategy import Strategy
 from protocol.runconfig import RunConfig
 
-__all__ = ["DistributedRanks", "Ranks", "init_ranks", "shard_tensors"]
+__all__ = ["DistributedRanks", "Ranks", "init_peer_ranks", "init_ranks", "shard_tensors"]
 
 log = logging.getLogger(__name__)
 
@@ -225,3 +226,20 @@ def init_ranks(device: str, run: RunConfig) -> tuple[Ranks, torch.device]:
     dist.init_process_group(backend, timeout=timedelta(seconds=max(1800.0, 3 * window_s)))
     log.info("rank %d of %d on %s (%s)", rank, world, dev, backend)
     return DistributedRanks(rank, world, dev), dev
+
+
+def init_peer_ranks(device: str, run: RunConfig, sharding: Sharding) -> tuple[Ranks, torch.device]:
+    """`init_ranks`, sharded with FSDP2 (`node.runtime.fsdp`) under torchrun when
+    `pick_sharding` says so; a single process stays unsharded."""
+    ranks, dev = init_ranks(device, run)
+    if not isinstance(ranks, DistributedRanks):
+        return ranks, dev
+    memory = torch.cuda.get_device_properties(dev).total_memory if dev.type == "cuda" else None
+    picked = pick_sharding(sharding, run, ranks.world, memory)
+    if ranks.is_main:
+        log.info("%d ranks: %s (--sharding %s)", ranks.world, picked.upper(), sharding)
+    if picked == "ddp":
+        return ranks, dev
+    from node.runtime.fsdp import ShardedRanks  # imports torch._dynamo (seconds): only if used
+
+    return ShardedRanks(ranks.rank, ranks.world, dev), dev

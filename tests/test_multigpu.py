@@ -198,9 +198,10 @@ def fraction_off(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], rel: fl
 @pytest.mark.slow
 def test_two_ranks_end_where_one_rank_ends(tmp_path: Path) -> None:
     one, two = tmp_path / "one", tmp_path / "two"
-    # both chains start in 10 s, so both peers, however slow to start, train windows 0 and 1
-    setup_peer(one, 10.0)
-    setup_peer(two, 10.0)
+    # both chains start in 20 s, so both peers, however slow to start (torchrun under load:
+    # over 10 s), have committed their bucket by window 0 and train windows 0 and 1
+    setup_peer(one, 20.0)
+    setup_peer(two, 20.0)
     procs = [start_miner(one, 1, 2), start_miner(two, 2, 2)]
     for p, d in zip(procs, (one, two), strict=True):
         wait([p], d, timeout=150)

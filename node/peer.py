@@ -20,6 +20,11 @@
    the local state atomically, with the exchange still in the air, so a restart resumes it.
 5. append the window's report to the (rotated) local log and prune our bucket's old objects
    (`node.runtime.retention`).
+
+Every read and write of the weights outside the inner steps (the start copy, the pseudo-gradient,
+the outer step, the fingerprint, the state file, a history replay) goes through `self.weights`
+(`node.runtime.weights`): whole tensors for one process and DDP, FSDP2 shards under
+``--sharding fsdp2`` (`node.runtime.sharded_weights`).
 """
 
 from __future__ import annotations
@@ -38,7 +43,6 @@ from substrateinterface import Keypair
 
 from codec.spec import ModelSpec
 from node.data.batches import assigned_batches, open_run_dataset
-from node.model.fingerprint import fingerprint
 from node.model.llama import build_model
 from node.model.train import InnerResult, make_optimizer, train_window
 from node.runtime.clock import ChainClock
@@ -49,7 +53,7 @@ from node.runtime.progress import tracked
 from node.runtime.report_log import REPORTS, append_line
 from node.runtime.retention import prune_own_bucket
 from node.runtime.state import PeerState, load_error_feedback, load_state, save_ef_shard, save_state
-from node.strategy import make_strategy
+from node.strategy import Strategy, make_strategy
 from node.strategy.outer import land_by_step
 from node.window.consensus import agree, wait_for_manifest, window_roster
 from node.window.exchange import encode_signed, publish
@@ -103,10 +107,15 @@ class Peer:
         self.clock = ChainClock(chain, run)
         self.model = build_model(run.model, run.seed).to(self.device)
         self.spec = ModelSpec.from_module(self.model)
+        # what the inner steps train: DDP, the model sharded in place (FSDP2) or itself; the
+        # optimizer comes after, with the parameters as they are trained
+        self.trainer = self.ranks.wrap(self.model)
         self.optimizer = make_optimizer(self.model, run)
         self.strategy = make_strategy(
             run, self.spec, self.device, owned=self.ranks.shard_of(self.spec)
         )
+        # how the peer reads and writes its weights (`node.runtime.weights`): whole or sharded
+        self.weights = self.ranks.weights(self.model, self.optimizer, self.strategy, self.spec)
         _, self.dataset = open_run_dataset(run)
         self.uid = self._registered_uid()
         self.metrics = PeerMetrics()
@@ -116,12 +125,11 @@ class Peer:
         self._fork: Flight | None = None  # landed, from a start we did not share: resync
         self._origin: dict[str, torch.Tensor] = {}  # what this window's pseudo-gradient is from
         self.next_window = self._restore()
-        self.trainer = self.ranks.wrap(self.model)  # what the inner steps train (DDP or itself)
 
     # -- the window --------------------------------------------------------------------------
 
     def run_window(self, window: int) -> WindowReport:
-        self._origin, start_fp = self._weights(), fingerprint(self.model)
+        self._origin, start_fp = self.weights.start(), self.weights.fingerprint()
         self._step_when_landed()  # delay 1: window - 1's step as soon as its exchange lands,
         inner = self._train(window)  # here or between two inner steps
         if self._flight is not None:  # delay 1, still in the air: it lands before we encode
@@ -130,7 +138,7 @@ class Peer:
         if not self.delay:
             self._land_and_step(live=False)
         self._resync_forked()
-        self.strategy.advance(self.model, self._origin)
+        self.weights.advance(self._origin)
         fp = self._publish_fingerprint(window)
         self._save(window + 1, fp)
         return self._report(window, inner, fp)
@@ -157,7 +165,7 @@ class Peer:
             )  # fmt: skip
         if self._flight is not None:  # finish the last exchange: the saved state holds its mean
             self._land_and_hold()
-            self._save(self.next_window, fingerprint(self.model))
+            self._save(self.next_window, self.weights.fingerprint())
         return reports
 
     def catch_up(self, window: int) -> None:
@@ -172,14 +180,11 @@ class Peer:
         )
         self._land_and_hold()  # the replay starts from next_window with its held aggregate
         while self.next_window < window:
-            sources, peers = history_sources(self.chain, self.local_root)
-            self.next_window = catch_up_any(
-                self.model, self.strategy, sources, peers, self.next_window, window
-            )
+            self.next_window = self.weights.replay(partial(self._replay, self.next_window, window))
             if self.next_window >= window:
                 log.info("caught up to window %d", window)
                 return
-            if time.monotonic() > give_up:
+            if self.ranks.broadcast_object(time.monotonic() > give_up):
                 log.error(
                     "missed windows %d..%d and no validator history replays them yet: training "
                     "on stale weights until a checkpoint is published",
@@ -188,7 +193,14 @@ class Peer:
                 )
                 return
             time.sleep(self.cfg.timing.block_time_s)
-            window = max(window, self.current_window())
+            window = self.ranks.broadcast_object(max(window, self.current_window()))
+
+    def _replay(
+        self, from_window: int, to_window: int, model: torch.nn.Module, strategy: Strategy
+    ) -> int:
+        """Rank 0 replays the validators' history (`Weights.replay` shares the result)."""
+        sources, peers = history_sources(self.chain, self.local_root)
+        return catch_up_any(model, strategy, sources, peers, from_window, to_window)
 
     def _record(self, r: WindowReport) -> None:
         m = self.metrics
@@ -205,9 +217,6 @@ class Peer:
         return self.clock.current_window()
 
     # -- steps -------------------------------------------------------------------------------
-
-    def _weights(self) -> dict[str, torch.Tensor]:
-        return {n: p.detach().clone() for n, p in self.model.named_parameters()}
 
     def _train(self, window: int) -> InnerResult:
         batches = assigned_batches(
@@ -228,12 +237,7 @@ class Peer:
 
     def _encode(self, start: dict[str, torch.Tensor], window: int) -> list:
         """This rank's tensors' pseudo-gradients, encoded by the strategy (with its state)."""
-        params = dict(self.model.named_parameters())
-        with torch.no_grad():
-            deltas = {
-                t.name: start[t.name] - params[t.name].detach() for t in self.strategy.owned.tensors
-            }
-        return self.strategy.encode(deltas, window)
+        return self.strategy.encode(self.weights.deltas(start), window)
 
     def _launch(self, window: int, sent: list, start_fp: str) -> None:
         """Sign our update (rank 0 holds every rank's pieces) and start its exchange."""
@@ -292,17 +296,15 @@ class Peer:
         """The origin moves by the outer step with the held mean; the live weights follow."""
         new = self.strategy.next_weights(self._origin)
         if live:
-            with torch.no_grad():
-                for name, p in self.model.named_parameters():
-                    p.add_(new[name] - self._origin[name])
+            self.weights.move(new, self._origin)
         self._origin = new
 
     def _take_in(self, flight: Flight) -> None:
         """Hold the mean of the window's agreed updates (computed on rank 0, sent to all)."""
         done = flight.result()
         updates = Pieces(done.agreed.updates if done else {})
-        mean = self.strategy.mean(updates) if self.ranks.is_main else None
-        self.strategy.receive(self.ranks.broadcast_aggregate(mean, self.spec, self.device))
+        mean = self.weights.aggregator.mean(updates) if self.ranks.is_main else None
+        self.strategy.receive(self.weights.share(mean))
 
     def _land_and_hold(self) -> None:
         """Land the exchange in the air (``delay = 1``) and hold its mean: the model stays at the
@@ -321,7 +323,7 @@ class Peer:
             return
         self._resync(flight)
         self._take_in(flight)
-        self._origin = self._weights()
+        self._origin = self.weights.start()
         self._step(live=False)
 
     def _exchange(self, window: int, data: bytes, start_fp: str, resume: bool) -> Exchanged:
@@ -361,22 +363,18 @@ class Peer:
         rebuild them and the outer state from the validators' published history, then (with
         ``delay = 1``) step to the start of the next window, the one we trained."""
         done = flight.result()
-        if self.ranks.is_main:
+
+        def rebuild(model: torch.nn.Module, strategy: Strategy) -> None:  # on rank 0
             assert done is not None and done.agreed.manifest is not None
             log.warning("window %d: forked from the validator: resyncing", flight.window)
             sources, peers = history_sources(self.chain, self.local_root)
             resync(
-                self.model, self.strategy, sources, peers, flight.window,
+                model, strategy, sources, peers, flight.window,
                 done.agreed.manifest.fingerprint_start,
             )  # fmt: skip
-        outer = self.ranks.broadcast_object(
-            self.strategy.outer_state_dict() if self.ranks.is_main else None
-        )
-        self.strategy.load_outer_state_dict(outer)
-        weights = self.ranks.broadcast_aggregate(
-            self._weights() if self.ranks.is_main else None, self.spec, self.device
-        )
-        self.strategy.advance(self.model, weights)  # delay 1: the mean held at that start
+
+        self.weights.replay(rebuild)
+        self.weights.advance()  # delay 1: the mean held at that start
 
     def _report(self, window: int, inner: InnerResult, fp: str) -> WindowReport:
         landed, self._exchanged = self._exchanged, None
@@ -399,9 +397,9 @@ class Peer:
         )
 
     def _publish_fingerprint(self, window: int) -> str:
+        fp = self.weights.fingerprint()
         if not self.ranks.is_main:
-            return ""
-        fp = fingerprint(self.model)
+            return fp
         body = {"run_id": self.cfg.run_id, "window": window, "uid": self.uid, "fingerprint": fp}
         key = fingerprint_key(self.cfg.run_id, window, self.uid, self.keypair.ss58_address)
         try:
@@ -434,37 +432,36 @@ class Peer:
             raise explain_os_error(exc, self.state_dir) from exc
 
     def _write_state(self, next_window: int, fp: str) -> None:
+        weights = self.weights.state()  # whole tensors on rank 0 (FSDP2: gathered from all)
         if not self.ranks.is_main:  # EF shards first: a state.pt on disk finds all of its own
             ef = self.strategy.local_state_dict()
             save_ef_shard(self.state_dir, self.cfg.run_id, next_window, self.ranks.rank, ef)
         self.ranks.barrier()
-        if not self.ranks.is_main:
+        if weights is None:  # the other ranks
             return
         save_state(
             self.state_dir,
             PeerState(
                 run_id=self.cfg.run_id,
                 window=next_window,
-                model={k: v.cpu() for k, v in self.model.state_dict().items()},
-                optimizer=self.optimizer.state_dict(),
+                model=weights.model,
+                optimizer=weights.optimizer,
                 error_feedback=self.strategy.local_state_dict(),
                 fingerprint=fp,
-                outer=self.strategy.outer_state_dict(),
+                outer=weights.outer,
                 inflight=self._flight.record() if self._flight is not None else {},
             ),
         )
 
     def _restore(self) -> int:
-        state = load_state(self.state_dir, self.cfg.run_id)
+        state = self.weights.read(partial(load_state, self.state_dir, self.cfg.run_id))
         if state is None:
             return 0
-        self.model.load_state_dict(state.model)
-        self.optimizer.load_state_dict(state.optimizer)
+        self.weights.load(state)  # model, inner optimizer, outer state
         ef = load_error_feedback(self.state_dir, state)
         owned = self.strategy.owned.tensors
         self.strategy.load_local_state_dict({t.name: ef[t.name] for t in owned if t.name in ef})
-        self.strategy.load_outer_state_dict(state.outer)
-        if fingerprint(self.model) != state.fingerprint:
+        if not self.ranks.broadcast_object(self.weights.fingerprint() == state.fingerprint):
             raise RuntimeError("restored model does not match its saved fingerprint")
         if state.inflight:
             self._flight = self._resume(state.inflight)

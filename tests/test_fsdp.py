@@ -1,12 +1,13 @@
-"""FSDP2 (`node.runtime.fsdp`) tested as DDP is (tests/test_multigpu.py): 2 gloo ranks on the CPU
-against 1 rank, and `kill -9` followed by a restart; plus the memory plan (`tessera plan`)."""
+"""FSDP2 (`node.runtime.fsdp`, `node.runtime.sharded_weights`) tested as DDP is
+(tests/test_multigpu.py): 2 gloo ranks on the CPU against 1 rank, in-process (training,
+compression, the peer's weight operations) and as the real peer under torchrun (`tessera miner
+--sharding fsdp2`, `kill -9` and a restart); plus the memory plan and the sharding choice."""
 
 from __future__ import annotations
 
+import copy
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,19 +15,24 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from test_multigpu import fraction_off, relative_diff
+from test_multigpu import fraction_off, relative_diff, setup_peer, start_miner
+from test_peers_e2e import reports, wait
 
 from codec.aggregate import aggregate
 from codec.compress import Compressor, SparseTensor
 from codec.spec import ModelSpec
 from node.model.llama import build_model
 from node.model.train import make_optimizer, train_window
-from node.runtime.fsdp import ShardedRanks, full_tensors, load_full
-from node.runtime.memory import GIB, plan_memory
-from node.runtime.multigpu import Ranks
+from node.runtime.fsdp import ShardedRanks
+from node.runtime.memory import GIB, pick_sharding, plan_memory
+from node.runtime.multigpu import Ranks, shard_tensors
+from node.runtime.sharded_weights import full_tensors, load_full
+from node.runtime.state import PeerState, load_state
+from node.runtime.weights import FullState, Weights
+from node.strategy import make_strategy
 from protocol.runconfig import RunConfig
 
-ROOT = Path(__file__).resolve().parent.parent
+FSDP2 = ("--sharding", "fsdp2")
 CPU = torch.device("cpu")
 RUN = RunConfig.preset("tiny", inner_steps=4, optimizer={"warmup_steps": 4})
 
@@ -104,46 +110,185 @@ def sparse_equal(got: SparseTensor, want: SparseTensor) -> None:
         assert torch.equal(g.scales, w.scales)
 
 
-def _torchrun(out: Path, windows: int, hold: int | None = None) -> subprocess.Popen[bytes]:
-    out.mkdir(exist_ok=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(ROOT / "tests" / "fsdp_worker.py"), str(out), str(windows)]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    log = (out / "log.txt").open("ab")
-    return subprocess.Popen(
-        [*cmd, *([str(hold)] if hold else [])], env=env, stdout=log, stderr=log,
-        start_new_session=True,
-    )  # fmt: skip
+# -- the peer's weights: `ShardedWeights` against whole tensors, bit for bit -------------------
+
+OUTER = RunConfig.preset(
+    "tiny", inner_steps=1, optimizer={"warmup_steps": 1},
+    outer={"optimizer": "nesterov", "delay": 1},  # outer state: a momentum and a held mean
+)  # fmt: skip
 
 
-def _finish(proc: subprocess.Popen[bytes], out: Path, timeout: float = 240) -> None:
-    try:
-        assert proc.wait(timeout=timeout) == 0, (out / "log.txt").read_text()[-3000:]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+def _fixed(spec: ModelSpec, seed: int, scale: float) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return {t.name: torch.randn(t.shape, generator=gen) * scale for t in spec.tensors}
+
+
+def _as_saved(full: FullState | None) -> PeerState:
+    model, optimizer, outer = (full.model, full.optimizer, full.outer) if full else ({}, {}, {})
+    return PeerState(OUTER.run_id, 0, model, optimizer, {}, "", outer)
+
+
+def _peer_weights(ranks: Ranks) -> tuple[Weights, ModelSpec]:
+    model = build_model(OUTER.model, OUTER.seed)
+    spec = ModelSpec.from_module(model)
+    ranks.wrap(model)
+    strategy = make_strategy(OUTER, spec, CPU, owned=ranks.shard_of(spec))
+    return ranks.weights(model, make_optimizer(model, OUTER), strategy, spec), spec
+
+
+def _weight_ops(ranks: Ranks, saved: PeerState | None) -> dict[str, object]:
+    """What the peer does with its weights, on `ranks`, from `saved` (None: one inner step of
+    its own, for AdamW state): a bump of every weight, the pseudo-gradients, a mean taken in
+    and a Nesterov step, a mean held, a history replay that steps with it; the state (and the
+    fingerprint) after each."""
+    weights, spec = _peer_weights(ranks)
+    main = ranks.is_main
+    if saved is None:
+        batch = torch.randint(0, 4096, (4, 33), generator=torch.Generator().manual_seed(2))
+        train_window(weights.model, weights.optimizer, [ranks.local_rows(batch)], OUTER, 0, CPU)
+    else:
+        weights.load(saved)
+
+    def state() -> FullState | None:  # a copy: one process's state holds the live tensors
+        return copy.deepcopy(weights.state())
+
+    out: dict[str, object] = {"state0": state()}
+    origin = weights.start()
+    bump = weights.share(_fixed(spec, 3, 1e-3) if main else None)
+    weights.move(bump, {n: torch.zeros_like(b) for n, b in bump.items()})
+    out["deltas"] = weights.deltas(origin)
+    weights.strategy.receive(weights.share(_fixed(spec, 4, 1e-2) if main else None))
+    weights.advance(origin)
+    out["fp1"], out["state1"] = weights.fingerprint(), state()
+    weights.strategy.receive(weights.share(_fixed(spec, 5, 1e-2) if main else None))
+    out["state2"] = state()
+    out["replayed"] = weights.replay(lambda model, strategy: (strategy.advance(model), 7)[1])
+    out["fp3"], out["state3"] = weights.fingerprint(), state()
+    return out
+
+
+def _weights_rank(rank: int, tmp: Path) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp / 'pg'}", rank=rank, world_size=2)
+    ranks = ShardedRanks(rank, 2, CPU)
+    out = _weight_ops(ranks, None)
+    reloaded, _ = _peer_weights(ranks)  # a restart of the sharded peer from state1
+    reloaded.load(_as_saved(out["state1"]))  # type: ignore[arg-type]
+    out["reloaded"] = (reloaded.fingerprint(), reloaded.state())
+    torch.save(out, tmp / f"{rank}.pt")
+    ranks.close()
+
+
+def same(a: object, b: object) -> bool:
+    """Equal, tensors bit for bit, through nested dicts, lists and dataclasses."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, FullState):
+        return isinstance(b, FullState) and same(vars(a), vars(b))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):  # FSDP2's optimizer loader makes AdamW's betas a list
+        return isinstance(b, list | tuple) and len(a) == len(b) and all(map(same, a, b))
+    return a == b
+
+
+def test_sharded_weights_do_what_whole_tensors_do_bit_for_bit(tmp_path: Path) -> None:
+    mp.spawn(_weights_rank, args=(tmp_path,), nprocs=2, join=True)
+    r0, r1 = (torch.load(tmp_path / f"{r}.pt", weights_only=False) for r in range(2))
+    # one process from the state the 2 FSDP2 ranks saved: the same file for both layouts
+    one = _weight_ops(Ranks(), _as_saved(r0["state0"]))
+    assert same(one["state0"], r0["state0"])  # what it saves is what it loaded, bit for bit
+    assert r0["state0"].outer == {} and len(r0["state0"].optimizer["state"]) > 0
+    # pseudo-gradients: each rank holds whole tensors of exactly the ones it compresses
+    spec = ModelSpec.from_module(build_model(OUTER.model, OUTER.seed))
+    for r, got in enumerate((r0["deltas"], r1["deltas"])):
+        assert list(got) == list(shard_tensors(spec, 2)[r])
+    assert same({**r0["deltas"], **r1["deltas"]}, one["deltas"])
+    # the outer step (Nesterov, on the shards), the held mean, a replay: whole-tensor bits
+    for key in ("fp1", "state1", "state2", "replayed", "fp3", "state3"):
+        assert same(r0[key], one[key]), key
+    assert {k.split(".")[0] for k in r0["state2"].outer} == {"momentum", "held"}
+    assert not same(r0["state1"].model, r0["state3"].model)  # the replay stepped
+    assert r1["fp1"] == "" and r1["state1"] is None and r1["replayed"] == 7
+    # a restart of the sharded peer from its state is that state, bit for bit
+    assert r0["reloaded"][0] == r0["fp1"] and same(r0["reloaded"][1], r0["state1"])
+
+
+def test_sharded_weights_refuse_a_strategy_with_whole_tensor_outer_state() -> None:
+    spec = ModelSpec.from_module(build_model(OUTER.model, OUTER.seed))
+    local = ModelSpec(tensors=tuple(spec.tensors))
+    for name in ("sparseloco-mask", "greedylore"):
+        with pytest.raises(ValueError, match="cannot be sharded"):
+            make_strategy(OUTER.model_copy(update={"strategy": name}), spec).keep_outer_for(local)
+    make_strategy(OUTER, spec).keep_outer_for(local)  # sparseloco: elementwise outer state
+
+
+# -- the real peer: `tessera miner --sharding fsdp2` under torchrun ----------------------------
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants (torchrun starts each rank in a session of its
+    own, so its process group does not hold them)."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[1]) == pid:
+            children.append(int(stat.parent.name))
+    os.kill(pid, signal.SIGKILL)
+    for child in children:
+        kill_tree(child)
 
 
 @pytest.mark.slow
-def test_fsdp2_peer_killed_with_sigkill_resumes_where_an_unbroken_run_ends(
-    tmp_path: Path,
-) -> None:
-    unbroken, broken = tmp_path / "unbroken", tmp_path / "broken"
-    first, victim = _torchrun(unbroken, 3), _torchrun(broken, 3, hold=2)
-    deadline = time.monotonic() + 240
-    while not (broken / "held-2").exists():
-        assert victim.poll() is None, (broken / "log.txt").read_text()[-3000:]
-        assert time.monotonic() < deadline, "the worker never saved window 2"
-        time.sleep(0.5)
-    os.killpg(victim.pid, signal.SIGKILL)  # torchrun and both ranks, mid-run
-    victim.wait()
-    assert not (broken / "weights.pt").exists()
-    _finish(_torchrun(broken, 3), broken)  # restarts from state.pt (window 2) and trains window 2
-    _finish(first, unbroken)
-    a = torch.load(unbroken / "weights.pt", weights_only=True)
-    b = torch.load(broken / "weights.pt", weights_only=True)
-    # the sharded AdamW state survives the restart: the same run, bit for bit
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+def test_fsdp2_peer_ends_where_one_rank_ends_and_resumes_after_kill(tmp_path: Path) -> None:
+    one, two = tmp_path / "one", tmp_path / "two"
+    # both chains start in 20 s: both peers, however slow torchrun is to start, have committed
+    # their bucket by window 0 and train windows 0 and 1 alike
+    setup_peer(one, 20.0)
+    setup_peer(two, 20.0)
+    single, sharded = start_miner(one, 1, 2), start_miner(two, 2, 3, *FSDP2)
+    run_id = RunConfig.load(one / "run.json").run_id
+    deadline = time.monotonic() + 150
+    while len(reports(two, 0)) < 2:
+        assert sharded.poll() is None, (two / "peer0.log").read_text()[-3000:]
+        assert time.monotonic() < deadline, "the FSDP2 peer never finished window 1"
+        time.sleep(0.2)
+    after_1 = load_state(two / "state0", run_id)  # saved before the window's report
+    time.sleep(1.0)
+    kill_tree(sharded.pid)  # torchrun and both ranks, training window 2
+    sharded.wait()
+    wait([single], one, timeout=120)
+    log = (two / "peer0.log").read_text()
+    assert "2 ranks: FSDP2 (--sharding fsdp2)" in log
+    a, b = reports(one, 0), reports(two, 0)
+    assert [r["window"] for r in a] == [r["window"] for r in b] == [0, 1]
+    assert [r["gathered"] for r in a] == [r["gathered"] for r in b] == [[0], [0]]
+    assert b[1]["applied"] == [0]
+    for ra, rb in zip(a, b, strict=True):
+        assert ra["loss"] == pytest.approx(rb["loss"], rel=1e-4)
+    # The weights after window 1's outer step. The update is discrete (Top-k positions, 2-bit
+    # codes, scale bytes): a last-bit difference in the pseudo-gradient (FSDP2 reduces the
+    # gradients in another order) can move an entry across the Top-k threshold or a chunk's
+    # scale byte, and that entry then differs by a quantization step. All but 0.1 % of the
+    # weights agree within 1e-5 of their tensor's largest value (measured: 1e-6 of them differ,
+    # while the two outer steps moved 12 %).
+    s1 = load_state(one / "state0", run_id)
+    assert s1 is not None and after_1 is not None and s1.window == after_1.window == 2
+    assert fraction_off(s1.model, after_1.model, 1e-5) < 1e-3
+    start = dict(build_model(RunConfig.load(one / "run.json").model, 0).state_dict())
+    moved = fraction_off(start, after_1.model, 1e-5)  # what the sparse outer step moved
+    assert moved > 0.01
+
+    # kill -9 mid-window, restart: both ranks resume from state.pt (rank 1 from its EF shard)
+    saved = load_state(two / "state0", run_id)
+    assert saved is not None and (two / "state0" / "ef-rank1.pt").exists()
+    wait([start_miner(two, 2, 1, *FSDP2)], two, timeout=120)
+    restarted = (two / "peer0.log").read_text()[len(log) :]
+    assert f"resumed at window {saved.window}" in restarted
+    assert reports(two, 0)[-1]["window"] >= saved.window
 
 
 def test_memory_plan_puts_8b_on_eight_80gb_gpus_only_with_fsdp2() -> None:
@@ -161,5 +306,24 @@ def test_memory_plan_puts_8b_on_eight_80gb_gpus_only_with_fsdp2() -> None:
     ddp, fsdp = plan_memory(eight_b, 8, "ddp"), plan_memory(eight_b, 8, "fsdp2")
     params = eight_b.param_count()
     assert ddp.state == 20 * params + 4 * params // 8  # everything but EF on every GPU
-    assert fsdp.state == 20 * params // 8 + 4 * params // 8  # everything sharded
+    assert fsdp.state == 24 * params // 8  # everything sharded
     assert fsdp.activations == ddp.activations
+    # after the inner steps (delay 0): the owned pseudo-gradients and the mean (DDP: whole)
+    assert ddp.transient == 0 and ddp.activations > 4 * params + 4 * params // 8
+    # outer state kept through the window: a momentum and a held mean, sharded under FSDP2
+    both = eight_b.model_copy(update={"outer": eight_b.outer.model_copy(
+        update={"optimizer": "nesterov", "delay": 1})})  # fmt: skip
+    assert plan_memory(both, 8, "ddp").state - ddp.state == 8 * params
+    assert plan_memory(both, 8, "fsdp2").state - fsdp.state == 8 * params // 8
+    # rank 0's host memory while it writes state.pt: weights and moments, serialised once more
+    assert fsdp.host == 2 * 12 * params and ddp.host == 4 * params + 12 * params
+
+
+def test_auto_sharding_is_fsdp2_only_where_ddp_does_not_fit() -> None:
+    one_b, eight_b = RunConfig.preset("1B"), RunConfig.preset("8B")
+    assert pick_sharding("auto", eight_b, 8, 80 * GIB) == "fsdp2"
+    assert pick_sharding("auto", one_b, 8, 80 * GIB) == "ddp"
+    assert pick_sharding("auto", eight_b, 8, None) == "ddp"  # the CPU: gloo, DDP
+    assert pick_sharding("fsdp2", one_b, 2, None) == "fsdp2"
+    with pytest.raises(ValueError, match="sharding must be one of"):
+        pick_sharding("zero3", one_b, 2, None)  # type: ignore[arg-type]

@@ -162,8 +162,9 @@ def setup_peer(tmp: Path, genesis_in_s: float) -> None:
     LocalChainDB(tmp / "chain.db").register(NETUID, kp.ss58_address)
 
 
-def start_miner(tmp: Path, nproc: int, windows: int) -> subprocess.Popen:
-    """The peer of `tmp` on `nproc` ranks for `windows` windows; its log is `tmp/peer0.log`."""
+def start_miner(tmp: Path, nproc: int, windows: int, *extra: str) -> subprocess.Popen:
+    """The peer of `tmp` on `nproc` ranks for `windows` windows (`extra`: more miner options);
+    its log is `tmp/peer0.log`. It leads a process group of its own (torchrun and its ranks)."""
     launcher = [sys.executable, "-m", "deploy.cli"]
     if nproc > 1:
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -173,11 +174,13 @@ def start_miner(tmp: Path, nproc: int, windows: int) -> subprocess.Popen:
         "--chain", f"local://{tmp / 'chain.db'}", "--netuid", str(NETUID),
         "--store", f"file://{tmp / 'buckets'}?bucket=peer-0", "--local-root", str(tmp / "buckets"),
         "--wallet", "sim", "--hotkey", "peer0", "--wallet-path", str(tmp / "wallets"),
-        "--state-dir", str(tmp / "state0"), "--windows", str(windows), "--commit",
+        "--state-dir", str(tmp / "state0"), "--windows", str(windows), "--commit", *extra,
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     log = (tmp / "peer0.log").open("ab")
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    return subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+    )
 
 
 def relative_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -195,9 +198,10 @@ def fraction_off(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], rel: fl
 @pytest.mark.slow
 def test_two_ranks_end_where_one_rank_ends(tmp_path: Path) -> None:
     one, two = tmp_path / "one", tmp_path / "two"
-    # both chains start in 10 s, so both peers, however slow to start, train windows 0 and 1
-    setup_peer(one, 10.0)
-    setup_peer(two, 10.0)
+    # both chains start in 20 s, so both peers, however slow to start (torchrun under load:
+    # over 10 s), have committed their bucket by window 0 and train windows 0 and 1
+    setup_peer(one, 20.0)
+    setup_peer(two, 20.0)
     procs = [start_miner(one, 1, 2), start_miner(two, 2, 2)]
     for p, d in zip(procs, (one, two), strict=True):
         wait([p], d, timeout=150)

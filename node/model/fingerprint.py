@@ -9,6 +9,7 @@ tensor's float64 sum instead, which catches any divergence that matters at a fra
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 
 import torch
 
@@ -18,7 +19,12 @@ SAMPLE_STRIDE = 4099  # prime, so the sample does not align with tile or row bou
 
 def fingerprint(model: torch.nn.Module) -> str:
     params = sorted(model.state_dict().items())
-    total = sum(p.numel() for _, p in params)
+    return fingerprint_tensors(params, sum(p.numel() for _, p in params))
+
+
+def fingerprint_tensors(params: Iterable[tuple[str, torch.Tensor]], total: int) -> str:
+    """The fingerprint of a model's ``(name, tensor)`` pairs in name order, `total` elements in
+    all; one tensor at a time, so a sharded model can gather them as they are hashed."""
     h = hashlib.blake2b(digest_size=16)
     for name, p in params:
         flat = p.detach().reshape(-1).to(torch.float32)

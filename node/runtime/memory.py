@@ -1,13 +1,30 @@
-"""GPU memory a peer needs per GPU, from the run config: DDP against FSDP2 (`tessera plan`).
+"""Memory a peer needs per GPU (and on rank 0's host), from the run config: DDP against FSDP2
+(`tessera plan`).
 
-Model state, per parameter, in fp32 (what `node.peer` keeps; bf16 autocast only touches
-activations): weights 4 B, gradients 4 B, AdamW's two moments 8 B, the window's start copy 4 B,
-and error feedback 4 B for the tensors a rank compresses (1/N of them, `shard_tensors`).
+Per parameter, in fp32 (what `node.peer` keeps; bf16 autocast only touches activations), for
+the whole window: weights 4 B, gradients 4 B, AdamW's two moments 8 B, the window's start copy
+4 B, the outer state (Nesterov momentum 4 B with ``outer.optimizer = nesterov``, the mean held
+for the next window 4 B with ``outer.delay = 1``), and error feedback 4 B for the tensors a rank
+compresses (1/N of them, `shard_tensors`).
 
-- DDP (`node.runtime.multigpu`): all of it on every GPU but the EF: ``20 + 4/N`` B/param.
-- FSDP2 (`node.runtime.fsdp`): everything sharded, ``24/N`` B/param, plus the transient full
-  tensors: the largest FSDP unit's weights and gradients while it computes (its weights twice:
-  FSDP2 prefetches the next unit) and one whole tensor while the peer gathers it to compress.
+- DDP (`node.runtime.multigpu`): all of it on every GPU but the EF, ``20 + outer + 4/N`` B/param.
+- FSDP2 (`node.runtime.fsdp`, `node.runtime.sharded_weights`): all of it sharded,
+  ``(24 + outer)/N`` B/param.
+
+Two moments add to that, and the larger counts (`MemoryPlan.transient`):
+
+- while the inner steps train: the activations and, under FSDP2, the largest FSDP unit's whole
+  weights and gradients (its weights twice: FSDP2 prefetches the next unit);
+- after them, while the window is exchanged: the pseudo-gradients of the tensors the rank
+  compresses (4 B/param / N) and, with ``delay = 0``, the window's mean (4 B/param on every GPU
+  under DDP, its rows, 4 B/param / N, under FSDP2, plus one whole tensor while it is handed out
+  or gathered; rank 0 builds the whole mean in host memory there).
+
+Rank 0's host memory peaks when it writes ``state.pt`` (`MemoryPlan.host`): the whole weights,
+AdamW moments and outer state (``12 + outer`` B/param) and, while they are serialised, a second
+copy of them (DDP serialises the moments from the GPU, so only the weights are copied to the
+host first). FSDP2's other host copies are smaller: the whole mean (4 B/param), a history replay
+(two copies of the weights and of the outer state).
 
 Activations are an estimate, not a measurement: ``34·hidden`` bytes per token per layer (bf16,
 attention through SDPA without the score matrix, no recomputation; Korthikanti et al. 2022)
@@ -22,24 +39,30 @@ from typing import Literal
 
 from protocol.runconfig import ModelConfig, RunConfig
 
-__all__ = ["OVERHEAD", "MemoryPlan", "plan_memory"]
+__all__ = ["OVERHEAD", "SHARDINGS", "MemoryPlan", "pick_sharding", "plan_memory"]
 
 GIB = 1 << 30
 OVERHEAD = 2 * GIB
 """CUDA context, NCCL buffers and allocator slack per GPU."""
 STATE_BYTES = 20  # weights, gradients, two AdamW moments, start copy
 EF_BYTES = 4
+FP32 = 4  # a pseudo-gradient, a mean, a momentum
+SAVED_BYTES = 12  # what state.pt holds per parameter besides the outer state: weights, moments
 
 Strategy = Literal["ddp", "fsdp2"]
+Sharding = Literal["ddp", "fsdp2", "auto"]
+SHARDINGS: tuple[Sharding, ...] = ("ddp", "fsdp2", "auto")
+"""`tessera miner --sharding` under torchrun: ``auto`` is FSDP2 where DDP does not fit."""
 
 
 @dataclass(frozen=True)
 class MemoryPlan:
     strategy: Strategy
     gpus: int
-    state: int  # model state bytes on one GPU
-    transient: int  # full tensors gathered for a moment (FSDP2 only)
+    state: int  # bytes on one GPU for the whole window
+    transient: int  # the larger moment besides the activations: see the module docstring
     activations: int  # estimate for one micro-batch
+    host: int  # rank 0's host memory while it writes state.pt
     overhead: int = OVERHEAD
 
     @property
@@ -65,15 +88,42 @@ def activation_bytes(run: RunConfig) -> int:
     return tokens * (34 * m.hidden_size * m.n_layers + 6 * m.vocab_size)
 
 
+def outer_bytes(run: RunConfig) -> int:
+    """Bytes per parameter of outer state kept through the window."""
+    o = run.outer
+    return FP32 * ((o.optimizer == "nesterov") + (o.delay == 1))
+
+
 def plan_memory(run: RunConfig, gpus: int, strategy: Strategy) -> MemoryPlan:
     """Bytes per GPU of one peer of `run` on `gpus` GPUs (see the module docstring)."""
     if gpus < 1:
         raise ValueError("gpus must be at least 1")
     params = run.param_count()
-    ef = EF_BYTES * params // gpus
+    outer, activations = outer_bytes(run), activation_bytes(run)
+    deltas = FP32 * params // gpus  # the owned tensors' pseudo-gradients
+    mean = 0 if run.outer.delay else FP32 * params  # delay 1: held, so part of `outer`
+    saved = (SAVED_BYTES + outer) * params
     if strategy == "ddp":
-        return MemoryPlan("ddp", gpus, STATE_BYTES * params + ef, 0, activation_bytes(run))
-    unit, tensor = _unit_params(run.model)
-    transient = 4 * (3 * unit + tensor)  # unit weights (+ prefetched next) and grads, one tensor
-    state = (STATE_BYTES * params) // gpus + ef
-    return MemoryPlan("fsdp2", gpus, state, transient, activation_bytes(run))
+        state = (STATE_BYTES + outer) * params + EF_BYTES * params // gpus
+        training, exchange = activations, deltas + mean
+        host = FP32 * params + saved
+    else:
+        unit, tensor = _unit_params(run.model)
+        state = (STATE_BYTES + outer + EF_BYTES) * params // gpus
+        training = activations + FP32 * (3 * unit)  # unit weights (+ prefetched next), grads
+        exchange = deltas + mean // gpus + FP32 * tensor
+        host = 2 * saved
+    transient = max(training, exchange) - activations
+    return MemoryPlan(strategy, gpus, state, transient, activations, host)
+
+
+def pick_sharding(choice: Sharding, run: RunConfig, world: int, gpu_memory: int | None) -> Strategy:
+    """``ddp`` or ``fsdp2`` for a peer of `run` on `world` ranks; `gpu_memory` is one GPU's
+    bytes (None on the CPU, where ``auto`` means DDP)."""
+    if choice not in SHARDINGS:
+        raise ValueError(f"sharding must be one of {SHARDINGS}, got {choice!r}")
+    if choice != "auto":
+        return choice
+    if gpu_memory is None or plan_memory(run, world, "ddp").fits(gpu_memory):
+        return "ddp"
+    return "fsdp2"

@@ -1,4 +1,5 @@
-"""`tessera miner`: run a peer (on one device; under `torchrun` see `node.runtime.multigpu`)."""
+"""`tessera miner`: run a peer (on one device; under `torchrun` see `node.runtime.multigpu` and,
+with ``--sharding fsdp2``, `node.runtime.fsdp`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import logging
 import os
 
+from node.runtime.memory import SHARDINGS
 from node.runtime.node_args import add_node_arguments, connect, load_run, local_root, state_dir
 
 
@@ -17,19 +19,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=int(os.environ.get("TESSERA_METRICS_PORT", "0")),
         help="serve Prometheus metrics on this port (0: off)",
     )
+    parser.add_argument(
+        "--sharding",
+        choices=SHARDINGS,
+        default=os.environ.get("TESSERA_SHARDING", "auto"),
+        help="under torchrun: DDP replicas, FSDP2 shards, or auto (FSDP2 when the memory plan "
+        "says DDP does not fit the GPU; DDP on the CPU). A single process is never sharded.",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from node.peer import Peer
     from node.runtime.logs import setup_logging
-    from node.runtime.multigpu import init_ranks
+    from node.runtime.multigpu import init_peer_ranks
     from node.runtime.preflight import check_disk
     from node.runtime.shutdown import Stopped, install_stop_handler
 
     setup_logging(args.log_level, args.log_format)
     install_stop_handler()
     run_cfg = load_run(args.run)
-    ranks, device = init_ranks(args.device, run_cfg)  # one peer on all torchrun processes
+    ranks, device = init_peer_ranks(args.device, run_cfg, args.sharding)  # one peer, all ranks
     if not ranks.is_main:
         logging.getLogger().setLevel(logging.WARNING)
     keypair, chain, store = connect(args, "miner", preflight=ranks.is_main)

@@ -18,17 +18,11 @@ identically; `Ranks` is what `node.peer.Peer` asks at the few points where ranks
 
 Without ``torchrun`` (or with ``WORLD_SIZE=1``) `Ranks` itself is the single-process no-op.
 
-Why DDP and not FSDP2: the outer step, the fingerprint and the pseudo-gradient all need the full
-fp32 parameters on every rank anyway (start weights, ``start - p`` per tensor, HF names), and the
-codec works on whole tensors; DDP keeps the model a plain module, so none of that changes. The
-price is memory: every GPU holds the fp32 weights, gradients, both AdamW moments (16 B/param)
-plus the window's start copy (4 B/param) and this rank's EF shard (4 B/param / N). That is
-≈ 20 B/param + activations: a 1B model needs ~20 GB, fine on any 80 GB card; the `8B` preset
-needs ~160 GB per GPU, which does NOT fit an 80 GB card with DDP (it needs a sharded optimizer
-— ZeroRedundancyOptimizer — plus CPU-held start weights, or FSDP2). FSDP2 (`fully_shard`,
-per-parameter DTensor sharding) is the path for 8B on 80 GB cards and for 70B: the pseudo-gradient
-and EF would then be computed on each rank's DTensor shards, with the sparse shares gathered
-exactly as here. Bf16 autocast on CUDA is done by `node.model.train.train_window`.
+DDP keeps every GPU a whole replica: the fp32 weights, gradients, both AdamW moments and the
+window's start copy (20 B/param) plus this rank's EF shard; what that costs per preset, and when
+FSDP2 (`node.runtime.fsdp`: the same peer with everything per parameter sharded) is needed, is
+`node.runtime.memory`'s accounting (`tessera plan`). Bf16 autocast on CUDA is done by
+`node.model.train.train_window`.
 """
 
 from __future__ import annotations
@@ -48,9 +42,12 @@ from codec.compress import SparseGroup, SparseTensor
 from codec.dense import DenseTensor
 from codec.spec import ModelSpec
 from node.model.train import InnerResult
+from node.runtime.memory import Sharding, pick_sharding
+from node.runtime.weights import Weights
+from node.strategy import Strategy
 from protocol.runconfig import RunConfig
 
-__all__ = ["DistributedRanks", "Ranks", "init_ranks", "shard_tensors"]
+__all__ = ["DistributedRanks", "Ranks", "init_peer_ranks", "init_ranks", "shard_tensors"]
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +86,17 @@ class Ranks:
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """The module the inner steps train (DDP across ranks)."""
         return model
+
+    def weights(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        strategy: Strategy,
+        spec: ModelSpec,
+    ) -> Weights:
+        """How the peer reads and writes `model`'s weights on these ranks (`node.runtime.weights`;
+        call after `wrap`)."""
+        return Weights(model, optimizer, strategy, self, spec)
 
     def local_rows(self, batch: torch.Tensor) -> torch.Tensor:
         """This rank's contiguous slice of an inner step's batch (the union is the batch)."""
@@ -218,3 +226,20 @@ def init_ranks(device: str, run: RunConfig) -> tuple[Ranks, torch.device]:
     dist.init_process_group(backend, timeout=timedelta(seconds=max(1800.0, 3 * window_s)))
     log.info("rank %d of %d on %s (%s)", rank, world, dev, backend)
     return DistributedRanks(rank, world, dev), dev
+
+
+def init_peer_ranks(device: str, run: RunConfig, sharding: Sharding) -> tuple[Ranks, torch.device]:
+    """`init_ranks`, sharded with FSDP2 (`node.runtime.fsdp`) under torchrun when
+    `pick_sharding` says so; a single process stays unsharded."""
+    ranks, dev = init_ranks(device, run)
+    if not isinstance(ranks, DistributedRanks):
+        return ranks, dev
+    memory = torch.cuda.get_device_properties(dev).total_memory if dev.type == "cuda" else None
+    picked = pick_sharding(sharding, run, ranks.world, memory)
+    if ranks.is_main:
+        log.info("%d ranks: %s (--sharding %s)", ranks.world, picked.upper(), sharding)
+    if picked == "ddp":
+        return ranks, dev
+    from node.runtime.fsdp import ShardedRanks  # imports torch._dynamo (seconds): only if used
+
+    return ShardedRanks(ranks.rank, ranks.world, dev), dev

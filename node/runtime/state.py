@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import io
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,11 @@ class PeerState:
     fingerprint: str
     outer: dict[str, torch.Tensor] = field(default_factory=dict)  # e.g. Nesterov momentum
     inflight: dict[str, Any] = field(default_factory=dict)  # `node.window.flight.Flight.record`
+
+    def without_weights(self) -> PeerState:
+        """This state without its model, optimizer and outer tensors (what the other ranks of
+        a sharded peer get from rank 0, `node.runtime.sharded_weights`)."""
+        return replace(self, model={}, optimizer={}, outer={})
 
 
 def save_rotating(current: Path, previous: Path, body: dict[str, Any]) -> Path:

@@ -241,6 +241,15 @@ class Strategy(ABC):
         """Names and shapes the outer state may hold (what a checkpoint may carry)."""
         return self.outer.shapes()
 
+    def keep_outer_for(self, local: ModelSpec) -> None:
+        """Keep the outer step's state for `local`, a rank's rows of the model's tensors (FSDP2,
+        `node.runtime.sharded_weights`): the outer step is elementwise, so `receive`,
+        `next_weights` and the outer state dicts then work on those rows alone. Strategies
+        with outer state of their own (whole-tensor, e.g. a basis) cannot: ValueError."""
+        if set(self.outer_shapes()) - set(self.outer.shapes()):
+            raise ValueError(f"the {self.name} strategy's outer state cannot be sharded")
+        self.outer = OuterOptimizer(self.run.outer, local, self.device)
+
     # -- helpers -----------------------------------------------------------------------------
 
     def _by_name(self, update: Update) -> dict[str, Any]:

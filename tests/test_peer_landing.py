@@ -47,7 +47,7 @@ def test_a_delayed_exchange_lands_after_land_by_steps_not_after_training(tmp_pat
     peer = _peer(tmp_path)
     due = land_by_step(peer.cfg.inner_steps)
     assert 0 < due < peer.cfg.inner_steps
-    peer._origin = peer._weights()
+    peer._origin = peer.weights.start()
     sent = peer._encode(peer._origin, 0)  # window 0's update (zero: nothing trained yet)
     at_landing: list[int] = []
 

@@ -175,7 +175,7 @@ class Book:
     def reference(self, hotkeys: Mapping[int, str], scores: Mapping[int, float]) -> float | None:
         """The window's ``m``: the median score of the accepted peers `hotkeys` in `consensus`
         (evaluated before this window's evidence is added); None unless positive."""
-        members = sorted(scores[u] for u in self.consensus(hotkeys))
+        members = [scores[u] for u in self.consensus(hotkeys)]
         if not members:
             return None
         mid = statistics.median(members)
@@ -228,8 +228,9 @@ class Book:
         rec = self.records.get(uid)
         if rec is None:
             return {"ordinal": 0.0, "gain_factor": 0.0, "final": 0.0}
-        gain = max(0.0, self.gain(rec))
-        gate = 1.0 if self.gain(rec) > self.gain_floor() else 0.0
+        corrected = self.gain(rec)
+        gain = max(0.0, corrected)
+        gate = 1.0 if corrected > self.gain_floor() else 0.0
         own = self.own_factor(rec)
         final = gain * own * rec.sync_ema * (1.0 - rec.penalty) * gate
         return {

@@ -55,7 +55,7 @@ from node.runtime.retention import prune_own_bucket
 from node.runtime.state import PeerState, load_error_feedback, load_state, save_ef_shard, save_state
 from node.strategy import Strategy, make_strategy
 from node.strategy.outer import land_by_step
-from node.window.consensus import agree, wait_for_manifest, window_roster
+from node.window.consensus import agree, manifest_deadline, wait_for_manifest, window_roster
 from node.window.exchange import encode_signed, publish
 from node.window.flight import Exchanged, Flight
 from node.window.gather import Pieces, gather
@@ -66,6 +66,10 @@ from protocol.runconfig import RunConfig
 from protocol.stores import ObjectStore, StoreError
 
 log = logging.getLogger(__name__)
+
+AFFORD_MARGIN = 1.5
+"""How much slower than last time a window's training, encoding and upload may turn out while
+the peer waits for the previous window's manifest (`Peer._afford_until`)."""
 
 
 @dataclass
@@ -124,6 +128,7 @@ class Peer:
         self._exchanged: Flight | None = None  # the one this window landed (for its report)
         self._fork: Flight | None = None  # landed, from a start we did not share: resync
         self._origin: dict[str, torch.Tensor] = {}  # what this window's pseudo-gradient is from
+        self._train_s: float | None = None  # the last window's training and encoding, seconds
         self.next_window = self._restore()
 
     # -- the window --------------------------------------------------------------------------
@@ -131,10 +136,13 @@ class Peer:
     def run_window(self, window: int) -> WindowReport:
         self._origin, start_fp = self.weights.start(), self.weights.fingerprint()
         self._step_when_landed()  # delay 1: window - 1's step as soon as its exchange lands,
+        began = time.monotonic()
         inner = self._train(window)  # here or between two inner steps
         if self._flight is not None:  # delay 1, still in the air: it lands before we encode
             self._land_and_step(live=True)
-        self._launch(window, self._encode(self._origin, window), start_fp)
+        sent = self._encode(self._origin, window)
+        self._train_s = time.monotonic() - began  # what the next update needs before its upload
+        self._launch(window, sent, start_fp)
         if not self.delay:
             self._land_and_step(live=False)
         self._resync_forked()
@@ -335,12 +343,25 @@ class Peer:
         roster = window_roster(self.chain, self.cfg, window, self.local_root)
         peers = [roster.buckets[u] for u in roster.selected if u in roster.buckets]
         fetched = gather(peers, self.cfg, self.spec, window, self.clock.deadline_s(window))
-        c = self.cfg.consensus
-        manifest = wait_for_manifest(
-            roster, self.cfg, window, begun + c.fetch_budget_s + c.manifest_wait_s
-        )
+        until = manifest_deadline(begun, self.cfg, self._afford_until(window, upload_s))
+        manifest = wait_for_manifest(roster, self.cfg, window, until)
         agreed = agree(roster, fetched, manifest, start_fp, self.cfg, self.spec)
         return Exchanged(upload_bytes, upload_s, fetched, agreed)
+
+    def _afford_until(self, window: int, upload_s: float) -> float | None:
+        """The latest moment (monotonic seconds) this window's agreement can come while our next
+        update still makes its deadline: window + 1's upload deadline, less the training and
+        encoding still ahead once it lands (all of it with delay 0, what follows `land_by_step`
+        with delay 1) and the upload, times `AFFORD_MARGIN`, and one block. None before we have
+        timed a window."""
+        if self._train_s is None:
+            return None
+        h = self.cfg.inner_steps
+        ahead = self._train_s * ((h - land_by_step(h)) / h if self.delay else 1.0)
+        upload = upload_s if math.isfinite(upload_s) else 0.0
+        reserve = AFFORD_MARGIN * (ahead + upload) + self.cfg.timing.block_time_s
+        left = self.clock.deadline_s(window + 1) - time.time()
+        return time.monotonic() + left - reserve
 
     def _publish(self, data: bytes, window: int, resume: bool) -> tuple[int, float]:
         """Upload our update (a resumed exchange only if it is not stored yet)."""

@@ -39,7 +39,13 @@ from node.runtime.clock import ChainClock
 from node.runtime.report_log import REPORTS, append_line
 from node.runtime.retention import prune_own_bucket
 from node.strategy import make_strategy
-from node.window.consensus import Agreement, Roster, wait_for_manifest, window_roster
+from node.window.consensus import (
+    Agreement,
+    Roster,
+    manifest_deadline,
+    wait_for_manifest,
+    window_roster,
+)
 from node.window.gather import Pieces
 from node.window.history import (
     catch_up_any,
@@ -181,8 +187,10 @@ class Validator:
         begun: float,
         spool: Path,
     ) -> Agreement:
-        """As the lead: decide and publish the window's set. Otherwise: follow the lead. The
-        aggregate we publish is written in `spool`, one update read back at a time."""
+        """As the lead: decide and publish the window's set. Otherwise: follow the lead, waiting
+        for its manifest up to the next gather block if need be (our scores can wait, the
+        agreement cannot). The aggregate we publish is written in `spool`, one update read back
+        at a time."""
         if roster.lead is not None and roster.lead.uid == self.uid:
             manifest = lead_manifest(
                 self.run, window, roster, checks, self.uid, self.keypair.ss58_address,
@@ -190,8 +198,7 @@ class Validator:
             )  # fmt: skip
             publish_decision(self.store, self.run, self.keypair, manifest, uploads, spool)
             return lead_agreement(manifest, uploads)
-        c = self.run.consensus
-        until = begun + c.fetch_budget_s + c.manifest_wait_s
+        until = manifest_deadline(begun, self.run, self._scoring_deadline(window))
         manifest = wait_for_manifest(roster, self.run, window, until)
         agreed = follow(roster, uploads, manifest, self.fingerprint, self.run, self.spec)
         if agreed.forked and agreed.manifest is not None:

@@ -18,8 +18,11 @@ The rule (reasoning and attacks in docs/consensus.md):
    takes the one outer step (`node.strategy`). The lead can leave updates out (censor);
    it cannot put in anything a selected peer did not sign, nor move the model further than the
    outer step's bounds allow.
-4. **Without a manifest** by ``fetch_budget_s + manifest_wait_s`` after the gather point, a node
-   applies its own verified copies of the selected updates under the same bounds and carries on;
+4. **Waiting for it.** A node waits for the manifest at least ``fetch_budget_s + manifest_wait_s``
+   after its gather began and then, while it can afford to, up to the moment its own next update
+   would miss its deadline (`manifest_deadline`): a lead slowed down by load still reaches every
+   honest node, instead of each falling back alone on what it happened to fetch.
+5. **Without a manifest** by then, a node applies its own verified copies of the selected updates under the same bounds and carries on;
    the next manifest's ``fingerprint_start`` tells it whether it forked, and it then resyncs from
    the lead's published history before applying that window (`node.window.history`).
 """
@@ -100,6 +103,14 @@ def _lead(metagraph: Metagraph, buckets: Mapping[int, PeerBucket]) -> PeerBucket
         (n for n in metagraph.validators if n.uid in buckets), key=lambda n: (-n.stake, n.uid)
     )
     return buckets[ranked[0].uid] if ranked else None
+
+
+def manifest_deadline(begun: float, run: RunConfig, afford_until: float | None) -> float:
+    """When a node stops waiting for the lead's manifest (monotonic seconds): at least
+    ``fetch_budget_s + manifest_wait_s`` after its gather `begun`, and up to `afford_until` (the
+    latest moment the node's own next deadline allows, None when it does not know) beyond."""
+    floor = begun + run.consensus.fetch_budget_s + run.consensus.manifest_wait_s
+    return floor if afford_until is None else max(floor, afford_until)
 
 
 def wait_for_manifest(

@@ -5,7 +5,9 @@
 #   1. at least 3 windows pass and the validator scored and aggregated the miner;
 #   2. `docker compose stop` saves the miner's state and `start` resumes it;
 #   3. a host-owned 0600 hotkey works with the documented `user: "${UID}:${GID}"` mapping, and
-#      without it the entrypoint refuses to start and prints that fix.
+#      without it the entrypoint refuses to start and prints that fix;
+#   4. the `sim` profile runs `tessera sim --storage s3://…` against the same server and writes
+#      its report, owned by the mapped user, into the mounted folder.
 # Prints the build time, image size and time to the first window. Skips (exit 0, reason printed)
 # when no Docker daemon or Compose v2 is there.
 #
@@ -61,7 +63,8 @@ EOF
 # The run: the tiny preset with 40 one-second blocks per window (a loaded 2-core box), and the
 # miner's hotkey made as HOST_UID (mode 0600, owned by that host user); the chain job creates the
 # validator's the same way through the user mapping. Both made with the image's own Python.
-mkdir -p "$WORK/wallets" "$WORK/config" && chown "$HOST_UID:$HOST_UID" "$WORK/wallets" "$WORK/config"
+mkdir -p "$WORK/wallets" "$WORK/config"
+chown "$HOST_UID:$HOST_UID" "$WORK/wallets" "$WORK/config" "$WORK/runs"
 chmod 700 "$WORK/wallets"
 chmod 755 "$WORK"
 docker run --rm --network none --user "$HOST_UID:$HOST_UID" -v "$WORK:/smoke" --entrypoint python \
@@ -146,4 +149,18 @@ echo "ok: docker compose start resumed at window $window and trained on"
 owner=$(stat -c '%u %a' "$WORK/wallets/local/hotkeys/miner")
 [ "$owner" = "$HOST_UID 600" ] || fail "the hotkey changed owner or mode: $owner"
 echo "ok: the miner signed with a hotkey owned by uid $HOST_UID, mode 0600 (user: \"\${UID}:\${GID}\")"
-echo "PASS compose smoke: build ${build_s} s, image $(( size / 1000000 )) MB, first window ${first_s} s"
+# -- 4. the sim profile against the same S3 server (the local nodes stopped first) -----------------
+compose stop local-miner local-validator >/dev/null 2>&1
+start=$(date +%s)
+compose --profile sim run --rm sim sim --storage 's3://tessera-sim?endpoint=http://minio:9000' \
+    --out /runs/sim --force --peers 2 --windows 2 --blocks-per-window 40 --no-baseline \
+    >"$WORK/sim.log" 2>&1 || fail "the sim profile failed: $(tail -n 20 "$WORK/sim.log")"
+sim_s=$(( $(date +%s) - start ))
+python3 - "$WORK/runs/sim/report.json" <<'EOF' || fail "the sim profile's report is not what it should be"
+import json, sys
+report = json.load(open(sys.argv[1]))
+assert report["diverged"] == [] and all(c == 0 for c in report["exit_codes"].values()), report
+EOF
+[ "$(stat -c '%u' "$WORK/runs/sim/report.html")" = "$HOST_UID" ] || fail "the sim report is not owned by $HOST_UID"
+echo "ok: the sim profile ran 2 peers for 2 windows on the S3 server in ${sim_s} s, report in runs/sim/"
+echo "PASS compose smoke: build ${build_s} s, image $(( size / 1000000 )) MB, first window ${first_s} s, sim profile ${sim_s} s"

@@ -130,7 +130,7 @@ def test_a_lost_spool_file_is_our_fault_not_the_peers(
     assert isinstance(got, Got) and isinstance(got.body, Spooled)
     got.body.path.unlink()
     with pytest.raises(SpoolError):
-        checked(0, hotkey, got, RUN, SPEC, WINDOW, time.time() + 60, keep=False)
+        checked(0, hotkey, got, RUN, SPEC, WINDOW, time.time() + 60)
     uploads = fetch_uploads([peer], RUN, SPEC, WINDOW, time.time() + 60, _spool(tmp_path))
     body = uploads[0].body
     assert uploads[0].fetched.ok and isinstance(body, Spooled)

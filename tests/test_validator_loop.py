@@ -18,17 +18,19 @@ from node.model.fingerprint import fingerprint
 from node.model.llama import build_model
 from node.runtime.commit import commitment_for
 from node.strategy import make_strategy
+from node.window.buckets import PeerBucket
 from node.window.exchange import check_update, encode_signed
 from node.window.gather import Fetched, StoredUpdate
 from node.window.history import Source, catch_up, publish_aggregate
 from protocol.chain.local import LocalChain
 from protocol.chain.local_db import LocalChainDB, create_local_chain
 from protocol.commitment import render_commitment
+from protocol.naming import update_key
 from protocol.runconfig import RunConfig
 from protocol.stores import open_store
 from protocol.stores.spool import Sink, SpoolError
 from validator.checks import Verdict
-from validator.classify import PeerCheck
+from validator.classify import PeerCheck, check_window, measure
 from validator.fetching import SPOOL, Upload
 from validator.loop import Validator
 
@@ -152,5 +154,48 @@ def test_scoring_stops_when_its_time_is_up(tmp_path: Path) -> None:
     (tmp_path / "3").unlink()
     with pytest.raises(SpoolError):
         v._score(0, checks, time.monotonic() + 600)
+    chain.close()
+    admin.close()
+
+
+def test_the_lead_decodes_each_update_once_before_its_manifest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The manifest every peer waits for comes after the fetch and the checks. The checks take
+    each update's norm and sketch while the fetch has it decoded (`validator.classify.measure`)
+    instead of reading it back and decoding it again: under load, the second decode put the
+    lead's manifest past the peers' wait and the simulation forked."""
+    import node.strategy.sparseloco as sparseloco
+
+    clock = Clock(time.time() - 60, BLOCK_TIME)  # window 0's deadline is still ahead
+    create_local_chain(tmp_path / "chain.db", NETUID, block_time=BLOCK_TIME, clock=clock)
+    admin = LocalChainDB(tmp_path / "chain.db", clock=clock)
+    for i, key in enumerate(KEYS):
+        admin.register(NETUID, key.ss58_address, validator=i == 0, stake=100.0 if i == 0 else 0.0)
+    chain = LocalChain(tmp_path / "chain.db", NETUID, clock=clock)
+    v = Validator(RUN, KEYS[0], chain, open_store(f"file://{tmp_path}?bucket=lead"), tmp_path / "s")
+    peers = []
+    for uid, check in _scorable(v, tmp_path).items():  # two peers' updates, in their buckets
+        store = open_store(f"file://{tmp_path}?bucket=peer{uid}")
+        assert check.upload is not None and check.upload.body is not None
+        store.put(update_key(RUN.run_id, 0, uid, check.hotkey), check.upload.body.read())
+        peers.append(PeerBucket(uid, check.hotkey, store))
+    decodes: list[int] = []
+    real = sparseloco.decode_update
+    monkeypatch.setattr(
+        sparseloco, "decode_update", lambda *a, **k: decodes.append(1) or real(*a, **k)
+    )
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    uploads = v._fetch(0, peers, spool)
+    checks = check_window(
+        0, {p.uid: p.hotkey for p in peers}, uploads, {}, None, v.history, RUN, v.spec, v.cfg,
+        v.salt, v.strategy,
+    )  # fmt: skip
+    assert len(decodes) == len(peers), decodes  # once each, for its check
+    assert all(c.verdict is Verdict.OK and c.sketch is not None for c in checks.values()), checks
+    again = {u: measure(u, up.fetched.update, 0, v.spec, RUN, v.cfg, v.salt, v.strategy)
+             for u, up in uploads.items()}  # fmt: skip
+    assert {u: c.norm for u, c in checks.items()} == {u: m.norm for u, m in again.items()}
     chain.close()
     admin.close()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from codec.spec import ModelSpec
 from node.strategy import Strategy, make_strategy
+from node.strategy.base import Decoded
 from protocol.runconfig import RunConfig
 from protocol.stores.spool import SpoolError
 from validator.checks import Verdict, classify_fetch, in_sync, norm_verdicts
@@ -55,6 +56,43 @@ class PeerCheck:
         return self.verdict is Verdict.OK
 
 
+@dataclass(frozen=True)
+class Measured:
+    """What the checks take of one decoded update: its norm and sketch, or why they failed."""
+
+    norm: float | None = None
+    sketch: Sketch | None = None
+    error: str | None = None
+
+
+def measure(
+    uid: int,
+    update: Decoded,
+    window: int,
+    spec: ModelSpec,
+    run: RunConfig,
+    cfg: ValidatorConfig,
+    salt: int,
+    strategy: Strategy,
+) -> Measured:
+    """The norm (`Strategy.norm`) and the copy sketch (`validator.copies.sketch`) of `update`,
+    decoded once; a peer's update that breaks them is its failure, our spool's is ours."""
+    try:
+        tensors = update.tensors
+        return Measured(
+            strategy.norm(tensors),
+            sketch(
+                uid, window, update.digest, tensors,
+                spec, run.codec, cfg.sketch_size, salt, strategy.entries,
+            ),
+        )  # fmt: skip
+    except SpoolError:
+        raise  # our disk, not the peer's update
+    except Exception as exc:  # one bad peer never stops the window
+        log.exception("window %d: checking uid %d failed", window, uid)
+        return Measured(error=str(exc))
+
+
 def check_window(
     window: int,
     hotkeys: Mapping[int, str],
@@ -82,19 +120,12 @@ def check_window(
         out[uid].in_sync = in_sync(up.fingerprint, our_previous_fingerprint)
         if up.fetched.update is None:
             continue
-        try:
-            tensors = up.fetched.update.tensors  # decoded once here (it may be kept as bytes)
-            out[uid].norm = strategy.norm(tensors)
-            out[uid].sketch = sketch(
-                uid, window, up.fetched.update.digest, tensors,
-                spec, run.codec, cfg.sketch_size, salt, strategy.entries,
-            )  # fmt: skip
-            del tensors
-        except SpoolError:
-            raise  # our disk, not the peer's update
-        except Exception as exc:  # one bad peer never stops the window
-            log.exception("window %d: checking uid %d failed", window, uid)
-            out[uid].verdict, out[uid].detail = Verdict.MALFORMED, f"check failed: {exc}"
+        m = up.measured or measure(
+            uid, up.fetched.update, window, spec, run, cfg, salt, strategy
+        )  # measured at the fetch, or decoded again from its body here
+        if m.error is not None:
+            out[uid].verdict, out[uid].detail = Verdict.MALFORMED, f"check failed: {m.error}"
+        out[uid].norm, out[uid].sketch = m.norm, m.sketch
     norms = {u: c.norm for u, c in out.items() if c.ok and c.norm is not None}
     for uid, (verdict, detail) in norm_verdicts(norms, cfg.norm_ratio).items():
         out[uid].verdict, out[uid].detail = verdict, detail

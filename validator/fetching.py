@@ -12,6 +12,10 @@ Each update's body goes to a file in the window's spool directory while it arriv
 update is kept as that file (`node.window.gather.StoredUpdate`): read back, checked against its
 digest and decoded whenever it is used, one at a time. So the validator holds no peer's bytes
 between uses, and its memory does not grow with the number of peers beyond the sketches.
+
+What the checks need of each decoded update (its norm and sketch: `validator.classify.measure`)
+is taken by `measure` while the update is decoded for its check, so the lead decodes each update
+once before it publishes the window's manifest, which every peer is waiting for.
 """
 
 from __future__ import annotations
@@ -19,14 +23,16 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from codec.spec import ModelSpec
+from node.strategy.base import Decoded
 from node.window.buckets import PeerBucket
-from node.window.gather import Fetched, checked, fetch_all, update_request
+from node.window.gather import Fetched, StoredUpdate, checked, fetch_all, update_request
 from protocol.naming import fingerprint_key
 from protocol.runconfig import RunConfig
 from protocol.stores.fetch import FetchRequest, Got
@@ -60,6 +66,7 @@ class Upload:
     fetched: Fetched
     fingerprint: str | None  # the peer's published fingerprint for window - 1, if any
     keeps_clock: bool = False  # its provider stamps objects with its own clock
+    measured: Any = None  # what `measure` took of the decoded update (`fetch_uploads`)
 
     @property
     def body(self) -> Body | None:
@@ -94,9 +101,12 @@ def fetch_uploads(
     window: int,
     deadline_s: float,
     spool: Path,
+    measure: Callable[[int, Decoded], Any] | None = None,
 ) -> dict[int, Upload]:
     """Every peer's `Upload`, keyed by uid, within the run's fetch budget; update bodies go to
-    files in `spool` (an empty directory that lives as long as the uploads are used)."""
+    files in `spool` (an empty directory that lives as long as the uploads are used). Each
+    verified update is decoded once here, handed to `measure` (uid, decoded), and then kept as its
+    body alone (`StoredUpdate`): one decoded update in memory at a time."""
     requests: dict[tuple[int, str], FetchRequest] = {}
     for p in peers:
         requests[(p.uid, "update")] = update_request(p, run, spec, window, spool)
@@ -104,13 +114,15 @@ def fetch_uploads(
             key = fingerprint_key(run.run_id, window - 1, p.uid, p.hotkey)
             requests[(p.uid, "fingerprint")] = FetchRequest(p.store, key, MAX_FINGERPRINT_BYTES)
     got = fetch_all(requests, run)
-    return {
-        p.uid: Upload(
-            p.uid,
-            p.hotkey,
-            checked(p.uid, p.hotkey, got[(p.uid, "update")], run, spec, window, deadline_s, False),
-            parse_fingerprint(got.get((p.uid, "fingerprint")), run, window - 1, p.uid),
-            p.keeps_clock,
-        )
-        for p in peers
-    }
+    out = {}
+    for p in peers:
+        fetched = checked(p.uid, p.hotkey, got[(p.uid, "update")], run, spec, window, deadline_s)
+        measured = None
+        if fetched.update is not None and fetched.body is not None:
+            if measure is not None:
+                measured = measure(p.uid, fetched.update)
+            stored = StoredUpdate.of(fetched.update, fetched.body, run, spec)
+            fetched = replace(fetched, update=stored)  # the decoded tensors go here
+        fingerprint = parse_fingerprint(got.get((p.uid, "fingerprint")), run, window - 1, p.uid)
+        out[p.uid] = Upload(p.uid, p.hotkey, fetched, fingerprint, p.keeps_clock, measured)
+    return out

@@ -39,6 +39,8 @@ from node.runtime.clock import ChainClock
 from node.runtime.report_log import REPORTS, append_line
 from node.runtime.retention import prune_own_bucket
 from node.strategy import make_strategy
+from node.strategy.base import Decoded
+from node.window.buckets import PeerBucket
 from node.window.consensus import (
     Agreement,
     Roster,
@@ -62,7 +64,7 @@ from protocol.stores import ObjectStore, StoreError
 from protocol.stores.spool import SpoolError
 from validator.agreement import follow, lead_agreement, lead_manifest, publish_decision
 from validator.checks import Verdict
-from validator.classify import PeerCheck, check_window
+from validator.classify import Measured, PeerCheck, check_window, measure
 from validator.config import ValidatorConfig
 from validator.copies import Sketch, SketchHistory, aggregate_sketch, sketch
 from validator.fetching import Upload, clear_spool, fetch_uploads, window_spool
@@ -131,10 +133,7 @@ class Validator:
         roster = window_roster(self.chain, self.run, window, self.local_root)
         hotkeys, buckets, no_bucket = _members(roster)
         with window_spool(self.state_dir, window) as spool:  # the updates' bytes, until stepped
-            uploads = fetch_uploads(
-                list(buckets.values()), self.run, self.spec, window,
-                self.clock.deadline_s(window), spool,
-            )  # fmt: skip
+            uploads = self._fetch(window, list(buckets.values()), spool)
             checks = check_window(
                 window, hotkeys, uploads, no_bucket, self.fingerprint if window > 0 else None,
                 self.history, self.run, self.spec, self.cfg, self.salt, self.strategy,
@@ -177,6 +176,16 @@ class Validator:
         return self.clock.current_window()
 
     # -- steps -------------------------------------------------------------------------------
+
+    def _fetch(self, window: int, buckets: list[PeerBucket], spool: Path) -> dict[int, Upload]:
+        """Every peer's upload (bodies in `spool`), each measured for the checks while the fetch
+        has it decoded: the manifest the peers wait for then costs one decode per update."""
+        run, spec, cfg, salt, strategy = self.run, self.spec, self.cfg, self.salt, self.strategy
+
+        def take(uid: int, update: Decoded) -> Measured:
+            return measure(uid, update, window, spec, run, cfg, salt, strategy)
+
+        return fetch_uploads(buckets, run, spec, window, self.clock.deadline_s(window), spool, take)
 
     def _agree(
         self,

@@ -41,8 +41,8 @@ log = logging.getLogger(__name__)
 class StoredUpdate:
     """A verified update kept as its `Body`: `tensors` reads and decodes it on every access.
 
-    A validator keeps every peer's update of a window this way (`checked(..., keep=False)`), its
-    bytes in a spool file, so it never holds more than one update's bytes and one decoded update
+    A validator keeps every peer's update of a window this way once it has measured it
+    (`validator.fetching.fetch_uploads`), its bytes in a spool file, so it never holds more than one update's bytes and one decoded update
     at a time: its memory grows with the model, not with the number of peers (`Pieces`)."""
 
     header: Any
@@ -157,11 +157,9 @@ def checked(
     spec: ModelSpec,
     window: int,
     deadline_s: float,
-    keep: bool = True,
 ) -> Fetched:
-    """What one fetch result is worth: a verified update, or the reason it is dropped. With
-    ``keep=False`` the verified update is kept as its body (`StoredUpdate`), not decoded: a
-    spooled body is read back here, checked, and dropped from memory again."""
+    """What one fetch result is worth: a verified, decoded update, or the reason it is dropped
+    (a spooled body is read back here)."""
     if isinstance(got, StoreError):
         log.info("window %d: fetching uid %d failed: %s", window, uid, got)
         return Fetched(uid, None, fetch_reason(got))
@@ -179,8 +177,6 @@ def checked(
     except Exception as exc:  # one bad peer never takes the node down
         log.exception("unexpected error checking uid %d", uid)
         return Fetched(uid, None, f"error: {type(exc).__name__}: {exc}", n_bytes=n)
-    if not keep:
-        update = StoredUpdate.of(update, got.body, run, spec)
     return Fetched(uid, update, "ok", got.body, got.last_modified, n)
 
 

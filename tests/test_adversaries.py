@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from substrateinterface import Keypair
 
 from codec.aggregate import update_norm
 from codec.compress import scatter_add
@@ -36,11 +38,14 @@ from protocol.keys import create_hotkey
 from protocol.naming import update_key
 from protocol.runconfig import RunConfig
 from protocol.signing import SignatureError
-from protocol.stores import ObjectNotFound, open_store
+from protocol.stores import ObjectNotFound, ObjectStore, open_store
 from protocol.stores.fetch import TooSlow, fetch_many
 
 NETUID = 1
 BLOCK = 0.1
+# the `world` fixture: hotkeys (victim, adversary, validator), the chain, their stores, a factory
+World = tuple[list[Keypair], LocalChain, list[ObjectStore], Callable[[str], Adversary]]
+
 RUN = RunConfig.preset(
     "tiny",
     name="adversaries",
@@ -68,7 +73,7 @@ def _cos(a: dict, b: dict) -> float:
     return float(x @ y / (x.norm() * y.norm()))
 
 
-def _victim_uploads(world: tuple, window: int, update: list) -> None:
+def _victim_uploads(world: World, window: int, update: list) -> None:
     """The honest victim (uid 0) signs and publishes `update` for `window` in its bucket."""
     keys, _, stores, _ = world
     data = encode_signed(update, RUN, SPEC, window, 0, keys[0])
@@ -76,7 +81,7 @@ def _victim_uploads(world: tuple, window: int, update: list) -> None:
 
 
 @pytest.fixture
-def world(tmp_path: Path):
+def world(tmp_path: Path) -> Iterator[World]:
     """A fast local chain: uid 0 honest victim, uid 1 the adversary, uid 2 a validator."""
     create_local_chain(tmp_path / "chain.db", NETUID, block_time=BLOCK)
     db = LocalChainDB(tmp_path / "chain.db")
@@ -112,7 +117,7 @@ def test_poison_is_as_strong_as_decoders_allow() -> None:
         refused[0].validate(RUN.codec)
 
 
-def test_the_poisoner_uploads_both_variants_against_the_victim(world) -> None:
+def test_the_poisoner_uploads_both_variants_against_the_victim(world: World) -> None:
     keys, _, _, make = world
     adv, victim = make("poison"), _honest(11)
     for window in (0, 1):
@@ -132,7 +137,7 @@ def test_scaled_is_five_times_the_victim() -> None:
         torch.testing.assert_close(b[n], 5 * a[n], rtol=1e-6, atol=0)
 
 
-def test_the_scaler_uploads_five_times_the_victims_update(world) -> None:
+def test_the_scaler_uploads_five_times_the_victims_update(world: World) -> None:
     keys, _, _, make = world
     adv, victim = make("scaled"), _honest(12)
     _victim_uploads(world, 3, victim)
@@ -162,7 +167,7 @@ def _checked(adv: Adversary, keys: list, window: int, update: list | None) -> li
     return check_update(data, 1, keys[1].ss58_address, RUN, SPEC, window).tensors
 
 
-def test_sigforge_signs_with_another_key_or_flips_a_byte(world) -> None:
+def test_sigforge_signs_with_another_key_or_flips_a_byte(world: World) -> None:
     keys, _, stores, make = world
     adv = make("sigforge")
     for window in (0, 1):
@@ -172,7 +177,7 @@ def test_sigforge_signs_with_another_key_or_flips_a_byte(world) -> None:
             check_update(data, 1, keys[1].ss58_address, RUN, SPEC, window)
 
 
-def test_equivocate_replaces_or_deletes_its_update_while_others_gather(world) -> None:
+def test_equivocate_replaces_or_deletes_its_update_while_others_gather(world: World) -> None:
     keys, chain, stores, make = world
     adv = make("equivocate")
     window = max(0, adv.sched.window_of(chain.block())) + 1
@@ -188,7 +193,7 @@ def test_equivocate_replaces_or_deletes_its_update_while_others_gather(world) ->
         stores[1].get(update_key(RUN.run_id, window + 1, 1, keys[1].ss58_address), 1 << 24)
 
 
-def test_recycler_uploads_the_last_aggregate(world) -> None:
+def test_recycler_uploads_the_last_aggregate(world: World) -> None:
     keys, _, stores, make = world
     # honest peers train the same model on different data: their updates largely agree
     common = {t.name: torch.randn(t.shape, generator=torch.Generator().manual_seed(8)) * 1e-3
@@ -203,7 +208,7 @@ def test_recycler_uploads_the_last_aggregate(world) -> None:
     assert abs(_cos(_dense(recycled), _dense(_honest(9)))) < 0.05  # unlike any other update
 
 
-def test_recycler_of_unrelated_updates_keeps_what_top_k_can(world) -> None:
+def test_recycler_of_unrelated_updates_keeps_what_top_k_can(world: World) -> None:
     keys, _, stores, make = world
     ups = {0: _honest(5), 1: _honest(6)}
     data = {u: encode_signed(up, RUN, SPEC, 5, u, keys[u]) for u, up in ups.items()}
@@ -257,7 +262,7 @@ def test_chunk_mix_takes_half_the_chunks_whole_from_each_source() -> None:
     assert abs(_cos(_dense(mix), _dense(b)) - 0.5) < 0.1
 
 
-def test_the_mixer_uploads_a_chunk_mix_of_two_peers(world) -> None:
+def test_the_mixer_uploads_a_chunk_mix_of_two_peers(world: World) -> None:
     keys, _, stores, make = world
     adv = make("mixer")
     adv.second_victim = 2
@@ -281,7 +286,7 @@ def test_the_simulation_gives_the_mixer_two_honest_sources(tmp_path: Path) -> No
     assert [args.victim, args.second_victim] == [m.uid for m in world.of_kind("honest")]
 
 
-def test_slowdrip_serves_its_bucket_one_byte_per_second(world, tmp_path: Path) -> None:
+def test_slowdrip_serves_its_bucket_one_byte_per_second(world: World, tmp_path: Path) -> None:
     _, chain, _, make = world
     adv = make("slowdrip")
     adv_mod._serve_slowly(adv, f"file://{tmp_path / 'buckets'}?bucket=bucket1")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -24,7 +26,7 @@ from protocol.runconfig import RunConfig
 from protocol.stores import open_store
 
 
-def test_late_peer_replays_checkpoint_and_aggregates(tmp_path) -> None:
+def test_late_peer_replays_checkpoint_and_aggregates(tmp_path: Path) -> None:
     run = RunConfig.preset("tiny", name="history")
     keys = [create_hotkey("w", f"k{i}", root=tmp_path / "wallets") for i in range(3)]
     validator = keys[2]
@@ -76,7 +78,7 @@ def test_late_peer_replays_checkpoint_and_aggregates(tmp_path) -> None:
         )
 
 
-def test_a_late_peer_restores_nesterov_momentum_from_a_checkpoint(tmp_path) -> None:
+def test_a_late_peer_restores_nesterov_momentum_from_a_checkpoint(tmp_path: Path) -> None:
     """DiLoCo with outer Nesterov: the checkpoint carries the momentum, so a late peer that
     starts from it (windows 0-1 are not even published) lands on the live weights bit for bit."""
     run = RunConfig.preset(

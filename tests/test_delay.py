@@ -7,6 +7,8 @@ peer's own update decoded back from its saved bytes settles exactly as the encod
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -137,7 +139,7 @@ def test_an_own_update_decoded_from_its_bytes_settles_like_the_sent_one() -> Non
     assert all(torch.equal(ours[n], theirs[n]) for n in SHAPES)
 
 
-def test_a_late_peer_replays_a_delayed_run_from_a_checkpoint(tmp_path) -> None:
+def test_a_late_peer_replays_a_delayed_run_from_a_checkpoint(tmp_path: Path) -> None:
     """Nesterov and delay 1: the checkpoint carries momentum and the held mean, so a late peer
     that starts from it (windows 0-1 never published) lands on the live weights and state."""
     run = RunConfig.preset(
@@ -178,7 +180,7 @@ def test_a_late_peer_replays_a_delayed_run_from_a_checkpoint(tmp_path) -> None:
     assert theirs.keys() == ours.keys() and all(torch.equal(theirs[k], ours[k]) for k in ours)
 
 
-def test_a_checkpoint_with_a_misshapen_held_mean_is_not_used(tmp_path) -> None:
+def test_a_checkpoint_with_a_misshapen_held_mean_is_not_used(tmp_path: Path) -> None:
     run = RunConfig.preset("tiny", name="history-bad", outer={"delay": 1})
     key = create_hotkey("w", "v", root=tmp_path / "wallets")
     store = open_store(f"file://{tmp_path}?bucket=validator")

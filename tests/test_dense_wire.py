@@ -3,6 +3,8 @@ with one `DecodeError` (or `SignatureError` through `check_update`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -132,7 +134,7 @@ def test_fuzzed_mutations_only_raise_decode_error() -> None:
         )
 
 
-def test_a_diloco_run_verifies_before_it_decodes(tmp_path) -> None:
+def test_a_diloco_run_verifies_before_it_decodes(tmp_path: Path) -> None:
     run = RunConfig.preset("tiny", name="dense-wire", strategy="diloco")
     spec = ModelSpec.from_shapes({"w": (64, 64), "n": (64,)})
     key, other = (create_hotkey("w", n, root=tmp_path) for n in ("a", "b"))

@@ -5,6 +5,7 @@ strict decoding of its ``TSRL`` container."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from functools import partial
 
 import pytest
@@ -49,7 +50,9 @@ class _Named(torch.nn.Module):
         super().__init__()
         self.params = {n: torch.nn.Parameter(torch.zeros(s)) for n, s in SHAPES.items()}
 
-    def named_parameters(self, *args: object, **kwargs: object):  # type: ignore[override]
+    def named_parameters(  # type: ignore[override]
+        self, *args: object, **kwargs: object
+    ) -> Iterator[tuple[str, torch.nn.Parameter]]:
         return iter(self.params.items())
 
 

@@ -47,7 +47,9 @@ def _deltas(seed: int) -> dict[str, torch.Tensor]:
     return {n: torch.randn(s, generator=gen) for n, s in SHAPES.items()}
 
 
-def _ref_support(last: torch.Tensor, params: CodecParams, shared_k: int, explore: float, seed: int):
+def _ref_support(
+    last: torch.Tensor, params: CodecParams, shared_k: int, explore: float, seed: int
+) -> list[torch.Tensor]:
     """The support rule, position by position with Python's sort."""
     layout = ChunkLayout.for_shape(tuple(last.shape), params)
     out, offset = [], 0

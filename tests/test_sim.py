@@ -10,6 +10,7 @@ from conftest import iam_user
 from moto.core.authorization import disable_iam_authentication
 
 from deploy.cli import main
+from deploy.sim.layout import World
 
 FAST = ["--block-time", "0.5", "--blocks-per-window", "40", "--timeout", "600"]
 
@@ -78,7 +79,7 @@ def test_simulation_on_an_s3_server(
     assert all(w > 0 for name, w in report["final_weights"].items() if name.startswith("peer"))
 
 
-def _write_reports(world, losses: dict[str, list[float]], fps: dict[str, list[str]]) -> None:
+def _write_reports(world: World, losses: dict[str, list[float]], fps: dict[str, list[str]]) -> None:
     for m in world.members:
         m.state_dir.mkdir(parents=True, exist_ok=True)
         if m.kind == "validator":

@@ -31,7 +31,7 @@ from protocol.stores.spool import Spooled, SpoolError
 from validator.checks import Verdict, classify_fetch, in_sync, norm_verdicts
 from validator.classify import check_window
 from validator.config import ValidatorConfig
-from validator.copies import SketchHistory, Stamp, explain, explain_window, overlap, sketch
+from validator.copies import Sketch, SketchHistory, Stamp, explain, explain_window, overlap, sketch
 from validator.fetching import fetch_uploads
 from validator.ratings import Book, PeerRecord, WindowOutcome
 from validator.state import ValidatorState, load_state, save_state
@@ -155,7 +155,9 @@ def test_norm_and_sync_verdicts() -> None:
 # -- copies and replays --------------------------------------------------------------------------
 
 
-def _sk(uid: int, window: int, upd: list, digest: bytes | None = None, size: int = 1 << 16):
+def _sk(
+    uid: int, window: int, upd: list, digest: bytes | None = None, size: int = 1 << 16
+) -> Sketch:
     return sketch(uid, window, digest or bytes([uid, window]) * 16, upd, SPEC, RUN.codec, size, 5)
 
 

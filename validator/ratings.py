@@ -142,7 +142,9 @@ def _ema(old: float, new: float, rate: float) -> float:
 class Book:
     """Every peer's `PeerRecord`, updated once per window."""
 
-    def __init__(self, cfg: ValidatorConfig, records: Mapping[int, PeerRecord] | None = None):
+    def __init__(
+        self, cfg: ValidatorConfig, records: Mapping[int, PeerRecord] | None = None
+    ) -> None:
         self.cfg = cfg
         self.records: dict[int, PeerRecord] = dict(records or {})
 

@@ -76,7 +76,7 @@ def test_signature_is_added_without_touching_the_payload() -> None:
     assert_same(sparse, wire.decode_update(signed, SPEC, PARAMS).tensors)
 
 
-def _frame(header: dict, payload: bytes) -> bytes:
+def _frame(header: dict | list, payload: bytes) -> bytes:
     raw = msgpack.packb(header, use_bin_type=True)
     return struct.pack("<4sBI", wire.MAGIC, wire.FORMAT_VERSION, len(raw)) + raw + payload
 
@@ -86,48 +86,96 @@ def _parts(data: bytes) -> tuple[dict, bytes]:
     return msgpack.unpackb(data[9 : 9 + n], raw=False), data[9 + n :]
 
 
-def _corpus(good: bytes) -> dict[str, bytes]:
+def _sections(header: dict, payload: bytes) -> tuple[bytes, bytes, bytes]:
+    """(index streams, value codes, scales and codebooks) of a payload, by its header."""
+    idx = sum(sum(t[2]) for t in header["tensors"])
+    codes = idx + header["codes_bytes"]
+    return payload[:idx], payload[idx:codes], payload[codes:]
+
+
+def _corpus(good: bytes) -> dict[str, tuple[bytes, str]]:
+    """Hostile variants of `good`, each with the rule that must refuse it (its message): every
+    rule is pinned by a case that only it catches first, so deleting one fails the test."""
     header, payload = _parts(good)
     out = {
-        "empty": b"",
-        "truncated header": good[:20],
-        "truncated payload": good[:-7],
-        "extra byte": good + b"\x00",
-        "bad magic": b"XXXX" + good[4:],
-        "bad version": good[:4] + b"\x09" + good[5:],
-        "header length lies": good[:5] + struct.pack("<I", 1 << 30) + good[9:],
-        "oversized header": struct.pack("<4sBI", wire.MAGIC, 1, 8 << 20) + b"\x00" * (8 << 20),
-        "header not msgpack": good[:9] + b"\xc1" * (len(good) - 9),
-        "flipped payload bit": good[:-40] + bytes([good[-40] ^ 4]) + good[-39:],
+        "empty": (b"", "truncated before its header"),
+        "truncated header": (good[:20], "header length .* is impossible"),
+        "truncated payload": (good[:-7], "payload is .* bytes, header says"),
+        "extra byte": (good + b"\x00", "payload is .* bytes, header says"),
+        "bad magic": (b"XXXX" + good[4:], "bad magic"),
+        "bad version": (good[:4] + b"\x09" + good[5:], "format version 9"),
+        "header length lies": (
+            good[:5] + struct.pack("<I", 1 << 30) + good[9:],
+            "header length .* is impossible",
+        ),
+        "oversized header": (
+            struct.pack("<4sBI", wire.MAGIC, wire.FORMAT_VERSION, 8 << 20) + b"\x00" * (8 << 20),
+            "header length .* is impossible",
+        ),
+        "header not msgpack": (good[:9] + b"\xc1" * (len(good) - 9), "malformed update header"),
+        "header not a map": (_frame([header], payload), "header is not a map"),
+        "flipped payload bit": (good[:-40] + bytes([good[-40] ^ 4]) + good[-39:], "payload digest"),
     }
     variants = {
-        "wrong k": {"k": header["k"] + 1},
-        "wrong spec digest": {"spec_digest": "0" * 32},
-        "payload length lies": {"payload_bytes": header["payload_bytes"] + 1},
-        "codes length lies": {"codes_bytes": header["codes_bytes"] + 3},
-        "extra field": {"evil": 1},
-        "digest wrong type": {"digest": "abc"},
-        "shape disagrees": {
-            "tensors": [[t[0], [t[1][0] + 1, *t[1][1:]], *t[2:]] for t in header["tensors"]]
-        },
-        "tensor dropped": {"tensors": header["tensors"][1:]},
-        "index length lies": {
-            "tensors": [[*t[:2], [t[2][0] + 5, *t[2][1:]], t[3]] for t in header["tensors"]]
-        },
-        "too many codebook rows": {"tensors": [[*t[:3], 9] for t in header["tensors"]]},
-        "table row too short": {"tensors": [t[:2] for t in header["tensors"]]},
+        "codec version": ({"codec_version": header["codec_version"] + 1}, "codec version"),
+        "wrong k": ({"k": header["k"] + 1}, r"codec \(tile=32, k=25\)"),
+        "wrong spec digest": ({"spec_digest": "0" * 32}, "another model spec"),
+        "payload length lies": (
+            {"payload_bytes": header["payload_bytes"] + 1},
+            "payload is .* bytes, header says",
+        ),
+        "codes length lies": ({"codes_bytes": header["codes_bytes"] + 3}, "section lengths"),
+        "extra field": ({"evil": 1}, "Extra inputs are not permitted"),
+        "digest wrong type": ({"digest": "abc"}, "valid bytes"),
+        "shape disagrees": (
+            {"tensors": [[t[0], [t[1][0] + 1, *t[1][1:]], *t[2:]] for t in header["tensors"]]},
+            r"tensor 'embed' \(301, 96\) != spec",
+        ),
+        "tensor missing at the end": (
+            {"tensors": header["tensors"][:-1]},
+            f"{len(header['tensors']) - 1} tensors, spec has",
+        ),
+        "index stream dropped": (
+            {"tensors": [[*t[:2], t[2][:1], t[3]] for t in header["tensors"]]},
+            "embed: 1 index streams, expected 2",
+        ),
+        "index length lies": (
+            {"tensors": [[*t[:2], [t[2][0] + 5, *t[2][1:]], t[3]] for t in header["tensors"]]},
+            "section lengths",
+        ),
+        "too many codebook rows": (
+            {"tensors": [[*t[:3], 9] for t in header["tensors"]]},
+            "less than",
+        ),
+        "table row too short": (
+            {"tensors": [t[:2] for t in header["tensors"]]},
+            "malformed tensor table row",
+        ),
     }
-    for name, change in variants.items():
-        out[name] = _frame({**header, **change}, payload)
+    for name, (change, rule) in variants.items():
+        out[name] = (_frame({**header, **change}, payload), rule)
+    # payloads with the right digest whose sections lie
+    idx, codes, rest = _sections(header, payload)
+    assert header["codes_zstd"], "the cases below take a zstd value section"
+
+    def repaid(h: dict, body: bytes) -> bytes:
+        return _frame({**h, "digest": wire.payload_digest(body), "payload_bytes": len(body)}, body)
+
+    raw = {**header, "codes_zstd": False}  # the squeezed codes read as packed codes
+    out["value codes too short"] = (repaid(raw, payload), "value codes are .* bytes, expected")
+    junk = idx + b"\x00" * len(codes) + rest
+    out["value codes not zstd"] = (repaid(header, junk), "value codes do not decompress")
+    bad_index = b"\xff" * len(idx) + codes + rest
+    out["index stream garbage"] = (repaid(header, bad_index), "^embed: ")
     return out
 
 
 def test_adversarial_corpus_raises_decode_error_quickly() -> None:
     good = wire.encode_update(compress_random(SPEC, PARAMS, 2), PARAMS, SPEC)
     wire.decode_update(good, SPEC, PARAMS)
-    for name, data in _corpus(good).items():
+    for name, (data, rule) in _corpus(good).items():
         t0 = time.perf_counter()
-        with pytest.raises(DecodeError):
+        with pytest.raises(DecodeError, match=rule):
             wire.decode_update(data, SPEC, PARAMS)
         assert time.perf_counter() - t0 < 2.0, name
 

@@ -106,30 +106,42 @@ def test_encoder_rejects_malformed_rows(bad: np.ndarray, why: str) -> None:
         indices.encode(bad, 4096)
 
 
+def test_encoder_rejects_chunk_sizes_and_k_beyond_the_coder() -> None:
+    with pytest.raises(ValueError, match="chunk size 0 out of range"):
+        indices.encode(np.array([[0]]), 0)
+    with pytest.raises(ValueError, match="exceeds the coder's limit"):
+        indices.encode(np.arange(indices.MAX_K + 1)[None, :], 4096)
+
+
 def _valid_stream(n: int = 64, k: int = 64) -> bytes:
     return indices.encode(random_subsets(np.random.default_rng(1), n, 4096, k), 4096)
 
 
 def test_adversarial_headers_raise_decode_error_quickly() -> None:
+    """Each hostile stream is refused by its own rule (the message), so that deleting any one
+    check fails this test even where a later check would have refused the stream too."""
     good = _valid_stream()
     head = len(indices.MAGIC) + 1
     corpus = [
-        b"",
-        b"TI",
-        b"XX" + good[2:],
-        good[:2] + bytes([9]) + good[3:],  # unknown version
-        good[:head] + b"\xff" * 12,  # varint too long
-        good[:head] + b"\x80\x80\x80\x80\x80\x80\x80\x80\x80\x80\x01",  # overlong varint
-        good[:head] + b"\x80\x20\x40\xff\xff\xff\x7f",  # C=4096, k=64, n huge: lying count
-        good[:head] + b"\x00\x01\x01",  # chunk size 0
-        good[:head] + b"\x80\x20\x81\x20\x01",  # k > C
-        good[: len(good) // 2],  # truncated
-        good + b"\x00",  # trailing byte
-        good[:head] + b"\x80\x20\x40\x40" + b"\x00" * 10,  # claims 64 chunks, too short
+        (b"", "bad magic"),
+        (b"TI", "bad magic"),
+        (b"XX" + good[2:], "bad magic"),
+        (good[:2] + bytes([9]) + good[3:], "version 9"),
+        (good[:head] + b"\xff" * 12, "varint too long"),
+        (good[:head] + b"\x80\x80\x80\x80\x80\x80\x80\x80\x80\x80\x01", "varint too long"),
+        (good[:head] + b"\x80\x20\x40\xff\xff\xff\x7f", "exceed the limit"),  # lying count
+        (good[:head] + b"\x00\x01\x01", "chunk size 0 out of range"),
+        (good[:head] + b"\x81\x80\x80\x01\x01\x01", "chunk size 2097153 out of range"),
+        (good[:head] + b"\x80\x20\x81\x20\x01", "k=4097 out of range"),  # k > C
+        (good[:head] + b"\x80\x20\x81\x08\x01", "k=1025 out of range"),  # above the coder's k
+        (good[: len(good) // 2], "truncated"),
+        (good + b"\x00", "trailing bytes"),
+        (good[:head] + b"\x80\x20\x40\x40" + b"\x00" * 10, "10 bytes cannot hold 64 chunks"),
+        (good[:head] + b"\x80\x20\x00\x40\x00", "unexpected bytes after a trivial"),  # k = 0
     ]
-    for data in corpus:
+    for data, rule in corpus:
         t0 = time.perf_counter()
-        with pytest.raises(DecodeError):
+        with pytest.raises(DecodeError, match=rule):
             indices.decode(data)
         assert time.perf_counter() - t0 < 2.0
 

@@ -5,6 +5,7 @@ the add-back, and strict decoding: foreign supports, fresh entries on the suppor
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from functools import partial
 
@@ -199,6 +200,22 @@ def test_updates_for_another_support_or_with_fresh_entries_on_it_are_refused() -
     with pytest.raises(DecodeError, match="shared support"):
         peer.mean({0: forged})
     assert peer.mean({0: stale})["w"].abs().sum() > 0
+
+
+def test_the_masked_encoder_refuses_two_supports_or_another_shared_k() -> None:
+    run = _run()
+    peer = make_strategy(run, SPEC)
+    pieces = peer.encode(_deltas(1), 0)
+    shared_k = run.mask.shared_k
+    wire.decode_update(
+        wire.encode_update(pieces, peer.params, SPEC, fmt=wire.MASKED, shared_k=shared_k),
+        SPEC, peer.params, fmt=wire.MASKED, shared_k=shared_k,
+    )  # fmt: skip
+    two = [*pieces[:-1], dataclasses.replace(pieces[-1], digest=bytes(32))]
+    with pytest.raises(ValueError, match="same support"):
+        wire.encode_update(two, peer.params, SPEC, fmt=wire.MASKED, shared_k=shared_k)
+    with pytest.raises(ValueError, match="do not match shared_k"):
+        wire.encode_update(pieces, peer.params, SPEC, fmt=wire.MASKED, shared_k=shared_k - 1)
 
 
 def test_copy_detection_compares_the_shared_and_the_fresh_positions() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 import time
 
@@ -178,6 +179,19 @@ def test_adversarial_corpus_raises_decode_error_quickly() -> None:
         with pytest.raises(DecodeError, match=rule):
             wire.decode_update(data, SPEC, PARAMS)
         assert time.perf_counter() - t0 < 2.0, name
+
+
+def test_the_encoder_refuses_pieces_that_do_not_match_its_spec() -> None:
+    update = compress_random(SPEC, PARAMS, 6)
+    with pytest.raises(ValueError, match="every tensor of the spec"):
+        wire.encode_update(update[::-1], PARAMS, SPEC)
+    with pytest.raises(ValueError, match="wrong kind of pieces"):
+        wire.encode_update(update, PARAMS, SPEC, fmt=wire.MASKED)
+    with pytest.raises(ValueError, match="wrong kind of pieces"):
+        wire.encode_update(update, PARAMS, SPEC, shared_k=3)
+    bent = [dataclasses.replace(update[0], shape=(96, 300)), *update[1:]]
+    with pytest.raises(ValueError, match=r"embed: shape \(96, 300\) != spec"):
+        wire.encode_update(bent, PARAMS, SPEC)
 
 
 def test_size_cap_and_foreign_spec_are_refused() -> None:

@@ -33,8 +33,9 @@ from node.window.manifest import (
 )
 from protocol.chain.models import Metagraph, Neuron
 from protocol.keys import create_hotkey
-from protocol.naming import applied_key
+from protocol.naming import ObjectKind, applied_key
 from protocol.runconfig import RunConfig
+from protocol.signing import payload_digest, sign_object
 from protocol.stores import open_store
 from protocol.stores.spool import InMemory
 
@@ -210,6 +211,48 @@ def test_manifest_refuses_tampering_and_other_signers(tmp_path: Path, keys: dict
         store.put(applied_key(RUN.run_id, WINDOW, LEAD, lead.ss58_address), junk)
         with pytest.raises(ManifestError):
             read()
+
+
+def test_a_lead_cannot_sign_its_way_past_the_manifest_rules(tmp_path: Path, keys: dict) -> None:
+    """Each rule refuses a manifest the lead really signed: duplicated entries (one update
+    counted twice would pass the median-norm bound twice), long reasons, another window's
+    manifest replayed, extra keys beside the body, a signature that is not 64 bytes of hex."""
+    store = open_store(f"file://{tmp_path}?bucket=lead")
+    lead = keys[LEAD]
+    key = applied_key(RUN.run_id, WINDOW, LEAD, lead.ss58_address)
+    entry = Entry(uid=0, hotkey=keys[0].ss58_address, digest="0" * 64, size=10)
+    good = WindowManifest(
+        run_id=RUN.run_id, window=WINDOW, roster_block=40, validator_uid=LEAD,
+        validator_hotkey=lead.ss58_address, fingerprint_start="ab" * 16, entries=(entry,),
+    ).model_dump(mode="json")  # fmt: skip
+
+    def put(body: dict, extra: dict | None = None, sig: str | None = None) -> None:
+        canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+        signed = sign_object(
+            lead, ObjectKind.APPLIED, RUN.run_id, body["window"], LEAD, payload_digest(canonical)
+        )
+        obj = {"body": body, "sig": signed.hex() if sig is None else sig, **(extra or {})}
+        store.put(key, json.dumps(obj).encode())
+
+    def refused(rule: str) -> None:
+        with pytest.raises(ManifestError, match=rule):
+            read_manifest(store, RUN.run_id, WINDOW, LEAD, lead.ss58_address, CAP)
+
+    put(good)
+    assert read_manifest(store, RUN.run_id, WINDOW, LEAD, lead.ss58_address, CAP).uids == [0]
+    twice = good["entries"] * 2
+    put({**good, "entries": twice})
+    refused("each uid once")
+    put({**good, "entries": [entry.model_copy(update={"uid": 3}).model_dump(), *good["entries"]]})
+    refused("sorted by uid")
+    put({**good, "rejected": {"4": "x" * 201}})
+    refused("reason too long")
+    put({**good, "window": WINDOW - 1})  # last window's manifest, served at this window's key
+    refused("manifest names")
+    put(good, extra={"note": "unsigned"})
+    refused("exactly")
+    put(good, sig="ab" * 63)
+    refused("64 bytes of hex")
 
 
 # -- bounded influence ---------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import pytest
 from deploy.sim.slow_store import SlowStore
 from node.window.gather import checked
 from protocol.credentials import ReadCredentials
-from protocol.endpoints import EndpointPolicy, EndpointRefused, is_routable
+from protocol.endpoints import EndpointPolicy, EndpointRefused, is_routable, split_host
 from protocol.runconfig import RunConfig
 from protocol.stores import RetryPolicy, S3Config, S3Store, StoreError, StoreUnavailable
 from protocol.stores.fetch import FetchRequest, Got, fetch_many
@@ -144,6 +144,32 @@ def test_refused_before_any_lookup(url: str, network: Network) -> None:
     with pytest.raises(EndpointRefused):  # a peer's store cannot even be opened on it
         _store(url.rstrip("/"), EndpointPolicy.production())
     assert network.lookups == [] and network.blocked == []
+
+
+@pytest.mark.parametrize(
+    ("host", "rule"),
+    [
+        ("127.1", "not a canonical dotted-quad"),  # the resolver would read 127.0.0.1
+        ("0177.0.0.1", "not a canonical dotted-quad"),
+        ("8.8.8.08", "not a canonical dotted-quad"),
+        ("1.2.3", "not a canonical dotted-quad"),
+        ("s3_x.example.org", "not a lowercase DNS name"),
+        ("s3.example.org.", "not a lowercase DNS name"),
+        ("S3.example.org", "not a lowercase DNS name"),
+    ],
+)
+def test_each_host_is_refused_by_its_rule(host: str, rule: str) -> None:
+    with pytest.raises(EndpointRefused, match=rule):
+        EndpointPolicy.production().check_host(host, None)
+
+
+@pytest.mark.parametrize("hostport", ["s3.example.org:0443", "s3.example.org:", "s3.example.org:x",
+                                      "s3.example.org:65536", "s3.example.org:+443"])  # fmt: skip
+def test_a_committed_host_with_a_malformed_port_is_refused(hostport: str) -> None:
+    with pytest.raises(EndpointRefused, match="malformed port"):
+        split_host(hostport)
+    assert split_host("s3.example.org:443") == ("s3.example.org", 443)
+    assert split_host("s3.example.org") == ("s3.example.org", None)
 
 
 @pytest.mark.parametrize(

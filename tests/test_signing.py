@@ -85,8 +85,11 @@ def test_wrong_signer_and_bad_signatures(kp: Keypair, other: Keypair) -> None:
     with pytest.raises(SignatureError):
         verify_update(other.ss58_address, sig, RUN, 12, 3, DIGEST)
     flipped = bytes([sig[0] ^ 1]) + sig[1:]
-    for bad in (flipped, sig[:-1], sig + b"\x00", b"\x00" * 64, b"", sig.hex(), None):
+    for bad in (flipped, b"\x00" * 64):
         with pytest.raises(SignatureError):
+            verify_update(kp.ss58_address, bad, RUN, 12, 3, DIGEST)
+    for bad in (sig[:-1], sig + b"\x00", b"", sig.hex(), None):  # refused before any curve work
+        with pytest.raises(SignatureError, match="must be 64 bytes"):
             verify_update(kp.ss58_address, bad, RUN, 12, 3, DIGEST)  # type: ignore[arg-type]
     for hotkey in ("", "5" * 48, kp.ss58_address[:-1], "0x" + kp.public_key.hex(), None):
         with pytest.raises(SignatureError):

@@ -80,13 +80,10 @@ def _literal(host: str) -> ipaddress.IPv4Address | None:
         raise EndpointRefused("host is not a lowercase DNS name or dotted-quad IPv4 address")
     if _NUMERIC_LABEL.fullmatch(host.rsplit(".", 1)[-1]) is None:
         return None
-    try:
-        address = ipaddress.IPv4Address(host)
+    try:  # only the canonical dotted quad parses: no leading zeros or short forms (Python >= 3.9.5)
+        return ipaddress.IPv4Address(host)
     except ValueError:
         raise EndpointRefused("numeric host is not a canonical dotted-quad address") from None
-    if str(address) != host:
-        raise EndpointRefused("numeric host is not a canonical dotted-quad address")
-    return address
 
 
 def is_routable(address: str) -> bool:

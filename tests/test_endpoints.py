@@ -9,10 +9,12 @@ without leaving the machine. Both transports are exercised: the asyncio gather
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -77,6 +79,8 @@ class Network:
         self.names: dict[str, list[list[str]]] = {}  # name -> answers, the last one repeats
         self.lookups: list[str] = []
         self.blocked: list[tuple[str, int]] = []  # connections the firewall refused
+        self.failing: set[str] = set()  # names whose lookup fails
+        self.stalled: dict[str, float] = {}  # names whose lookup hangs this long (seconds)
 
 
 @pytest.fixture
@@ -88,6 +92,9 @@ def network(monkeypatch: pytest.MonkeyPatch) -> Network:
         if host not in net.names:
             return real_lookup(host, port, *args, **kwargs)
         net.lookups.append(host)
+        if host in net.failing:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        time.sleep(net.stalled.get(host, 0.0))
         answers = net.names[host]
         addresses = answers.pop(0) if len(answers) > 1 else answers[0]
         return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, int(port or 0))) for a in addresses]
@@ -210,6 +217,36 @@ def test_only_globally_routable_unicast_addresses(address: str, routable: bool) 
 
 
 # -- lookups: every address checked, the connection pinned to them --------------------------------
+
+
+def test_each_lookup_outcome_is_refused_by_its_rule(network: Network) -> None:
+    """No answer, too many answers (a hostile name server's fan-out), a failed lookup and one
+    that hangs: each is one `EndpointRefused`, the last within the resolver's time limit."""
+    policy = dataclasses.replace(EndpointPolicy.production(), resolve_timeout_s=0.3)
+    network.names["none.test.example"] = [[]]
+    network.names["many.test.example"] = [[f"8.8.{i // 250}.{i % 250 + 1}" for i in range(33)]]
+    network.names["gone.test.example"] = [[PUBLIC]]
+    network.failing.add("gone.test.example")
+    network.names["slow.test.example"] = [[PUBLIC]]
+    network.stalled["slow.test.example"] = 2.0
+    for name, rule in [
+        ("none.test.example", "resolved to no address"),
+        ("many.test.example", "too many addresses"),
+        ("gone.test.example", "name lookup failed"),
+        ("slow.test.example", "took longer than 0.3 s"),
+    ]:
+        t0 = time.monotonic()
+        with pytest.raises(EndpointRefused, match=rule):
+            policy.resolve(name, 443)
+        assert time.monotonic() - t0 < 1.5, name
+    network.names["fine.test.example"] = [[PUBLIC, PUBLIC]]
+    assert policy.resolve("fine.test.example", 443) == [PUBLIC]
+
+
+def test_a_url_that_does_not_parse_is_refused_as_malformed() -> None:
+    for url in ("https://s3.example.org:x/", "https://s3.example.org:443443/", "https://[::1/"):
+        with pytest.raises(EndpointRefused, match="malformed URL"):
+            EndpointPolicy.production().check_url(url)
 
 
 def test_a_name_resolving_to_a_private_address_is_never_contacted(

@@ -21,6 +21,7 @@ from node.model.llama import build_model
 from node.strategy import make_strategy
 from node.window.exchange import encode_signed
 from node.window.history import (
+    HistoryError,
     Source,
     catch_up,
     latest_checkpoint,
@@ -195,6 +196,20 @@ def test_a_checkpoint_with_a_misshapen_held_mean_is_not_used(tmp_path: Path) -> 
     publish_checkpoint(store, run, 2, 0, key, model, outer=held)
     found = latest_checkpoint(Source(0, key.ss58_address, store), strategy, 5)
     assert found is not None and found[0] == 2
+
+
+def test_a_checkpoint_with_part_of_the_held_mean_is_refused_when_loaded(tmp_path: Path) -> None:
+    """Every tensor fits, but the held mean covers one tensor of many: catch-up refuses it as one
+    `HistoryError` instead of applying half a mean."""
+    run = RunConfig.preset("tiny", name="history-part", outer={"delay": 1})
+    key = create_hotkey("w", "v", root=tmp_path / "wallets")
+    store = open_store(f"file://{tmp_path}?bucket=validator")
+    model = build_model(run.model, run.seed)
+    strategy = make_strategy(run, ModelSpec.from_module(model))
+    name, shape = next(iter(strategy.outer_shapes().items()))
+    publish_checkpoint(store, run, 1, 0, key, model, outer={name: torch.zeros(shape)})
+    with pytest.raises(HistoryError, match="checkpoint of window 1: outer state 'held' covers 1"):
+        catch_up(model, strategy, Source(0, key.ss58_address, store), {}, 0, 5)
 
 
 def test_a_step_that_lands_before_training_is_delay_zero_one_window_later() -> None:

@@ -8,7 +8,10 @@ through `node.window.history` as a late peer or a resyncing node would.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import re
 import time
 import tracemalloc
 from pathlib import Path
@@ -16,6 +19,7 @@ from pathlib import Path
 import msgpack
 import pytest
 import torch
+from safetensors.torch import save as save_safetensors
 
 from codec.compress import Compressor
 from codec.spec import ModelSpec
@@ -131,38 +135,58 @@ def test_an_integer_body_is_refused_before_anything_is_allocated(world: World) -
 
 
 @pytest.mark.parametrize(
-    "outer",
+    ("outer", "rule"),
     [
-        msgpack.packb({"body": "a string, not bytes", "sig": b"x" * 64}),
-        msgpack.packb({"body": b"x", "sig": "a string"}),
-        msgpack.packb({"body": b"x", "sig": b"x" * 64, "extra": 1}),
-        msgpack.packb([b"body", b"sig"]),
-        b"\xc1\xc1\xc1 not msgpack at all",
-        msgpack.packb({"body": b"x", "sig": b"x"}) + b"trailing",
-        b"",
+        (msgpack.packb({"body": "a string, not bytes", "sig": b"x" * 64}), "must be bytes"),
+        (msgpack.packb({"body": b"x", "sig": "a string"}), "must be bytes"),
+        (msgpack.packb({"body": b"x", "sgn": b"x" * 64}), r"is not \{body, sig\}"),
+        (msgpack.packb([b"body", b"sig"]), r"is not \{body, sig\}"),
+        (msgpack.packb({"body": b"x", "sig": b"x" * 64, "extra": 1}), "not a valid history"),
+        (b"\xc1\xc1\xc1 not msgpack at all", "not a valid history object"),
+        (msgpack.packb({"body": b"x", "sig": b"x"}) + b"trailing", "not a valid history object"),
+        (b"", "not a valid history object"),
     ],
-    ids=["str-body", "str-sig", "extra-field", "array", "garbage", "trailing", "empty"],
+    ids=[
+        "str-body",
+        "str-sig",
+        "wrong-key",
+        "array",
+        "extra-field",
+        "garbage",
+        "trailing",
+        "empty",
+    ],
 )
-def test_malformed_aggregates_are_one_typed_error(world: World, outer: bytes) -> None:
+def test_malformed_aggregates_are_one_typed_error(world: World, outer: bytes, rule: str) -> None:
     evil = world.evil("malformed")
     world.put_aggregate(evil, 0, outer)
-    with pytest.raises(HistoryError):
+    with pytest.raises(HistoryError, match=rule):
         _read(world, evil)
 
 
 def test_a_signed_body_with_wrong_types_is_refused(world: World) -> None:
     """The publisher's own valid signature over nonsense proves nothing: the body is checked."""
     evil = world.evil("wrong-types")
-    for body in (
-        msgpack.packb({"window": 0, "updates": {0: "not bytes"}}),
-        msgpack.packb({"window": "0", "updates": {0: world.raw[0][0]}}),
-        msgpack.packb({"window": 0, "updates": {-1: world.raw[0][0]}}),
-        msgpack.packb({"window": 0, "updates": [world.raw[0][0]]}),
-        msgpack.packb({"window": 1, "updates": {0: world.raw[0][0]}}),
+    for body, rule in (
+        (msgpack.packb({"window": 0, "updates": {0: "not bytes"}}), "uid -> bytes"),
+        (msgpack.packb({"window": "0", "updates": {0: world.raw[0][0]}}), "does not match"),
+        (msgpack.packb({"window": 0, "updates": {-1: world.raw[0][0]}}), "uid -> bytes"),
+        (msgpack.packb({"window": 0, "updates": [world.raw[0][0]]}), "does not match"),
+        (msgpack.packb({"window": 1, "updates": {0: world.raw[0][0]}}), "does not match"),
     ):
         world.put_aggregate(evil, 0, world.signed_body(0, body))
-        with pytest.raises(HistoryError):
+        with pytest.raises(HistoryError, match=rule):
             _read(world, evil)
+
+
+def test_an_aggregate_naming_an_unknown_uid_is_refused(world: World) -> None:
+    """An entry for a uid the pinned roster does not know has no hotkey to verify it against."""
+    evil = world.evil("unknown-uid")
+    body = msgpack.packb({"window": 0, "updates": {7: world.raw[0][0]}})
+    world.put_aggregate(evil, 0, world.signed_body(0, body))
+    assert 7 not in world.peers
+    with pytest.raises(HistoryError, match="uid 7, which has no known hotkey"):
+        catch_up(build_model(RUN.model, RUN.seed), world.strategy(), evil, world.peers, 0, 1)
 
 
 def test_an_aggregate_over_the_run_cap_is_not_downloaded(world: World) -> None:
@@ -193,7 +217,9 @@ def _manifest(world: World, source: Source, window: int, body: dict, sig: str) -
     source.store.put(key, json.dumps({"body": body, "sig": sig}).encode())  # type: ignore[attr-defined]
 
 
-def test_checkpoint_manifests_are_signed_typed_and_capped(world: World) -> None:
+def test_checkpoint_manifests_are_signed_typed_and_capped(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
     evil = world.evil("checkpoints")
     model = build_model(RUN.model, RUN.seed)
     key = publish_checkpoint(evil.store, RUN, 1, 3, world.evil_key, model, outer={})  # type: ignore[arg-type]
@@ -205,17 +231,65 @@ def test_checkpoint_manifests_are_signed_typed_and_capped(world: World) -> None:
     forged_sig = sign_object(
         other, ObjectKind.MANIFEST, RUN.run_id, 1, 3, payload_digest(b"anything")
     ).hex()
+
+    def signed(body: dict) -> str:  # the evil validator signs its own lie
+        canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+        return sign_object(
+            world.evil_key, ObjectKind.MANIFEST, RUN.run_id, 1, 3, payload_digest(canonical)
+        ).hex()
+
+    huge = {**good["body"], "bytes": cap + 1}
+    elsewhere = {**good["body"], "sha256": "0" * 64}
     cases = {
-        "another signer": (good["body"], forged_sig),
-        "flipped signature": (good["body"], ("0" if good["sig"][0] != "0" else "1") + good["sig"][1:]),
-        "bigger than the run allows": ({**good["body"], "bytes": cap + 1}, good["sig"]),
-        "window as a string": ({**good["body"], "window": "1"}, good["sig"]),
-        "bytes as a float": ({**good["body"], "bytes": float(good["body"]["bytes"])}, good["sig"]),
-        "another digest": ({**good["body"], "sha256": "0" * 64}, good["sig"]),
+        "another signer": (good["body"], forged_sig, "does not verify"),
+        "flipped signature": (good["body"], ("0" if good["sig"][0] != "0" else "1") + good["sig"][1:], "does not verify"),
+        "bigger than the run allows": (huge, signed(huge), "claims"),
+        "window as a string": ({**good["body"], "window": "1"}, good["sig"], "wrong types"),
+        "bytes as a float": ({**good["body"], "bytes": float(good["body"]["bytes"])}, good["sig"], "wrong types"),
+        "short signature": (good["body"], good["sig"][:-2], "wrong types"),
+        "a field missing": ({k: v for k, v in good["body"].items() if k != "sha256"}, good["sig"], "wrong fields"),
+        "another window's": ({**good["body"], "window": 2}, good["sig"], "names another object"),
+        "another digest": (elsewhere, signed(elsewhere), "does not match its manifest"),
     }  # fmt: skip
-    for name, (body, sig) in cases.items():
+    key = manifest_key(RUN.run_id, 1, evil.uid, evil.hotkey)
+    raw = {
+        "not JSON": (b"{not json", "is not JSON"),
+        "beside the body": (json.dumps({**good, "note": 1}).encode(), r"is not \{body, sig\}"),
+    }
+    for name, (body, sig, rule) in cases.items():
         _manifest(world, evil, 1, body, sig)
-        assert latest_checkpoint(evil, world.strategy(), 1) is None, name
+        raw[name] = (evil.store.get(key, 4096), rule)  # type: ignore[attr-defined]
+    for name, (data, rule) in raw.items():
+        evil.store.put(key, data)  # type: ignore[attr-defined]
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="node.window.history"):
+            assert latest_checkpoint(evil, world.strategy(), 1) is None, name
+        assert re.search(rule, caplog.text), (name, caplog.text)
+
+
+def test_a_signed_checkpoint_of_the_wrong_content_is_refused(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Signed, matching its manifest's size and digest, and still refused by what it holds: bytes
+    that are not safetensors, or tensors of another model."""
+    evil = world.evil("wrong-content")
+    other = build_model(RUN.model.model_copy(update={"n_layers": 1}), RUN.seed)
+    for data, rule in [
+        (b"\x00" * 4096, "is not safetensors"),
+        (save_safetensors(dict(other.named_parameters())), "does not fit this model"),
+    ]:
+        evil.store.put(checkpoint_key(RUN.run_id, 1, 3, evil.hotkey), data)  # type: ignore[attr-defined]
+        body = {"run_id": RUN.run_id, "window": 1, "uid": 3, "bytes": len(data),
+                "sha256": hashlib.sha256(data).hexdigest()}  # fmt: skip
+        canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+        sig = sign_object(
+            world.evil_key, ObjectKind.MANIFEST, RUN.run_id, 1, 3, payload_digest(canonical)
+        )
+        _manifest(world, evil, 1, body, sig.hex())
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="node.window.history"):
+            assert latest_checkpoint(evil, world.strategy(), 1) is None
+        assert rule in caplog.text, caplog.text
 
 
 def test_a_checkpoint_that_is_not_the_model_is_refused(world: World) -> None:

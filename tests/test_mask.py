@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from functools import partial
+from pathlib import Path
 
 import msgpack
 import numpy as np
@@ -25,7 +26,11 @@ from codec.spec import CodecParams, ModelSpec
 from node.data.batches import open_run_dataset
 from node.model.llama import build_model
 from node.strategy import make_strategy
+from node.window.exchange import encode_signed
+from node.window.history import HistoryError, Source, catch_up, publish_aggregate
+from protocol.keys import create_hotkey
 from protocol.runconfig import RunConfig
+from protocol.stores import open_store
 from validator.config import ValidatorConfig
 from validator.reveal import reveal_for
 from validator.scoring import LossProbe
@@ -216,6 +221,22 @@ def test_the_masked_encoder_refuses_two_supports_or_another_shared_k() -> None:
         wire.encode_update(two, peer.params, SPEC, fmt=wire.MASKED, shared_k=shared_k)
     with pytest.raises(ValueError, match="do not match shared_k"):
         wire.encode_update(pieces, peer.params, SPEC, fmt=wire.MASKED, shared_k=shared_k - 1)
+
+
+def test_a_replayed_window_made_for_another_support_is_a_history_error(tmp_path: Path) -> None:
+    """A validator's history holds peers' genuinely signed updates, made on another support (a
+    fork's): replaying them is refused as one `HistoryError`, so catch-up tries the next source."""
+    run = _run()
+    peer_key, validator_key = (create_hotkey("w", n, root=tmp_path / "keys") for n in "pv")
+    forked = make_strategy(run, SPEC)
+    forked.receive(_deltas(5))
+    forked.advance(_model())
+    update = encode_signed(forked.encode(_deltas(1), 0), run, SPEC, 0, 0, peer_key)
+    store = open_store(f"file://{tmp_path}?bucket=validator")
+    publish_aggregate(store, run, 0, 2, validator_key, {0: update})
+    source = Source(2, validator_key.ss58_address, store)
+    with pytest.raises(HistoryError, match=r"window 0: .*another shared support"):
+        catch_up(_model(), make_strategy(run, SPEC), source, {0: peer_key.ss58_address}, 0, 1)
 
 
 def test_copy_detection_compares_the_shared_and_the_fresh_positions() -> None:

@@ -205,7 +205,7 @@ def decode_dense(
     if len(payload) != ITEMSIZE[dtype] * spec.numel:
         raise DecodeError(f"payload is {len(payload)} bytes, the spec needs {dtype} values")
     if payload_digest(payload) != header.digest:
-        raise DecodeError("payload digest mismatch")
+        raise DecodeError("dense payload digest mismatch")
     raw = np.frombuffer(payload, dtype="<f4" if dtype == "fp32" else "<u2")
     if dtype == "fp32":
         flat = torch.from_numpy(raw.astype(np.float32))

@@ -207,7 +207,7 @@ def decode_lowrank(
     if header.rank != rank:
         raise DecodeError(f"rank {header.rank}, the run sends rank {rank}")
     if payload_digest(payload) != header.digest:
-        raise DecodeError("payload digest mismatch")
+        raise DecodeError("low-rank payload digest mismatch")
     mats, rest = _split(spec, matrices)
     sparse_raw, dense_raw = payload[: header.sparse_bytes], payload[header.sparse_bytes :]
     pieces: dict[str, Projected | SparseTensor] = {}

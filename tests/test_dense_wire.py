@@ -76,20 +76,35 @@ def test_hostile_inputs_are_refused() -> None:
     header, payload = _parts(good)
     other_spec = ModelSpec.from_shapes({"w": (48, 80), "b": (200,), "x": (3, 5, 8)})
     reordered = dense.FRAME.pack(pack_header(dict(reversed(list(header.items())))), payload)
-    cases = {
-        "sparse bytes": wire.encode_update([], wire.CodecParams(), ModelSpec(tensors=())),
-        "truncated": good[: len(good) // 2],
-        "extra byte": good + b"\x00",
-        "flipped payload bit": good[:-5] + bytes([good[-5] ^ 1]) + good[-4:],
-        "non-canonical header": reordered,
-        "short payload, fixed digest": _reframe(dict(header), payload[:-2]),
-        "unknown header field": _reframe({**header, "extra": 1}, payload),
-        "table not the spec's": _reframe(
-            {**header, "tensors": (*header["tensors"][:2], ("x", (5, 3, 9)))}, payload
+    cases = {  # each case with the rule that must refuse it (a later rule may not stand in)
+        "sparse bytes": (
+            wire.encode_update([], wire.CodecParams(), ModelSpec(tensors=())), "bad magic"
         ),
-    }
-    for name, data in cases.items():
-        with pytest.raises(DecodeError):
+        "truncated": (good[: len(good) // 2], "header says"),
+        "extra byte": (good + b"\x00", "header says"),
+        "flipped payload bit": (good[:-5] + bytes([good[-5] ^ 1]) + good[-4:], "dense payload digest"),
+        "non-canonical header": (reordered, "canonical form"),
+        "short payload, fixed digest": (_reframe(dict(header), payload[:-2]), "the spec needs bf16"),
+        "unknown header field": (_reframe({**header, "extra": 1}, payload), "Extra inputs"),
+        "table row of three": (
+            _reframe({**header, "tensors": [[*t, 1] for t in header["tensors"]]}, payload),
+            "malformed tensor table",
+        ),
+        "table not the spec's": (
+            _reframe({**header, "tensors": (*header["tensors"][:2], ("x", (5, 3, 9)))}, payload),
+            "tensor table does not match",
+        ),
+        "another codec version": (
+            _reframe({**header, "codec_version": header["codec_version"] + 1}, payload),
+            "codec version",
+        ),
+        "another spec's digest": (
+            _reframe({**header, "spec_digest": "0" * 32}, payload),
+            "another model spec",
+        ),
+    }  # fmt: skip
+    for name, (data, rule) in cases.items():
+        with pytest.raises(DecodeError, match=rule):
             _decode(data)
             pytest.fail(name)
     with pytest.raises(DecodeError, match="exceeds"):
@@ -166,3 +181,17 @@ def test_a_diloco_run_verifies_before_it_decodes(tmp_path: Path) -> None:
     sparse_run = RunConfig.preset("tiny", name="dense-wire")  # a sparse run refuses dense bytes
     with pytest.raises(DecodeError, match="magic"):
         check_update(data, 5, key.ss58_address, sparse_run, spec, 3)
+
+
+def test_the_encoder_and_the_adder_refuse_what_does_not_fit_the_spec() -> None:
+    update = _update("fp32")
+    with pytest.raises(ValueError, match="every tensor of the spec"):
+        dense.encode_dense(update[::-1], "fp32", SPEC)
+    first = update[0]
+    bent = dense.DenseTensor(first.name, first.shape, first.values.reshape(-1))
+    with pytest.raises(ValueError, match=f"{first.name}: shape"):
+        dense.encode_dense([bent, *update[1:]], "fp32", SPEC)
+    with pytest.raises(ValueError, match="out must be float32"):
+        dense.add_dense(torch.zeros(first.shape, dtype=torch.float64), first)
+    with pytest.raises(ValueError, match="out must be float32"):
+        dense.add_dense(torch.zeros(3), first)

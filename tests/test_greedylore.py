@@ -213,6 +213,14 @@ _reframe = partial(tampering.reframe, lowrank.FRAME)
 _decode = partial(tampering.decode, SPEC)
 
 
+def test_the_encoder_refuses_an_update_out_of_the_spec_order() -> None:
+    run = _run()
+    peer = make_strategy(run, SPEC)
+    update = peer.encode(_deltas(4), 0)
+    with pytest.raises(ValueError, match="every tensor of the spec"):
+        lowrank.encode_lowrank(update[::-1], SPEC, run.codec, "bf16", 3)
+
+
 def test_hostile_greedylore_bytes_raise_decode_error_quickly() -> None:
     run = _run()
     good, full = _good(run), _good(run, full=True)
@@ -248,7 +256,21 @@ def test_hostile_greedylore_bytes_raise_decode_error_quickly() -> None:
         "flipped payload bit": good[:-30] + bytes([good[-30] ^ 8]) + good[-29:],
     }
     tampering.assert_refused_quickly(corpus, partial(_decode, run))
-    with pytest.raises(DecodeError, match="meta or signature"):
-        _decode(run, corpus["a signed part"])
-    with pytest.raises(DecodeError, match="rank"):
-        _decode(run, corpus["other rank"])
+    rules = {  # the rule that refuses each case (a later rule may not stand in)
+        "truncated": "parts disagree",
+        "extra byte": "parts disagree",
+        "other rank": "rank 4, the run sends rank 3",
+        "other spec": "another model spec",
+        "a signed part": "meta or signature",
+        "flipped payload bit": "low-rank payload digest",
+        "another codec version": "codec version",
+        "non-canonical header": "canonical form",
+    }
+    corpus["another codec version"] = _reframe(
+        {**header, "codec_version": header["codec_version"] + 1}, payload
+    )
+    corpus["non-canonical header"] = _reframe(dict(reversed(list(header.items()))), payload)
+    for name, rule in rules.items():
+        with pytest.raises(DecodeError, match=rule):
+            _decode(run, corpus[name])
+            pytest.fail(name)

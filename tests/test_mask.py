@@ -239,6 +239,43 @@ def test_a_replayed_window_made_for_another_support_is_a_history_error(tmp_path:
         catch_up(_model(), make_strategy(run, SPEC), source, {0: peer_key.ss58_address}, 0, 1)
 
 
+def test_a_masked_piece_is_checked_field_by_field() -> None:
+    """What `MaskedTensor.validate` and `resolve` refuse in a piece built by hand (the wire
+    decoder builds well-shaped pieces, so each rule is pinned here)."""
+    run = _run()
+    peer = make_strategy(run, SPEC)
+    piece = next(p for p in peer.encode(_deltas(1), 0) if p.name == "w")
+    params = peer.params
+    piece.validate(params)
+    g = piece.groups[0]
+
+    def group(**change: torch.Tensor) -> MaskedTensor:
+        return dataclasses.replace(
+            piece, groups=[dataclasses.replace(g, **change), *piece.groups[1:]]
+        )
+
+    nan_book = piece.codebook.clone()
+    nan_book[0, 0] = float("nan")
+    cases = {
+        "bad shape": dataclasses.replace(piece, shape=(-1, 23)),
+        "groups do not match": dataclasses.replace(piece, groups=piece.groups[1:]),
+        "fresh idx must be int64": group(idx=g.idx.to(torch.int32)),
+        "codes or scales do not fit": group(codes=g.codes[:, 1:]),
+        "position outside the chunk": group(idx=g.idx + 10_000),
+        "fresh positions not ascending": group(idx=g.idx.flip(1)),
+        "group 0: ": dataclasses.replace(piece, codebook=nan_book),
+    }
+    for rule, bad in cases.items():
+        with pytest.raises(DecodeError, match=rule):
+            bad.validate(params)
+    support = peer.supports()[1]["w"]
+    piece.resolve(support)
+    with pytest.raises(DecodeError, match="support has 0 groups"):
+        piece.resolve([])
+    with pytest.raises(DecodeError, match="does not match the update's layout"):
+        piece.resolve([s[:, 1:] for s in support])
+
+
 def test_copy_detection_compares_the_shared_and_the_fresh_positions() -> None:
     run = _run()
     peers = [make_strategy(run, SPEC) for _ in range(2)]

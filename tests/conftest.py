@@ -25,8 +25,11 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import itertools
 import json
 import logging
+import threading
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import boto3
@@ -39,6 +42,19 @@ from protocol.credentials import WriteCredentials
 TEST_ACCESS_KEY_ID = "tessera-test-key"
 TEST_SECRET = "tessera-test-secret"
 _bucket_numbers = itertools.count()
+
+
+@contextmanager
+def http_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A threaded HTTP server on a free loopback port answering with `handler`; yields its URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def start_moto_server() -> tuple[ThreadedMotoServer, str]:

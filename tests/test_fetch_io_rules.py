@@ -5,13 +5,12 @@ loopback, and a local bucket whose objects are not plain files."""
 from __future__ import annotations
 
 import os
-import threading
 import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
+from conftest import http_server
 
 from protocol.credentials import ReadCredentials
 from protocol.stores import open_store
@@ -65,24 +64,12 @@ class _Short(BaseHTTPRequestHandler):
         self.close_connection = True
 
 
-@pytest.fixture
-def short_endpoint() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Short)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-
-
-def test_a_body_shorter_than_announced_is_an_outage(short_endpoint: str) -> None:
-    store = open_store(
-        f"s3://bucket?endpoint={short_endpoint}",
-        ReadCredentials(access_key_id="reader", secret_access_key="reader-secret"),
-    )
-    got = fetch_many(
-        {0: FetchRequest(store, KEY, 1 << 20)}, budget_s=3.0, min_rate_bytes_s=1, grace_s=2.0
-    )[0]
+def test_a_body_shorter_than_announced_is_an_outage() -> None:
+    with http_server(_Short) as url:
+        store = open_store(f"s3://bucket?endpoint={url}", ReadCredentials(
+            access_key_id="reader", secret_access_key="reader-secret"))  # fmt: skip
+        request = {0: FetchRequest(store, KEY, 1 << 20)}
+        got = fetch_many(request, budget_s=3.0, min_rate_bytes_s=1, grace_s=2.0)[0]
     assert isinstance(got, StoreUnavailable), got
 
 

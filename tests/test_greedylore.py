@@ -213,12 +213,22 @@ _reframe = partial(tampering.reframe, lowrank.FRAME)
 _decode = partial(tampering.decode, SPEC)
 
 
-def test_the_encoder_refuses_an_update_out_of_the_spec_order() -> None:
+def test_the_encoder_refuses_pieces_out_of_order_or_of_two_round_kinds() -> None:
     run = _run()
-    peer = make_strategy(run, SPEC)
-    update = peer.encode(_deltas(4), 0)
-    with pytest.raises(ValueError, match="every tensor of the spec"):
-        lowrank.encode_lowrank(update[::-1], SPEC, run.codec, "bf16", 3)
+    fresh, later = make_strategy(run, SPEC), make_strategy(run, SPEC)
+    full = fresh.encode(_deltas(4), 0)  # the first round is a full one
+    later.receive(later.mean({0: later.encode(_deltas(3), 0)}))
+    later.advance(_Named())
+    projected = later.encode(_deltas(4), 1)
+    names = [p.name for p in projected]
+    w, t = names.index("w"), names.index("t")
+    swapped = list(projected)  # two projected matrices swapped, the sparse rest in order
+    swapped[w], swapped[t] = projected[t], projected[w]
+    with pytest.raises(ValueError, match=r"^an update must carry every tensor of the spec"):
+        lowrank.encode_lowrank(swapped, SPEC, run.codec, "bf16", 3)
+    mixed = [full[w] if i == w else p for i, p in enumerate(projected)]
+    with pytest.raises(ValueError, match="one round kind"):
+        lowrank.encode_lowrank(mixed, SPEC, run.codec, "bf16", 3)
 
 
 def test_hostile_greedylore_bytes_raise_decode_error_quickly() -> None:

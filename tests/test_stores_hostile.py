@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
+from conftest import http_server
 
 from protocol.credentials import ReadCredentials
 from protocol.stores import (
@@ -65,13 +66,8 @@ class _Hostile(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def hostile_endpoint() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hostile)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with http_server(_Hostile) as url:
+        yield url
 
 
 def _store(endpoint: str) -> S3Store:

@@ -161,9 +161,9 @@ def test_too_big_to_commit() -> None:
 
 def test_write_credentials_can_never_be_committed() -> None:
     write = WriteCredentials(secrets.token_hex(16), secrets.token_hex(32))
-    with pytest.raises(SecretLeakError):
+    with pytest.raises(SecretLeakError, match="write credentials can never"):
         BucketCommitment(provider=Provider.R2, account_id="a" * 32, bucket="abc", credentials=write)  # type: ignore[arg-type]
-    with pytest.raises(SecretLeakError):
+    with pytest.raises(SecretLeakError, match="write credentials can never"):
         BucketCommitment.model_validate(
             {"provider": 1, "account_id": "a" * 32, "bucket": "abc", "credentials": write}
         )
@@ -175,6 +175,13 @@ def test_write_credentials_can_never_be_committed() -> None:
     with pytest.raises(SecretLeakError):
         commitment_fields(smuggled)
     assert write.reveal_secret() not in repr(smuggled.credentials)
+
+    class Wider(ReadCredentials):  # a read key that could carry more than a read key
+        pass
+
+    wider = Wider(access_key_id="a" * 32, secret_access_key="b" * 64)
+    with pytest.raises(SecretLeakError, match="ReadCredentials only"):
+        BucketCommitment(provider=Provider.R2, account_id="a" * 32, bucket="abc", credentials=wider)
 
 
 @pytest.mark.parametrize(
@@ -210,10 +217,23 @@ def test_invalid_commitments_rejected_at_construction(kwargs: dict) -> None:
 
 
 def test_r2_requires_hex_keys() -> None:
-    with pytest.raises(ValidationError):
+    with pytest.raises(ValidationError, match="R2 access key id must be 32 lowercase hex"):
         BucketCommitment(
             provider=Provider.R2, account_id="a" * 32, bucket="abc", credentials=AWS_CREDS
         )
+    creds = ReadCredentials(access_key_id="a" * 32, secret_access_key="B" * 64)
+    with pytest.raises(ValidationError, match="R2 secret must be 64 lowercase hex"):
+        BucketCommitment(provider=Provider.R2, account_id="a" * 32, bucket="abc", credentials=creds)
+    with pytest.raises(ValidationError, match="host too long"):
+        minio("a" * 300)
+    with pytest.raises(TypeError, match="expected BucketCommitment"):
+        render_commitment("not a commitment")  # type: ignore[arg-type]
+    unchecked = BucketCommitment.model_construct(  # validators skipped: rendering still checks
+        provider=Provider.R2, account_id="not hex", bucket="abc",
+        credentials=ReadCredentials(access_key_id="a" * 32, secret_access_key="b" * 64),
+    )  # fmt: skip
+    with pytest.raises(CommitmentError, match="cannot be rendered"):
+        render_commitment(unchecked)
 
 
 def test_uncarriable_credentials() -> None:
@@ -239,29 +259,59 @@ def test_encodings_are_canonical() -> None:
 
 
 @pytest.mark.parametrize(
-    "data",
+    ("data", "rule"),
     [
-        b"",
-        b"\x00",
-        b"\x11",  # R2 header, nothing else
-        b"\x21" + b"\x00" * 70,  # version 2
-        b"\x1f" + b"\x00" * 70,  # provider 15
-        b"\x10" + b"\x00" * 70,  # provider 0
-        b"0" * 128,  # an ASCII-hex commitment of another format
-        b"\x11" + b"\x00" * 64,  # no bucket
-        b"\x11" + b"\x00" * 64 + b"ABC",
-        b"\x11" + b"\x00" * 64 + b"a\xffc",
-        b"\x11" + b"\x00" * 64 + b"a" * 64,  # bucket too long
-        b"\x13" + b"\xc9" + b"\x00" * 9,  # reserved string encoding
-        b"\x13" + b"\x00",  # empty region
-        b"\x13\x09us-east-1\x82AB",  # base64 length not a multiple of 3
-        b"\x14\x00",  # empty host
-        b"\x11" * (MAX_COMMITMENT_BYTES + 1),
+        (b"", "1..384 bytes"),
+        (b"\x00", "unsupported commitment version 0"),
+        (b"\x11", "truncated"),  # R2 header, nothing else
+        (b"\x21" + b"\x00" * 70, "version 2"),
+        (b"\x1f" + b"\x00" * 70, "unknown provider 15"),
+        (b"\x10" + b"\x00" * 70, "unknown provider 0"),
+        (b"0" * 128, "version 3"),  # an ASCII-hex commitment of another format
+        (b"\x11" + b"\x00" * 64, "no bucket name"),
+        (b"\x11" + b"\x00" * 64 + b"ABC", "disallowed characters"),
+        (b"\x11" + b"\x00" * 64 + b"a\xffc", "non-ASCII"),
+        (b"\x11" + b"\x00" * 64 + b"a" * 64, "bucket must be 3-63"),  # bucket too long
+        (b"\x13" + b"\xc9" + b"\x00" * 9, "reserved string encoding"),
+        (b"\x13" + b"\x00", "empty string field"),  # empty region
+        (b"\x13\x09us-east-1\x82AB", "multiple of 3"),
+        (b"\x14\x00", "empty host"),
+        (b"\x11" * (MAX_COMMITMENT_BYTES + 1), "1..384 bytes"),
     ],
 )
-def test_malformed_bodies(data: bytes) -> None:
-    with pytest.raises(CommitmentError):
+def test_malformed_bodies(data: bytes, rule: str) -> None:
+    """Each body is refused by its own rule (the message): deleting any one check fails this."""
+    with pytest.raises(CommitmentError, match=rule):
         parse_commitment(data)
+
+
+def test_local_and_plain_http_buckets_are_refused_outside_simulations() -> None:
+    local = BucketCommitment(
+        provider=Provider.LOCAL, bucket="peer-7", region="local",
+        credentials=ReadCredentials(access_key_id="local", secret_access_key="local"),
+    )  # fmt: skip
+    for commitment, rule in [
+        (local, "local \\(file://\\) buckets are refused"),
+        (minio("minio.example.org", Provider.HTTP), "plain-http endpoints are refused"),
+    ]:
+        body = render_commitment(commitment)
+        with pytest.raises(CommitmentError, match=rule):
+            parse_commitment(body)
+        assert parse_commitment(body, allow_private_endpoints=True) == commitment
+
+
+def test_on_chain_fields_are_joined_strictly() -> None:
+    body = render_commitment(minio("minio.example.org"))
+    assert join_commitment_fields([body]) == body
+    for fields, rule in [
+        ([], "1..3 fields"),
+        ([body] * 4, "1..3 fields"),
+        (body, "1..3 fields"),  # one bytes object, not a list of fields
+        (["text"], "must be bytes"),
+        ([b"x", body], "but the last must hold 128 bytes"),
+    ]:
+        with pytest.raises(CommitmentError, match=rule):
+            join_commitment_fields(fields)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("data", [None, "string", 5, [b"x"]])

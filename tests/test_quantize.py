@@ -14,6 +14,7 @@ from codec.quantize import (
     chunk_levels,
     dequantize,
     quantize,
+    quantize_signs,
     relative_error,
     side_info_bits,
     uniform_baseline,
@@ -175,3 +176,15 @@ def test_validate_rejects(bad: Mutation) -> None:
 def test_side_info_budget() -> None:
     bits = side_info_bits(n_chunks=24_414, n_values=24_414 * 64)
     assert 0.125 <= bits < 0.13
+
+
+def test_the_quantisers_refuse_what_they_cannot_code() -> None:
+    good = torch.ones(2, 3)
+    with pytest.raises(ValueError, match="nothing to quantize"):
+        quantize([])
+    for quantiser in (quantize, quantize_signs):
+        for bad in ([good.double()], [good.reshape(-1)]):
+            with pytest.raises(ValueError, match="float32 \\(n_chunks, k\\)"):
+                quantiser(bad)
+        with pytest.raises(ValueError, match="must be finite"):
+            quantiser([torch.tensor([[1.0, float("nan"), 2.0]])])

@@ -14,6 +14,7 @@ import logging
 import re
 import time
 import tracemalloc
+from functools import partial
 from pathlib import Path
 
 import msgpack
@@ -106,6 +107,12 @@ class World:
             self.evil_key, ObjectKind.AGGREGATE, RUN.run_id, window, 3, payload_digest(body)
         )
         return msgpack.packb({"body": body, "sig": sig})
+
+    def manifest_sig(self, window: int, body: dict) -> str:
+        """The evil validator's own signature over a checkpoint manifest body (hex)."""
+        canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+        digest = payload_digest(canonical)
+        return sign_object(self.evil_key, ObjectKind.MANIFEST, RUN.run_id, window, 3, digest).hex()
 
 
 @pytest.fixture(scope="module")
@@ -231,13 +238,7 @@ def test_checkpoint_manifests_are_signed_typed_and_capped(
     forged_sig = sign_object(
         other, ObjectKind.MANIFEST, RUN.run_id, 1, 3, payload_digest(b"anything")
     ).hex()
-
-    def signed(body: dict) -> str:  # the evil validator signs its own lie
-        canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-        return sign_object(
-            world.evil_key, ObjectKind.MANIFEST, RUN.run_id, 1, 3, payload_digest(canonical)
-        ).hex()
-
+    signed = partial(world.manifest_sig, 1)  # the evil validator signs its own lies
     huge = {**good["body"], "bytes": cap + 1}
     elsewhere = {**good["body"], "sha256": "0" * 64}
     cases = {
@@ -281,11 +282,7 @@ def test_a_signed_checkpoint_of_the_wrong_content_is_refused(
         evil.store.put(checkpoint_key(RUN.run_id, 1, 3, evil.hotkey), data)  # type: ignore[attr-defined]
         body = {"run_id": RUN.run_id, "window": 1, "uid": 3, "bytes": len(data),
                 "sha256": hashlib.sha256(data).hexdigest()}  # fmt: skip
-        canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-        sig = sign_object(
-            world.evil_key, ObjectKind.MANIFEST, RUN.run_id, 1, 3, payload_digest(canonical)
-        )
-        _manifest(world, evil, 1, body, sig.hex())
+        _manifest(world, evil, 1, body, world.manifest_sig(1, body))
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="node.window.history"):
             assert latest_checkpoint(evil, world.strategy(), 1) is None

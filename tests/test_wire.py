@@ -10,6 +10,7 @@ import msgpack
 import numpy as np
 import pytest
 import torch
+import wire_tampering as tampering
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -159,8 +160,8 @@ def _corpus(good: bytes) -> dict[str, tuple[bytes, str]]:
     idx, codes, rest = _sections(header, payload)
     assert header["codes_zstd"], "the cases below take a zstd value section"
 
-    def repaid(h: dict, body: bytes) -> bytes:
-        return _frame({**h, "digest": wire.payload_digest(body), "payload_bytes": len(body)}, body)
+    def repaid(h: dict, body: bytes) -> bytes:  # digest and length fixed to `body`
+        return tampering.reframe(wire.FRAME, {**h, "payload_bytes": len(body)}, body)
 
     raw = {**header, "codes_zstd": False}  # the squeezed codes read as packed codes
     out["value codes too short"] = (repaid(raw, payload), "value codes are .* bytes, expected")

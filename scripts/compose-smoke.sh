@@ -69,7 +69,7 @@ chmod 700 "$WORK/wallets"
 chmod 755 "$WORK"
 docker run --rm --network none --user "$HOST_UID:$HOST_UID" -v "$WORK:/smoke" --entrypoint python \
     "$IMAGE" -c "
-from deploy.sim.layout import sim_run_config
+from lab.sim.layout import sim_run_config
 from protocol.keys import create_hotkey
 sim_run_config(100, 1.0, 40).dump('/smoke/config/run.toml')
 create_hotkey('local', 'miner', root='/smoke/wallets')"

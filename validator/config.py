@@ -1,7 +1,7 @@
 """The validator's tunables (not part of the run config: validators may differ, peers never read them).
 
 Every figure below is documented where it is used; the defaults are the ones measured in
-`scripts/validator_separation.py` (see the module docstrings of `copies`, `scoring`, `ratings`).
+`scripts/experiments/validator_separation.py` (see the module docstrings of `copies`, `scoring`, `ratings`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ class ValidatorConfig(BaseModel):
     # fast filters
     norm_ratio: float = Field(10.0, gt=1, description="norm > ratio x median norm is an outlier")
     # copies and replays (see `validator.copies`)
-    # measured (scripts/validator_separation.py, tiny, 4 peers x 5 windows): honest shares by the
+    # measured (scripts/experiments/validator_separation.py, tiny, 4 peers x 5 windows): honest shares by the
     # window's others <= 0.375 and by one earlier object <= 0.606; copies, mixes and Top-k of
     # sums >= 0.898; recycled aggregates and replays >= 0.950
     copy_threshold: float = Field(

@@ -53,7 +53,7 @@ difference of 5e-6. A null update (a copy the index and value rules missed, a re
 random update: nothing trained on the peer's own samples) has ``z_t ~ N(0, 1)`` in every window,
 so its pooled ``Z`` is N(0, 1) however many windows are pooled, and it earns only when
 ``Z > own_z_low`` (3.5): a chance of 2.3e-4 per window. An honest peer's ``z_t`` has mean
-``μ`` (measured in `scripts/validator_fairness.py`), so ``Z`` grows like ``μ sqrt(n)``: one
+``μ`` (measured in `scripts/experiments/validator_fairness.py`), so ``Z`` grows like ``μ sqrt(n)``: one
 window with no evidence at all costs it nothing once a few windows are pooled, and the
 measured false-negative rate (partial pay after the warm-up) is in the README. The clip keeps
 one extreme window from carrying the pool.

@@ -18,7 +18,7 @@ float rounding). Per sample ``x``, ``g_i(x) = (L(θ; x) - L(θ_i'; x)) / mean L(
 * the norm is judged separately: with ``r = n_i / T`` and ``b = norm_band`` (2), the score is
   ``s = q s_dir`` when ``s_dir >= 0`` and ``s = (2 - q) s_dir`` otherwise, where
   ``q = min(1, b min(r, 1/r))``. Honest norms are within a few percent of the median (measured
-  max/median < 1.01 in `scripts/validator_separation.py`), so ``q = 1`` for them; an update
+  max/median < 1.01 in `scripts/experiments/validator_separation.py`), so ``q = 1`` for them; an update
   scaled by ``c`` outside ``[1/b, b]`` loses score (``q = 0.4`` at ``c = 5`` or ``0.2``). Hence
   **scaling never raises a score or a rank**: inside the band it changes nothing, outside it
   only lowers ``s``. (The outer step clips every update to the median norm anyway.)
@@ -36,9 +36,9 @@ fewer than two accepted updates there is no consensus and the test is Welch's. P
 
 A null update (nothing trained on ``O_i``) has ``own_z ~ N(0, 1)``: it passes 0.1 % of windows.
 Honest false negatives and the pay rule built on ``e`` are in `validator.ratings`;
-`scripts/validator_separation.py` measures both.
+`scripts/experiments/validator_separation.py` measures both.
 
-``L`` is `node.model.train.lm_loss`'s next-token cross-entropy, per sample, without gradients.
+``L`` is `miner.train.lm_loss`'s next-token cross-entropy, per sample, without gradients.
 The probe runs on the validator's model and restores it bit for bit after every step.
 """
 

@@ -1,14 +1,14 @@
 """Memory a peer needs per GPU (and on rank 0's host), from the run config: DDP against FSDP2
 (`tessera plan`).
 
-Per parameter, in fp32 (what `node.peer` keeps; bf16 autocast only touches activations), for
+Per parameter, in fp32 (what `miner.peer` keeps; bf16 autocast only touches activations), for
 the whole window: weights 4 B, gradients 4 B, AdamW's two moments 8 B, the window's start copy
 4 B, the outer state (Nesterov momentum 4 B with ``outer.optimizer = nesterov``, the mean held
 for the next window 4 B with ``outer.delay = 1``), and error feedback 4 B for the tensors a rank
 compresses (1/N of them, `shard_tensors`).
 
-- DDP (`node.runtime.multigpu`): all of it on every GPU but the EF, ``20 + outer + 4/N`` B/param.
-- FSDP2 (`node.runtime.fsdp`, `node.runtime.sharded_weights`): all of it sharded,
+- DDP (`miner.multigpu`): all of it on every GPU but the EF, ``20 + outer + 4/N`` B/param.
+- FSDP2 (`miner.fsdp`, `miner.sharded_weights`): all of it sharded,
   ``(24 + outer)/N`` B/param.
 
 Two moments add to that, and the larger counts (`MemoryPlan.transient`):

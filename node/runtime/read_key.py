@@ -5,7 +5,7 @@ commit (the put and the delete are sent with write semantics, so they reach the 
 must refuse them). `require_read_only` turns that into the rule every path that posts a
 commitment follows (`tessera commit`, a node started with ``--commit``, the simulation): a key
 that the server lets write, or whose writes could not be shown refused, is never committed.
-`tessera doctor` reports the same probe (`deploy.doctor.bucket`).
+`tessera doctor` reports the same probe (`commands.doctor.bucket`).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A node must keep going when the chain endpoint blips; `ChainUnavailable` (networ
 locked database) is retried up to `attempts` times with exponentially growing, fully jittered
 waits, then raised. Every other error (not registered, invalid weights, ...) propagates at once.
 Calls are made one at a time (a lock around each attempt): a peer's exchange thread
-(`node.window.flight`) and its training thread share one client, which may not be thread-safe.
+(`miner.flight`) and its training thread share one client, which may not be thread-safe.
 """
 
 from __future__ import annotations

@@ -39,11 +39,11 @@ class PeerState:
     error_feedback: dict[str, torch.Tensor]
     fingerprint: str
     outer: dict[str, torch.Tensor] = field(default_factory=dict)  # e.g. Nesterov momentum
-    inflight: dict[str, Any] = field(default_factory=dict)  # `node.window.flight.Flight.record`
+    inflight: dict[str, Any] = field(default_factory=dict)  # `miner.flight.Flight.record`
 
     def without_weights(self) -> PeerState:
         """This state without its model, optimizer and outer tensors (what the other ranks of
-        a sharded peer get from rank 0, `node.runtime.sharded_weights`)."""
+        a sharded peer get from rank 0, `miner.sharded_weights`)."""
         return replace(self, model={}, optimizer={}, outer={})
 
 
@@ -91,7 +91,7 @@ def load_state(directory: Path, run_id: str) -> PeerState | None:
     return PeerState(**raw) if raw is not None else None
 
 
-# -- error-feedback shards of a multi-device peer (see `node.runtime.multigpu`) ---------------------------
+# -- error-feedback shards of a multi-device peer (see `miner.ranks`) ------------------------------
 #
 # Rank 0 keeps its share of the EF buffers in `state.pt`; rank r > 0 keeps its share in
 # `ef-rank{r}.pt` (previous one: `ef-rank{r}.prev.pt`), tagged with the window it belongs to.

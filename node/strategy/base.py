@@ -16,7 +16,7 @@ four jobs, each in one place:
   ``outer.delay = 1`` the mean held for the next window) saved by `outer_state_dict` and
   restored by catch-up. `step` is the consensus schedule (validators, history replay); a peer,
   whose aggregate of window ``w`` lands while it trains ``w + 1``, drives the same schedule with
-  `receive` and `next_weights` (`node.peer`).
+  `receive` and `next_weights` (`miner.peer`).
 
 Hence one update's share of the step is at most ``α · median / N`` in L2 norm (times the
 Nesterov amplification ``1 / (1 − μ)`` in the limit), where ``N`` is the number of updates
@@ -243,7 +243,7 @@ class Strategy(ABC):
 
     def keep_outer_for(self, local: ModelSpec) -> None:
         """Keep the outer step's state for `local`, a rank's rows of the model's tensors (FSDP2,
-        `node.runtime.sharded_weights`): the outer step is elementwise, so `receive`,
+        `miner.sharded_weights`): the outer step is elementwise, so `receive`,
         `next_weights` and the outer state dicts then work on those rows alone. Strategies
         with outer state of their own (whole-tensor, e.g. a basis) cannot: ValueError."""
         if set(self.outer_shapes()) - set(self.outer.shapes()):

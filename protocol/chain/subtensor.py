@@ -1,6 +1,6 @@
 """Bittensor subtensor as a `Chain`, through substrate-interface.
 
-What it touches on chain (pallet.item); tests/test_chain_metadata.py runs each through the real
+What it touches on chain (pallet.item); tests/unit/test_chain_metadata.py runs each through the real
 substrate-interface against the published finney runtime metadata (docs/chains.md):
 
 - time: `chain_getHeader` (head number, via `get_block_number`), `chain_getBlockHash`,
@@ -77,8 +77,8 @@ ARCHIVE_URL = "wss://archive.chain.opentensor.ai:443"
 PRUNED_STATE_MARKERS = ("State already discarded", "UnknownBlock", "unknown Block")
 """What a node says when asked for state it no longer keeps (non-archive nodes prune it)."""
 
-# Error names, each a module error of the spec-343 runtime metadata (tests/test_chain_metadata.py
-# checks that against tests/data/subtensor/), a `DispatchError` variant (`BadOrigin`), or a name of
+# Error names, each a module error of the spec-343 runtime metadata (tests/unit/test_chain_metadata.py
+# checks that against tests/support/data/subtensor/), a `DispatchError` variant (`BadOrigin`), or a name of
 # subtensor's `CustomTransactionError` (`RateLimitExceeded`).
 NOT_REGISTERED_ERRORS = frozenset(
     {

@@ -5,7 +5,7 @@
 `ReadableStore`: a type checker rejects `store.put(...)` on it, and at run time the backend raises
 `ReadOnlyStoreError` before sending any request.
 
-Semantics shared by all backends (the contract tests in tests/test_stores_contract.py pin them):
+Semantics shared by all backends (the contract tests in tests/unit/test_stores_contract.py pin them):
 
 - keys follow `protocol.stores.keys.validate_key`; a bad key raises `InvalidKey` before any I/O;
 - `get(key, max_bytes)` never holds or transfers much more than `max_bytes` (+ one read buffer):

@@ -66,7 +66,7 @@ async def get_s3(
         progress.total = announced
         with Sink(spool) as sink:
             # a body shorter than its Content-Length raises aiohttp's ClientPayloadError, an
-            # outage (tests/test_fetch_io_rules.py); bodies are never decompressed
+            # outage (tests/unit/test_fetch_io_rules.py); bodies are never decompressed
             await read_capped(resp.content, key, max_bytes, progress, sink)
             body = sink.finish()
         return Got(

@@ -1,0 +1,71 @@
+"""The `tessera` console command.
+
+Each subcommand lives in its own module and registers itself through `COMMANDS`; the modules are
+imported lazily so that `tessera --help` stays fast and a missing optional piece only breaks the
+subcommand that needs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+# subcommand name -> (module path, help). Each module exposes `add_arguments(parser)` and
+# `run(args) -> int`.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "bench": ("lab.bench.cli", "run a benchmark (codec, ...) and print a table or --json"),
+    "miner": ("commands.miner", "run a peer: train, compress, publish, gather, aggregate"),
+    "validator": (
+        "commands.validator",
+        "run a validator: check, score, rate, set weights, publish",
+    ),
+    "sim": ("lab.sim.cli", "simulate a run on this machine: peers, adversaries, validator"),
+    "sim-adversary": ("lab.sim.adversary", "a misbehaving peer, for simulations only"),
+    "chain": (
+        "commands.chain",
+        "manage the embedded local chain (create a subnet, register hotkeys, stake)",
+    ),
+    "data": ("commands.data", "prepare pre-tokenized training shards"),
+    "doctor": (
+        "commands.doctor.cli",
+        "preflight checks before joining a run, with a fix for each failure",
+    ),
+    "plan": (
+        "commands.plan",
+        "throughput and memory model: compute and communication per window, GPU memory",
+    ),
+    "bucket": ("commands.bucket", "create our bucket with the write key (idempotent)"),
+    "commit": ("commands.commit", "post our bucket commitment (read key) on chain"),
+    "entrypoint": (
+        "commands.entrypoint",
+        "what the Docker image runs: container checks, doctor, then exec the node",
+    ),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tessera",
+        description="Tessera: permissionless internet-scale LLM pre-training with SparseLoCo.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, (module_path, help_text) in COMMANDS.items():
+        module = importlib.import_module(module_path)
+        sp = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(sp)
+        runner: Callable[[argparse.Namespace], int] = module.run
+        sp.set_defaults(_run=runner)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args._run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""`tessera miner`: run a peer (on one device; under `torchrun` see `miner.multigpu` and,
+with ``--sharding fsdp2``, `miner.fsdp`)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from commands.node_args import add_node_arguments, connect, load_run, local_root, state_dir
+from node.runtime.memory import SHARDINGS
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_node_arguments(parser)
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(os.environ.get("TESSERA_METRICS_PORT", "0")),
+        help="serve Prometheus metrics on this port (0: off)",
+    )
+    parser.add_argument(
+        "--sharding",
+        choices=SHARDINGS,
+        default=os.environ.get("TESSERA_SHARDING", "auto"),
+        help="under torchrun: DDP replicas, FSDP2 shards, or auto (FSDP2 when the memory plan "
+        "says DDP does not fit the GPU; DDP on the CPU). A single process is never sharded.",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from miner.multigpu import init_peer_ranks
+    from miner.peer import Peer
+    from node.runtime.logs import setup_logging
+    from node.runtime.preflight import check_disk
+    from node.runtime.shutdown import Stopped, install_stop_handler
+
+    setup_logging(args.log_level, args.log_format)
+    install_stop_handler()
+    run_cfg = load_run(args.run)
+    ranks, device = init_peer_ranks(args.device, run_cfg, args.sharding)  # one peer, all ranks
+    if not ranks.is_main:
+        logging.getLogger().setLevel(logging.WARNING)
+    keypair, chain, store = connect(args, "miner", preflight=ranks.is_main)
+    ranks.barrier()
+    state = state_dir(args, "state", run_cfg, keypair.ss58_address)
+    check_disk(state, needed=1 << 26)
+    peer = Peer(
+        run_cfg, keypair, chain, store, state, local_root=local_root(args), device=str(device),
+        ranks=ranks,
+    )  # fmt: skip
+    if args.metrics_port and ranks.is_main:
+        peer.metrics.serve(args.metrics_port)
+    logging.getLogger("tessera.miner").info(
+        "run %s, uid %d, starting at window %d", run_cfg.run_id, peer.uid, peer.next_window
+    )
+    try:
+        peer.run(args.windows)
+    except Stopped as stop:  # SIGTERM: the last finished window is saved; a restart resumes it
+        logging.getLogger("tessera.miner").info("%s at window %d", stop, peer.next_window)
+    finally:
+        ranks.close()
+    return 0

@@ -1,0 +1,194 @@
+"""`tessera plan`: how much of each window a run keeps its accelerators busy (`node.runtime.plan`),
+and the memory per GPU a peer needs under DDP and FSDP2 (`node.runtime.memory`).
+
+    tessera plan                                   # every preset on its reference box
+    tessera plan --preset 8B --gpus 8 --gpu h100 --link-gbps 1
+    tessera plan --preset 1B --measure --suggest   # this CPU's decode rate; blocks and H to fit
+
+Prints compute time, communication time (upload, gather wait, download, decode) and each one's
+share of the window, then the memory per GPU of the box's GPUs (``--gpu-memory``, default the
+accelerator's own); ``--json`` prints the same figures as JSON. Options left out take the
+preset's reference box (`node.runtime.plan.REFERENCE`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from node.runtime.memory import GIB, plan_memory
+from node.runtime.plan import (
+    DECODE_ENTRIES_PER_S,
+    HARDWARE,
+    REFERENCE,
+    TARGET_BUSY,
+    Box,
+    Plan,
+    measure_decode_rate,
+    plan,
+    suggest,
+)
+from protocol.runconfig import PRESETS, RunConfig
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--preset", default=None, help="a preset name or run config file (default: every preset)"
+    )
+    parser.add_argument("--gpus", type=int, default=None, help="accelerators in the box")
+    parser.add_argument("--gpu", choices=sorted(HARDWARE), default=None, help="accelerator kind")
+    parser.add_argument("--link-gbps", type=_positive, default=None, help="link, up and down")
+    parser.add_argument("--mfu", type=_positive, default=None, help="model-FLOPs utilisation")
+    parser.add_argument(
+        "--decode-m-per-s",
+        type=_positive,
+        default=None,
+        help=f"decode rate, M entries/s (default {DECODE_ENTRIES_PER_S / 1e6:g}, stated)",
+    )
+    parser.add_argument(
+        "--measure", action="store_true", help="measure the decode rate on this CPU instead"
+    )
+    parser.add_argument(
+        "--suggest",
+        action="store_true",
+        help=f"also print the blocks per window and inner steps that reach {TARGET_BUSY * 100:.0f}%% busy",
+    )
+    parser.add_argument(
+        "--gpu-memory", type=_positive, default=None, help="GiB per GPU (default: the GPU's)"
+    )
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def box_for(run: RunConfig, args: argparse.Namespace) -> Box:
+    """The preset's reference box with the options given on the command line."""
+    box = REFERENCE.get(run.preset_name, REFERENCE["8B"])
+    changes = {"gpu": args.gpu, "devices": args.gpus, "link_gbps": args.link_gbps, "mfu": args.mfu}
+    return replace(box, **{k: v for k, v in changes.items() if v is not None})
+
+
+def figures(run: RunConfig, box: Box, p: Plan) -> dict[str, Any]:
+    return {
+        "preset": run.preset_name,
+        "run_id": run.run_id,
+        "box": box.describe(),
+        "params": p.params,
+        "tokens_per_window": p.tokens,
+        "flops_per_window": p.flops,
+        "window_s": p.window_s,
+        "compute_s": p.compute_s,
+        "update_bytes": p.update.bytes,
+        "bits_per_entry": p.update.bits_per_entry,
+        "upload_s": p.upload_s,
+        "gather_wait_s": p.grace_s,
+        "download_s": p.download_s,
+        "decode_s": p.decode_s,
+        "comm_s": p.comm_s,
+        "busy": p.busy,
+        "comm_share": p.comm_share,
+        "fits": p.fits,
+        "budgets_fit": p.budgets_fit,
+        "fits_with_delay_1": p.fits_overlapped,
+    }
+
+
+def memory(run: RunConfig, box: Box, gpu_gib: float | None) -> dict[str, Any]:
+    """Memory per GPU of one peer under DDP and FSDP2 on the box's GPUs."""
+    gib = gpu_gib if gpu_gib is not None else box.hardware.memory_gib
+    out: dict[str, Any] = {"gpus": box.devices, "gpu_gib": gib}
+    for strategy in ("ddp", "fsdp2"):
+        m = plan_memory(run, box.devices, strategy)
+        out[strategy] = {
+            "state_gib": m.state / GIB, "transient_gib": m.transient / GIB,
+            "activations_gib": m.activations / GIB, "total_gib": m.total / GIB,
+            "host_gib": m.host / GIB, "fits": m.fits(int(gib * GIB)),
+        }  # fmt: skip
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from commands.miner import load_run
+
+    runs = [load_run(args.preset)] if args.preset else [RunConfig.preset(n) for n in PRESETS]
+    rows = []
+    for r in runs:
+        box = box_for(r, args)
+        rate = args.decode_m_per_s * 1e6 if args.decode_m_per_s else DECODE_ENTRIES_PER_S
+        if args.measure:
+            rate = measure_decode_rate(r)
+        row = figures(r, box, plan(r, box, rate))
+        row["decode_entries_per_s"] = rate
+        row["memory"] = memory(r, box, args.gpu_memory)
+        if args.suggest:
+            s = suggest(r, box, decode_rate=rate)
+            row["suggested"] = {
+                "blocks_per_window": s.blocks_per_window,
+                "inner_steps": s.inner_steps,
+                "busy": s.busy,
+            }
+        rows.append(row)
+    if args.json:
+        json.dump({"plans": rows}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        _print(rows)
+    return 0
+
+
+ROWS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
+    ("box", "box", str),
+    ("tokens per window", "tokens_per_window", lambda v: f"{v:,}"),
+    ("compute", "compute_s", lambda v: f"{v:,.1f} s"),
+    ("upload", "upload_s", lambda v: f"{v:,.2f} s"),
+    ("gather wait (skew grace)", "gather_wait_s", lambda v: f"{v:,.0f} s"),
+    ("download (gather)", "download_s", lambda v: f"{v:,.1f} s"),
+    ("decode (one thread)", "decode_s", lambda v: f"{v:,.1f} s"),
+    ("communication", "comm_s", lambda v: f"{v:,.1f} s"),
+    ("window", "window_s", lambda v: f"{v:,.0f} s"),
+    ("busy: training", "busy", lambda v: f"{v:.1%}"),
+    ("communication share", "comm_share", lambda v: f"{v:.1%}"),
+    ("fits (delay 0)", "fits", lambda v: "yes" if v else "[red]no[/]"),
+    ("fetch/manifest budgets fit", "budgets_fit", lambda v: "yes" if v else "[red]no[/]"),
+    ("fits (delay 1)", "fits_with_delay_1", lambda v: "yes" if v else "[red]no[/]"),
+    ("update", "update_bytes", lambda v: f"{v / 1e6:,.2f} MB"),
+    ("bits per entry (encoded)", "bits_per_entry", lambda v: f"{v:.2f}"),
+    ("decode rate", "decode_entries_per_s", lambda v: f"{v / 1e6:.2f} M/s"),
+)
+
+
+def _print(rows: list[dict[str, Any]]) -> None:
+    t = Table(title="tessera plan: one window (outer.delay = 0: train, then exchange)")
+    t.add_column("")
+    for r in rows:
+        t.add_column(r["preset"], justify="right")
+    for label, key, show in ROWS:
+        t.add_row(label, *(show(r[key]) for r in rows))
+    if any("suggested" in r for r in rows):
+        t.add_row(f"suggested for {TARGET_BUSY:.0%}: blocks per window", *(
+            str(r["suggested"]["blocks_per_window"]) for r in rows))  # fmt: skip
+        t.add_row("suggested: inner steps", *(str(r["suggested"]["inner_steps"]) for r in rows))
+    for strategy in ("ddp", "fsdp2"):
+        t.add_row(f"memory per GPU, {strategy.upper()}*", *(_memory_cell(r["memory"], strategy)
+                                                        for r in rows))  # fmt: skip
+    console = Console()
+    console.print(t)
+    console.print("* activations in it: an estimate for one micro-batch (node/runtime/memory.py)")
+
+
+def _memory_cell(m: dict[str, Any], strategy: str) -> str:
+    fit = "fits" if m[strategy]["fits"] else "[red]does not fit[/]"
+    host = f"rank 0 host {m[strategy]['host_gib']:,.0f} GiB"
+    return f"{m[strategy]['total_gib']:,.1f} of {m['gpu_gib']:g} GiB, {fit}; {host}"

@@ -1,0 +1,57 @@
+"""`tessera validator`: check, score and rate every peer each window, set weights, publish."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from commands.node_args import add_node_arguments, connect, load_run, local_root, state_dir
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    add_node_arguments(parser)
+    parser.add_argument(
+        "--weights-every", type=int, default=int(env("TESSERA_WEIGHTS_EVERY", "1")),
+        help="set weights every M windows",
+    )  # fmt: skip
+    parser.add_argument(
+        "--checkpoint-every", type=int, default=int(env("TESSERA_CHECKPOINT_EVERY", "10")),
+        help="publish a checkpoint and the run config every N windows",
+    )  # fmt: skip
+    parser.add_argument(
+        "--samples", type=int, default=int(env("TESSERA_VALIDATOR_SAMPLES", "64")),
+        help="random and own samples per loss probe",
+    )  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    from node.runtime.logs import setup_logging
+    from node.runtime.shutdown import Stopped, install_stop_handler
+    from validator.config import ValidatorConfig
+    from validator.loop import Validator
+
+    setup_logging(args.log_level, args.log_format)
+    install_stop_handler()
+    run_cfg = load_run(args.run)
+    keypair, chain, store = connect(args, "validator")
+    cfg = ValidatorConfig(
+        weights_every=args.weights_every,
+        checkpoint_every=args.checkpoint_every,
+        n_random=args.samples,
+        n_own=args.samples,
+    )
+    validator = Validator(
+        run_cfg, keypair, chain, store, state_dir(args, "validator", run_cfg, keypair.ss58_address),
+        cfg, local_root=local_root(args), device=args.device,
+    )  # fmt: skip
+    logging.getLogger("tessera.validator").info(
+        "run %s, uid %d, starting at window %d", run_cfg.run_id, validator.uid,
+        validator.next_window,
+    )  # fmt: skip
+    try:
+        validator.run_windows(args.windows)
+    except Stopped as stop:  # SIGTERM: the last finished window is saved; a restart resumes it
+        logging.getLogger("tessera.validator").info("%s at window %d", stop, validator.next_window)
+    return 0

@@ -1,1 +1,0 @@
-"""Operator tooling: the `tessera` command, simulation, doctor, provisioning."""

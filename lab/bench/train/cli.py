@@ -1,0 +1,144 @@
+"""`tessera bench train`: compare training strategies on the run's own model and data.
+
+    tessera bench train --preset tiny --replicas 4 --windows 40 \\
+        --strategies ddp,diloco:outer=sgd,alpha=1,dtype=fp32,sparseloco:k=128,alpha=1.6
+
+Writes ``bench.json``, ``bench.png`` and ``bench.md`` (the table) into ``--out`` and prints the
+table; ``--json`` prints ``bench.json`` instead. ``--quick`` is the CI size (2 replicas, 3
+windows of 2 inner steps, 3 methods; well under a minute). The run's schedule ends with the bench:
+``outer.total_windows`` is set to ``--windows``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from lab.bench.train.specs import DEFAULT_STRATEGIES, QUICK_STRATEGIES, SpecError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("train (tessera bench train)")
+    g.add_argument("--preset", default="tiny", help="run preset whose model and data are used")
+    g.add_argument("--replicas", type=int, default=None, help="R (default 4; --quick: 2)")
+    g.add_argument("--windows", type=int, default=None, help="outer steps (default 40; --quick: 3)")
+    g.add_argument(
+        "--inner-steps", type=int, default=None, help="H (default: the preset's; --quick: 2)"
+    )
+    g.add_argument(
+        "--strategies",
+        nargs="+",
+        default=None,
+        help=f"methods to compare, NAME[:KEY=VALUE,...] (default: {DEFAULT_STRATEGIES})",
+    )
+    g.add_argument("--heldout", type=int, default=None, help="held-out samples scored (128)")
+    g.add_argument("--out", type=Path, default=Path("runs/bench-train"), help="output folder")
+    g.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="methods trained at a time, in worker processes (default: one per CPU core)",
+    )
+    g.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads per job (default: 1 with several jobs, else torch's; 1 is far "
+        "faster on a box busy with other work)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from lab.bench.train import report
+    from lab.bench.train.engine import Setup, heldout_set
+    from lab.bench.train.parallel import run_all
+    from lab.bench.train.specs import parse_methods
+    from node.data.batches import open_run_dataset
+    from node.model.llama import build_model
+    from protocol.runconfig import RunConfig
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    quick = args.quick
+    replicas = args.replicas or (2 if quick else 4)
+    windows = args.windows or (3 if quick else 40)
+    overrides: dict = {"outer": {"total_windows": windows}}
+    if args.inner_steps or quick:
+        overrides["inner_steps"] = args.inner_steps or 2
+    base = RunConfig.preset(args.preset, **overrides)
+    try:
+        methods = parse_methods(
+            args.strategies or (QUICK_STRATEGIES if quick else DEFAULT_STRATEGIES), base
+        )
+    except SpecError as exc:
+        raise SystemExit(f"--strategies: {exc}") from None
+    _, dataset = open_run_dataset(base)
+    heldout = heldout_set(dataset, base.run_id, args.heldout or (16 if quick else 128))
+    setup = Setup(base, dataset, tuple(range(replicas)), windows, heldout, base.run_id)
+    console = Console(stderr=True)
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.fields[loss]}"), TimeElapsedColumn(), console=console,
+    ) as progress:  # fmt: skip
+        tasks = [progress.add_task(m.label, total=windows, loss="") for m in methods]
+
+        def show(i: int, w: int, loss: float) -> None:
+            progress.update(tasks[i], completed=w + 1, loss=f"loss {loss:.4f}")
+            if not console.is_terminal:  # a log file gets one line per window
+                console.print(
+                    f"{methods[i].label}: window {w + 1}/{windows} held-out loss {loss:.4f}"
+                )
+
+        jobs = args.jobs or min(len(methods), os.cpu_count() or 1)
+        threads = args.threads or (1 if jobs > 1 else 0)
+        curves = run_all(methods, setup, jobs, threads, show)
+    tokens = replicas * base.inner_steps * base.batch_size * base.seq_len
+    rows = [report.result_row(c, tokens) for c in curves]
+    numel = sum(p.numel() for p in build_model(base.model, base.seed).parameters())
+    summary = report.summarise(rows, 4 * numel)
+    body = {
+        "results": rows,
+        "summary": summary,
+        "setup": {
+            "preset": args.preset, "replicas": replicas, "windows": windows,
+            "inner_steps": base.inner_steps, "batch_size": base.batch_size,
+            "seq_len": base.seq_len, "params": numel, "heldout_samples": int(heldout.shape[0]),
+            "data_run_id": base.run_id,
+        },
+    }  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bench.json").write_text(json.dumps(body, indent=2))
+    (args.out / "bench.md").write_text(report.markdown(rows, summary))
+    title = f"{args.preset}: R = {replicas}, H = {base.inner_steps}, {windows} windows"
+    report.plot(rows, args.out / "bench.png", title)
+    if args.json:
+        json.dump(body, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        _print(rows, summary, args.out)
+    return 0
+
+
+def _print(rows: list[dict], summary: dict, out: Path) -> None:
+    from lab.bench.train.report import COLUMNS, table_rows
+
+    console = Console()
+    t = Table(title="tessera bench train: held-out loss of the synchronised model")
+    for i, col in enumerate(COLUMNS):
+        t.add_column(col, justify="left" if i == 0 else "right")
+    for cells in table_rows(rows):
+        t.add_row(*cells)
+    console.print(t)
+    console.print(f"best dense local method: {summary['best_dense'] or '–'}")
+    for name, ok in summary["checks"].items():
+        console.print(f"  {name}: " + ("[green]met[/]" if ok else "[red]missed[/]"))
+    console.print(f"written: {out / 'bench.json'}, {out / 'bench.png'}, {out / 'bench.md'}")

@@ -1,0 +1,160 @@
+"""`tessera bench train`'s outputs: ``bench.json``, ``bench.png`` and the comparison table.
+
+``bench.json`` is read by tools; its keys are stable::
+
+    {"results": [{"strategy", "label", "dense", "final_loss", "bytes_per_window", "loss_curve",
+                  ...extra keys}], ...extra keys}
+
+* ``dense``: the method sends uncompressed values (``ddp``, ``diloco``);
+* ``final_loss``: held-out loss of the synchronised model after the last window;
+* ``bytes_per_window``: what one replica sends per window (mean over windows);
+* ``loss_curve``: the held-out loss after each window.
+
+Extra: ``final_loss_all_applied`` is the final loss with every window's aggregate applied (with
+``outer.delay = 1`` the last one is still held after the last window; otherwise it is
+``final_loss``).
+
+Ratios: each method's final loss over DDP's and over the **best dense local method** (the lowest
+final loss among the dense methods other than DDP, in the same run); bytes over a dense float32
+pseudo-gradient (4 bytes per parameter) and over that best dense method's bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from lab.bench.train.engine import Curve
+
+TARGET_VS_DENSE = 1.02
+TARGET_BYTES_VS_DENSE = 0.03
+TARGET_VS_DDP = 1.08
+
+
+def result_row(c: Curve, tokens_per_window: int) -> dict[str, Any]:
+    m = c.method
+    n = len(c.loss)
+    return {
+        "strategy": m.strategy,
+        "label": m.label,
+        "dense": m.dense,
+        "final_loss": c.loss[-1] if c.loss else math.nan,
+        "final_loss_all_applied": c.applied_loss
+        if c.applied_loss is not None
+        else (c.loss[-1] if c.loss else math.nan),
+        "bytes_per_window": sum(c.bytes_sent) / n if n else 0.0,
+        "loss_curve": list(c.loss),
+        "initial_loss": c.initial_loss,
+        "tokens_curve": [tokens_per_window * (w + 1) for w in range(n)],
+        "bytes_curve": [sum(c.bytes_sent[: w + 1]) for w in range(n)],
+        "wall_s": sum(c.wall_s),
+        "options": dict(m.options),
+        "run_id": m.run.run_id,
+    }
+
+
+def summarise(rows: list[dict[str, Any]], dense_fp32_bytes: int) -> dict[str, Any]:
+    """Per-method ratios (added to each row) and the targets' checks."""
+    ddp = next((r for r in rows if r["strategy"] == "ddp"), None)
+    local_dense = [r for r in rows if r["dense"] and r["strategy"] != "ddp"]
+    best = min(local_dense, key=lambda r: r["final_loss"]) if local_dense else None
+    for r in rows:
+        r["vs_ddp"] = r["final_loss"] / ddp["final_loss"] if ddp else None
+        r["vs_best_dense"] = r["final_loss"] / best["final_loss"] if best else None
+        r["bytes_vs_fp32"] = r["bytes_per_window"] / dense_fp32_bytes
+        r["bytes_vs_best_dense"] = (
+            r["bytes_per_window"] / best["bytes_per_window"] if best else None
+        )
+    checks = {}
+    for r in rows:
+        if r["strategy"] != "sparseloco":
+            continue
+        if best is not None:
+            checks[f"{r['label']}: loss <= {TARGET_VS_DENSE}x best dense"] = (
+                r["vs_best_dense"] <= TARGET_VS_DENSE
+            )
+            checks[f"{r['label']}: bytes <= {TARGET_BYTES_VS_DENSE:.0%} of best dense"] = (
+                r["bytes_vs_best_dense"] <= TARGET_BYTES_VS_DENSE
+            )
+        if ddp is not None:
+            checks[f"{r['label']}: loss <= {TARGET_VS_DDP}x DDP"] = r["vs_ddp"] <= TARGET_VS_DDP
+    return {
+        "dense_fp32_bytes": dense_fp32_bytes,
+        "best_dense": best["label"] if best else None,
+        "checks": checks,
+    }
+
+
+def table_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
+    """The table's rows as text (shared by the terminal table and the markdown file)."""
+
+    def ratio(x: float | None, fmt: str = "{:.3f}") -> str:
+        return "–" if x is None else fmt.format(x)
+
+    return [
+        [
+            r["label"],
+            f"{r['final_loss']:.4f}",
+            ratio(r["vs_ddp"]),
+            ratio(r["vs_best_dense"]),
+            f"{r['bytes_per_window']:,.0f}",
+            ratio(r["bytes_vs_fp32"], "{:.2%}"),
+            ratio(r["bytes_vs_best_dense"], "{:.2%}"),
+            f"{r['wall_s']:.0f}",
+        ]
+        for r in rows
+    ]
+
+
+COLUMNS = [
+    "method",
+    "final held-out loss",
+    "× DDP",
+    "× best dense",
+    "bytes/window/replica",
+    "of dense fp32",
+    "of best dense",
+    "wall s",
+]
+
+
+def markdown(rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(rows)]
+    lines.append("")
+    lines.append(f"best dense local method: {summary['best_dense'] or '–'}")
+    for name, ok in summary["checks"].items():
+        lines.append(f"- {name}: {'met' if ok else 'MISSED'}")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
+    """Two panels: held-out loss against tokens, and against cumulative bytes per replica."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for r in rows:
+        style = {"ls": "-" if not r["dense"] else "--", "marker": "o", "ms": 2}
+        if r["strategy"] == "ddp":
+            style.update(color="black", lw=2, ls="-")
+        tokens = [0, *r["tokens_curve"]]
+        loss = [r["initial_loss"], *r["loss_curve"]]
+        a.plot(tokens, loss, label=r["label"], **style)
+        b.plot(r["bytes_curve"], r["loss_curve"], label=r["label"], **style)
+    a.set(xlabel="tokens (all replicas)", ylabel="held-out loss", title="Loss against tokens")
+    b.set(xlabel="bytes sent by one replica (cumulative)", ylabel="held-out loss")
+    b.set(title="Loss against bytes", xscale="log")
+    low = min((min(r["loss_curve"]) for r in rows if r["loss_curve"]), default=0)
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+        ax.set_ylim(bottom=low - 0.1, top=low + 2.5)
+    a.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

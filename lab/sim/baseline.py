@@ -1,0 +1,69 @@
+"""The simulation's held-out curves: the validator's synchronised model and a DDP line.
+
+* **Synchronised model** (`synced_losses`): the validator's published history (its aggregates and
+  checkpoints) replayed window by window through the real catch-up code (`node.window.history`),
+  scored after each window on a fixed set of held-out samples. These are the weights every
+  honest peer holds at the start of the next window.
+* **DDP** (`ddp_losses`): `tessera bench train`'s every-step all-reduce (`lab.bench.train`):
+  each inner step on the union of the honest peers' batches of that step, with the run's
+  schedule, scored on the same held-out samples after every window.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from codec.spec import ModelSpec
+from lab.bench.train.engine import Setup, heldout_loss, heldout_set, run_ddp
+from lab.bench.train.specs import MethodSpec
+from lab.sim.layout import World
+from node.data.batches import open_run_dataset
+from node.model.llama import build_model
+from node.strategy import make_strategy
+from node.window.history import HistoryError, Source, catch_up
+from protocol.stores import open_store
+
+log = logging.getLogger(__name__)
+HELDOUT_SAMPLES = 128
+
+
+def _heldout(world: World) -> torch.Tensor:
+    _, dataset = open_run_dataset(world.run)
+    return heldout_set(dataset, world.run.run_id, HELDOUT_SAMPLES)
+
+
+def ddp_losses(world: World, windows: list[int]) -> dict[int, float]:
+    """Held-out loss of DDP over the honest peers' tokens after each of `windows` (0, 1, ...)."""
+    run = world.run
+    _, dataset = open_run_dataset(run)
+    uids = tuple(m.uid for m in world.of_kind("honest"))
+    n = max(windows, default=-1) + 1
+    setup = Setup(run, dataset, uids, n, _heldout(world), run.run_id)
+
+    def tick(w: int, loss: float) -> None:
+        log.info("DDP baseline: window %d/%d held-out loss %.4f", w + 1, n, loss)
+
+    curve = run_ddp(MethodSpec("ddp", "DDP", {}, run), setup, tick)
+    return {w: loss for w, loss in enumerate(curve.loss) if w in windows}
+
+
+def synced_losses(world: World, windows: list[int]) -> dict[int, float]:
+    """Held-out loss of the validator's model after each window it published (replayed)."""
+    run = world.run
+    validator = world.of_kind("validator")[0]
+    source = Source(validator.uid, validator.hotkey, open_store(validator.store_url))
+    hotkeys = {m.uid: m.hotkey for m in world.members}
+    model = build_model(run.model, run.seed)
+    strategy = make_strategy(run, ModelSpec.from_module(model))
+    heldout, out = _heldout(world), {}
+    for w in sorted(windows):
+        try:
+            if catch_up(model, strategy, source, hotkeys, w, w + 1) != w + 1:
+                break  # not published: later windows cannot be replayed either
+        except HistoryError as exc:
+            log.warning("replaying the validator's window %d failed: %s", w, exc)
+            break
+        out[w] = heldout_loss(model, heldout)
+    return out

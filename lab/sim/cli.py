@@ -1,0 +1,224 @@
+"""`tessera sim`: chain, storage, N honest peers, adversaries and a validator on one machine.
+
+The whole run, top to bottom: build the world (run config, embedded chain, wallets, buckets),
+start one process per member, supervise them, replay the validator's published history to score
+its synchronised model on held-out data, train a DDP baseline on the same tokens, then write
+`report.json` and `report.html` and print a summary. Exits non-zero when an honest model
+becomes non-finite, when honest peers (or the validator) end up with different models, or when
+the validator or an honest peer fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import time
+from pathlib import Path
+from typing import get_args
+
+from rich.console import Console
+from rich.table import Table
+
+from lab.sim.collect import SimReport
+from lab.sim.layout import ADVERSARY_KINDS, World
+from protocol.runconfig import RunConfig
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--peers", type=int, default=4, help="honest peers")
+    parser.add_argument("--windows", type=int, default=10)
+    parser.add_argument("--out", type=Path, default=Path("runs/demo"))
+    parser.add_argument(
+        "--storage", default="file", help="file (embedded, default) or s3://PREFIX?endpoint=URL"
+    )
+    parser.add_argument(
+        "--adversaries", default="", help=f"comma-separated kinds: {','.join(ADVERSARY_KINDS)}"
+    )
+    parser.add_argument(
+        "--strategy",
+        default="sparseloco",
+        choices=get_args(RunConfig.model_fields["strategy"].annotation),
+        help="the run's strategy (`node.strategy`)",
+    )
+    parser.add_argument("--block-time", type=float, default=1.0, help="seconds per block")
+    parser.add_argument("--blocks-per-window", type=int, default=30)
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before giving up")
+    parser.add_argument("--force", action="store_true", help="replace an existing --out folder")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the DDP baseline")
+    parser.add_argument(
+        "--delay",
+        type=int,
+        choices=(0, 1),
+        default=0,
+        help="outer.delay: 1 applies each aggregate one window late (docs/training.md)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from lab.sim.buckets import SimKeyError
+    from lab.sim.layout import build_world
+
+    console = Console()
+    args.out = args.out.resolve()  # bucket and chain URLs need absolute paths
+    kinds = [k for k in args.adversaries.split(",") if k] if args.adversaries else []
+    unknown = set(kinds) - set(ADVERSARY_KINDS)
+    if unknown:
+        raise SystemExit(f"unknown adversaries: {', '.join(sorted(unknown))}")
+    if kinds and args.strategy != "sparseloco":  # the forgers write SparseLoCo updates
+        raise SystemExit("--adversaries need --strategy sparseloco")
+    if args.out.exists() and any(args.out.iterdir()):
+        if not args.force:
+            raise SystemExit(f"{args.out} is not empty: pass --force to replace it")
+        shutil.rmtree(args.out)
+    try:
+        world = build_world(
+            args.out,
+            args.windows,
+            args.block_time,
+            args.blocks_per_window,
+            args.peers,
+            kinds,
+            args.storage,
+            args.strategy,
+            args.delay,
+        )
+    except SimKeyError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    run_cfg = world.run
+    console.print(
+        f"run {run_cfg.run_id} ({run_cfg.strategy}): {args.peers} peers, "
+        f"adversaries {kinds or 'none'}, "
+        f"{args.windows} windows of {args.blocks_per_window * args.block_time:.0f}s → {args.out}"
+    )
+    exit_codes = _run_processes(world, args, console)
+    return _report(world, exit_codes, args, console)
+
+
+def _run_processes(
+    world: World, args: argparse.Namespace, console: Console
+) -> dict[str, int | None]:
+    from lab.sim.processes import start, supervise
+
+    # the validator needs one more window: it scores window w while the peers train w + 1
+    running = [start(world, m, args.windows + (m.kind == "validator")) for m in world.members]
+    started = time.monotonic()
+    with console.status("simulating…") as status:
+
+        def tick() -> None:
+            done = sum(r.proc.poll() is not None for r in running)
+            status.update(
+                f"simulating… {time.monotonic() - started:.0f}s, {done}/{len(running)} done"
+            )
+
+        return supervise(running, args.timeout, tick)
+
+
+def _report(
+    world: World, exit_codes: dict[str, int | None], args: argparse.Namespace, console: Console
+) -> int:
+    from codec.chunking import ChunkLayout
+    from lab.sim.baseline import ddp_losses, synced_losses
+    from lab.sim.collect import collect
+    from lab.sim.html import render
+    from node.model.llama import build_model
+
+    run_cfg = world.run
+    model = build_model(run_cfg.model, run_cfg.seed)
+    dense = 4 * sum(p.numel() for p in model.parameters())
+    kept = sum(
+        ChunkLayout.for_shape(tuple(p.shape), run_cfg.codec).n_values for p in model.parameters()
+    )
+    windows = _windows_done(world)
+    baseline = {} if args.no_baseline else ddp_losses(world, windows)
+    report = collect(world, exit_codes, dense, kept, baseline, synced_losses(world, windows))
+    (world.out / "report.json").write_text(report.model_dump_json(indent=2))
+    summary = _summary(report)
+    (world.out / "report.html").write_text(render(report, summary))
+    table = Table(title="Simulation summary")
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    for k, v in summary:
+        table.add_row(k, v)
+    console.print(table)
+    console.print(f"report: {world.out / 'report.html'}")
+    failure = verdict(world, report, exit_codes)
+    if failure:
+        console.print(f"[red]{failure}[/]")
+        return 1
+    return 0
+
+
+def verdict(world: World, report: SimReport, exit_codes: dict[str, int | None]) -> str | None:
+    """Why the simulation failed, or None: the validator or an honest peer failed, an honest model
+    became non-finite, or honest models (or the validator's) differ."""
+    validator = world.of_kind("validator")[0].name
+    if exit_codes.get(validator) != 0:
+        return f"the validator failed (exit {exit_codes.get(validator)}): see {world.out}/logs"
+    if report.non_finite:
+        return f"honest models became non-finite in windows {report.non_finite}"
+    if report.diverged:
+        return f"honest peers diverged in windows {report.diverged}"
+    failed = [m.name for m in world.of_kind("honest") if exit_codes.get(m.name) != 0]
+    if failed:
+        return f"honest peers failed: {failed}: see {world.out}/logs"
+    return None
+
+
+def _windows_done(world: World) -> list[int]:
+    from node.runtime.report_log import REPORTS, read_json_lines
+
+    return [r["window"] for r in read_json_lines(world.of_kind("honest")[0].state_dir / REPORTS)]
+
+
+def _loss(x: float | None) -> str:
+    return f"{x:.4f}" if x is not None else "–"
+
+
+def _summary(r: SimReport) -> list[tuple[str, str]]:
+    weights, rules = r.final_weights, r.final_rules()
+    honest = sum(w for n, w in weights.items() if n.startswith("peer"))
+    total = sum(weights.values()) or 1.0
+    trained = [w for w in r.windows if any(p.kind == "honest" and p.loss for p in w.peers)]
+    last = trained[-1] if trained else None
+    losses = [p.loss for p in (last.peers if last else []) if p.kind == "honest" and p.loss]
+    ups = [
+        p.upload_bytes
+        for row in r.windows
+        for p in row.peers
+        if p.kind == "honest" and p.upload_bytes
+    ]
+    rows = [
+        ("windows trained", str(len(trained))),
+        ("honest weight share", f"{honest / total:.1%}"),
+        (
+            "adversary weights (rule)",
+            ", ".join(
+                f"{n}={w:.3f} ({rules.get(n, '–')})"
+                for n, w in weights.items()
+                if not n.startswith("peer")
+            )
+            or "–",
+        ),
+        (
+            "honest weight spread, window 3 on",
+            f"±{spread:.1%}" if (spread := r.honest_spread()) is not None else "–",
+        ),
+        ("final honest inner loss (mean)", f"{sum(losses) / len(losses):.4f}" if losses else "–"),
+        ("final held-out loss, validator's model", _loss(last.synced_loss if last else None)),
+        ("final held-out loss, DDP (same tokens)", _loss(last.ddp_loss if last else None)),
+        (
+            "validator's model / DDP",
+            f"{last.synced_loss / last.ddp_loss:.3f}"
+            if last and last.synced_loss and last.ddp_loss
+            else "–",
+        ),
+        ("bytes per update (mean)", f"{sum(ups) / len(ups):,.0f}" if ups else "–"),
+        ("dense fp32 update", f"{r.dense_bytes:,}"),
+        ("bits per kept entry", f"{8 * sum(ups) / len(ups) / r.kept_entries:.2f}" if ups else "–"),
+        (
+            "honest models identical (and the validator's)",
+            "yes" if not r.diverged else f"no: windows {r.diverged}",
+        ),
+        ("honest models finite", "yes" if not r.non_finite else f"no: windows {r.non_finite}"),
+    ]
+    return rows

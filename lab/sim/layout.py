@@ -1,0 +1,149 @@
+"""The simulation's world on disk: run config, embedded chain, wallets, buckets, registrations."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from commands.provision import ensure_s3_bucket
+from lab.sim.buckets import check_read_key
+from protocol.chain.local_db import LocalChainDB, create_local_chain
+from protocol.keys import create_hotkey
+from protocol.runconfig import RunConfig
+
+NETUID = 1
+VALIDATOR_STAKE = 1000.0
+ADVERSARY_KINDS = (
+    "noise", "copier", "stale", "freeloader", "nan", "late",
+    "poison", "scaled", "equivocate", "sigforge", "recycler", "slowdrip", "mixer",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Member:
+    """One process of the simulation: an honest peer, an adversary or the validator."""
+
+    name: str  # wallet hotkey name, e.g. peer0, noise, validator
+    kind: str  # honest | validator | one of ADVERSARY_KINDS
+    uid: int
+    hotkey: str
+    store_url: str
+    state_dir: Path
+
+
+@dataclass
+class World:
+    out: Path
+    run_path: Path
+    run: RunConfig
+    chain_url: str
+    local_root: Path | None
+    members: list[Member] = field(default_factory=list)
+
+    def of_kind(self, kind: str) -> list[Member]:
+        return [m for m in self.members if m.kind == kind]
+
+
+def sim_run_config(
+    windows: int,
+    block_time: float,
+    blocks_per_window: int,
+    start_block: int = 0,
+    strategy: str = "sparseloco",
+    delay: int = 0,
+) -> RunConfig:
+    """The tiny preset with a clock fast enough for a simulation on a laptop.
+
+    A gather may take a fifth of a window, and a peer waits up to another third of a window for
+    the lead validator's manifest (`node.window.consensus`), so training always keeps over half
+    of the window.
+    """
+    window_s = block_time * blocks_per_window
+    return RunConfig.preset(
+        "tiny",
+        name="sim",
+        strategy=strategy,
+        outer={"total_windows": max(windows, 1), "delay": delay},
+        consensus={"fetch_budget_s": max(2.0, window_s / 5), "manifest_wait_s": window_s / 3},
+        timing={
+            "block_time_s": block_time,
+            "blocks_per_window": blocks_per_window,
+            "upload_deadline_blocks": max(1, blocks_per_window // 5),
+            "clock_skew_tolerance_s": block_time,
+            "start_block": start_block,
+        },
+    )
+
+
+def bucket_url(storage: str, out: Path, name: str) -> str:
+    """`file://` buckets under the run folder by default; `s3://PREFIX?endpoint=…` otherwise."""
+    if storage == "file":
+        return f"file://{out / 'buckets'}?bucket={name}"
+    prefix, _, query = storage.removeprefix("s3://").partition("?")
+    bucket = f"{prefix}-{name}" if prefix else f"tessera-sim-{name}"
+    return f"s3://{bucket}?{query}" if query else f"s3://{bucket}"
+
+
+def startup_seconds(members: int) -> float:
+    """Time every process gets to start (import torch, load data) before window 0 opens."""
+    return 20.0 + 5.0 * members
+
+
+def build_world(
+    out: Path,
+    windows: int,
+    block_time: float,
+    blocks_per_window: int,
+    peers: int,
+    adversaries: list[str],
+    storage: str,
+    strategy: str = "sparseloco",
+    delay: int = 0,
+) -> World:
+    """Create the run folder, the chain and every member's wallet, uid and bucket name.
+
+    Window 0 starts once every process has had time to start, so nobody misses the beginning.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    db_path = out / "chain.db"
+    create_local_chain(db_path, NETUID, block_time=block_time, exist_ok=True)
+    db = LocalChainDB(db_path)
+    members = peers + len(adversaries) + 1
+    start = math.ceil(startup_seconds(members) / block_time)
+    run = sim_run_config(windows, block_time, blocks_per_window, start, strategy, delay)
+    run_path = run.dump(out / "run.json")
+    world = World(
+        out=out,
+        run_path=run_path,
+        run=run,
+        chain_url=f"local://{db_path}",
+        local_root=out / "buckets" if storage == "file" else None,
+    )
+    roles = [(f"peer{i}", "honest") for i in range(peers)]
+    roles += [(kind, kind) for kind in adversaries]
+    roles.append(("validator", "validator"))
+    for name, kind in roles:
+        key = create_hotkey("sim", name, root=out / "wallets", overwrite=True)
+        url = bucket_url(storage, out, name)
+        if url.startswith("s3://"):
+            ensure_s3_bucket(url)
+            check_read_key(url)  # never a key that can write goes on chain
+        validator = kind == "validator"
+        uid = db.register(
+            NETUID,
+            key.ss58_address,
+            validator=validator,
+            stake=VALIDATOR_STAKE if validator else 0.0,
+        )
+        world.members.append(
+            Member(
+                name=name,
+                kind=kind,
+                uid=uid,
+                hotkey=key.ss58_address,
+                store_url=url,
+                state_dir=out / "state" / name,
+            )
+        )
+    return world

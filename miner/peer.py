@@ -1,0 +1,506 @@
+"""The peer: one outer step per window, resumable, tolerant of every other node failing.
+
+`Peer.run_window` is the whole per-window flow, top to bottom:
+
+1. train the H inner steps on the samples assigned to (run, uid, window), from the window's
+   starting weights ``θ_w``. With ``outer.delay = 1`` (docs/training.md) window ``w − 1``'s
+   exchange is in the air meanwhile; as soon as it lands (before the first inner step or between
+   two), our own update of ``w − 1`` is settled in the strategy's local state and its outer step
+   is taken on the window's origin and on the live weights alike: the origin becomes
+   ``θ_{w+1} = θ_w − α · step(mean_{w−1})``;
+2. encode the pseudo-gradient ``origin − θ`` with the run's strategy (SparseLoCo: error feedback
+   and compression) and launch its exchange (`miner.flight`): sign and upload to our own
+   bucket before the deadline; at the gather point gather the selected peers' updates, verify and
+   decode them strictly and agree on the window's set (the lead validator's manifest,
+   `node.window.consensus`). With ``delay = 0`` it runs now, then we settle and step:
+   ``θ_{w+1} = θ_w − α · step(mean_w)``;
+3. a window whose start had forked from the lead validator's is rebuilt from the validators'
+   published history before its step is taken;
+4. the model moves to the origin of the next window; publish our parameter fingerprint and save
+   the local state atomically, with the exchange still in the air, so a restart resumes it.
+5. append the window's report to the (rotated) local log and prune our bucket's old objects
+   (`node.runtime.retention`).
+
+Every read and write of the weights outside the inner steps (the start copy, the pseudo-gradient,
+the outer step, the fingerprint, the state file, a history replay) goes through `self.weights`
+(`miner.weights`): whole tensors for one process and DDP, FSDP2 shards under
+``--sharding fsdp2`` (`miner.sharded_weights`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import torch
+from substrateinterface import Keypair
+
+from codec.spec import ModelSpec
+from miner.flight import Exchanged, Flight
+from miner.metrics import PeerMetrics
+from miner.multigpu import peer_weights
+from miner.ranks import Ranks
+from miner.train import InnerResult, make_optimizer, train_window
+from node.data.batches import assigned_batches, open_run_dataset
+from node.model.llama import build_model
+from node.runtime.clock import ChainClock
+from node.runtime.preflight import explain_os_error
+from node.runtime.progress import tracked
+from node.runtime.report_log import REPORTS, append_line
+from node.runtime.retention import prune_own_bucket
+from node.runtime.state import PeerState, load_error_feedback, load_state, save_ef_shard, save_state
+from node.strategy import Strategy, make_strategy
+from node.strategy.outer import land_by_step
+from node.window.consensus import agree, manifest_deadline, wait_for_manifest, window_roster
+from node.window.exchange import encode_signed, publish
+from node.window.gather import Pieces, gather
+from node.window.history import catch_up_any, history_sources, resync
+from protocol.chain.base import Chain
+from protocol.naming import fingerprint_key, update_key
+from protocol.runconfig import RunConfig
+from protocol.stores import ObjectStore, StoreError
+
+log = logging.getLogger(__name__)
+
+AFFORD_MARGIN = 1.5
+"""How much slower than last time a window's training, encoding and upload may turn out while
+the peer waits for the previous window's manifest (`Peer._afford_until`)."""
+
+
+@dataclass
+class WindowReport:
+    """What one window did on this peer (also what the simulation's report shows)."""
+
+    window: int
+    exchanged: int | None  # the window whose exchange the fields below describe (w − delay)
+    loss: float
+    tokens_per_s: float
+    upload_bytes: int
+    upload_s: float
+    download_bytes: int
+    gathered: list[int]
+    dropped: dict[int, str]
+    applied: list[int]
+    agreed_by: str
+    fingerprint: str
+
+
+class Peer:
+    """A peer bound to one run, one hotkey, one chain and its own bucket."""
+
+    def __init__(
+        self,
+        run: RunConfig,
+        keypair: Keypair,
+        chain: Chain,
+        store: ObjectStore,
+        state_dir: Path,
+        local_root: Path | None = None,
+        device: str = "cpu",
+        ranks: Ranks | None = None,
+    ) -> None:
+        self.cfg, self.keypair, self.chain, self.store = run, keypair, chain, store
+        self.ranks = ranks or Ranks()  # the devices of a multi-GPU peer (`miner.multigpu`)
+        self.state_dir, self.local_root = state_dir, local_root
+        self.device = torch.device(device)
+        self.clock = ChainClock(chain, run)
+        self.model = build_model(run.model, run.seed).to(self.device)
+        self.spec = ModelSpec.from_module(self.model)
+        # what the inner steps train: DDP, the model sharded in place (FSDP2) or itself; the
+        # optimizer comes after, with the parameters as they are trained
+        self.trainer = self.ranks.wrap(self.model)
+        self.optimizer = make_optimizer(self.model, run)
+        self.strategy = make_strategy(
+            run, self.spec, self.device, owned=self.ranks.shard_of(self.spec)
+        )
+        # how the peer reads and writes its weights (`miner.weights`): whole or sharded
+        self.weights = peer_weights(
+            self.ranks, self.model, self.optimizer, self.strategy, self.spec
+        )
+        _, self.dataset = open_run_dataset(run)
+        self.uid = self._registered_uid()
+        self.metrics = PeerMetrics()
+        self.delay = run.outer.delay
+        self._flight: Flight | None = None  # the exchange in the air (`miner.flight`)
+        self._exchanged: Flight | None = None  # the one this window landed (for its report)
+        self._fork: Flight | None = None  # landed, from a start we did not share: resync
+        self._origin: dict[str, torch.Tensor] = {}  # what this window's pseudo-gradient is from
+        self._train_s: float | None = None  # the last window's training and encoding, seconds
+        self.next_window = self._restore()
+
+    # -- the window --------------------------------------------------------------------------
+
+    def run_window(self, window: int) -> WindowReport:
+        self._origin, start_fp = self.weights.start(), self.weights.fingerprint()
+        self._step_when_landed()  # delay 1: window - 1's step as soon as its exchange lands,
+        began = time.monotonic()
+        inner = self._train(window)  # here or between two inner steps
+        if self._flight is not None:  # delay 1, still in the air: it lands before we encode
+            self._land_and_step(live=True)
+        sent = self._encode(self._origin, window)
+        self._train_s = time.monotonic() - began  # what the next update needs before its upload
+        self._launch(window, sent, start_fp)
+        if not self.delay:
+            self._land_and_step(live=False)
+        self._resync_forked()
+        self.weights.advance(self._origin)
+        fp = self._publish_fingerprint(window)
+        self._save(window + 1, fp)
+        return self._report(window, inner, fp)
+
+    def run(self, windows: int) -> list[WindowReport]:
+        """Train `windows` windows, starting at the current one, resuming from saved state."""
+        reports = []
+        for _ in range(windows):
+            window = self.ranks.broadcast_object(max(self.next_window, self.current_window()))
+            if window > self.next_window:  # every rank replays the same history identically
+                self.catch_up(window)
+            reports.append(self.run_window(window))
+            if not self.ranks.is_main:  # rank 0 reports for the whole peer
+                continue
+            self._record(reports[-1])
+            append_line(self.state_dir / REPORTS, json.dumps(dataclasses.asdict(reports[-1])))
+            prune_own_bucket(
+                self.store, self.cfg, self.uid, self.keypair.ss58_address, reports[-1].window
+            )
+            log.info(
+                "window %d: loss %.4f, %.0f tok/s, %d B up in %.2fs, gathered %s, fingerprint %s",
+                window, reports[-1].loss, reports[-1].tokens_per_s, reports[-1].upload_bytes,
+                reports[-1].upload_s, reports[-1].gathered, reports[-1].fingerprint[:12],
+            )  # fmt: skip
+        if self._flight is not None:  # finish the last exchange: the saved state holds its mean
+            self._land_and_hold()
+            self._save(self.next_window, self.weights.fingerprint())
+        return reports
+
+    def catch_up(self, window: int) -> None:
+        """Replay what we missed from the validators' published history, best-staked first.
+
+        The newest aggregate is published shortly after its window's deadline, so a peer that
+        wakes up early in a window waits for it (a window at most) instead of training on stale
+        weights.
+        """
+        give_up = (
+            time.monotonic() + self.clock.schedule.blocks_per_window * self.cfg.timing.block_time_s
+        )
+        self._land_and_hold()  # the replay starts from next_window with its held aggregate
+        while self.next_window < window:
+            self.next_window = self.weights.replay(partial(self._replay, self.next_window, window))
+            if self.next_window >= window:
+                log.info("caught up to window %d", window)
+                return
+            if self.ranks.broadcast_object(time.monotonic() > give_up):
+                log.error(
+                    "missed windows %d..%d and no validator history replays them yet: training "
+                    "on stale weights until a checkpoint is published",
+                    self.next_window,
+                    window - 1,
+                )
+                return
+            time.sleep(self.cfg.timing.block_time_s)
+            window = self.ranks.broadcast_object(max(window, self.current_window()))
+
+    def _replay(
+        self, from_window: int, to_window: int, model: torch.nn.Module, strategy: Strategy
+    ) -> int:
+        """Rank 0 replays the validators' history (`Weights.replay` shares the result)."""
+        sources, peers = history_sources(self.chain, self.local_root)
+        return catch_up_any(model, strategy, sources, peers, from_window, to_window)
+
+    def _record(self, r: WindowReport) -> None:
+        m = self.metrics
+        m.window.set(r.window)
+        m.loss.set(r.loss)
+        m.tokens_per_s.set(r.tokens_per_s)
+        m.bytes_up.inc(r.upload_bytes)
+        m.bytes_down.inc(r.download_bytes)
+        total = len(r.gathered) + len(r.dropped)
+        m.gather_ok.set(len(r.gathered) / total if total else 0.0)
+        m.window_lag.set(self.current_window() - r.window)
+
+    def current_window(self) -> int:
+        return self.clock.current_window()
+
+    # -- steps -------------------------------------------------------------------------------
+
+    def _train(self, window: int) -> InnerResult:
+        batches = assigned_batches(
+            self.dataset,
+            self.cfg.run_id,
+            self.uid,
+            window,
+            self.cfg.inner_steps,
+            self.cfg.batch_size,
+        )
+        rows = map(self.ranks.local_rows, batches)
+        steps = tracked(rows, f"window {window} (uid {self.uid})", total=self.cfg.inner_steps)
+        on_step = (lambda step, _loss: self._step_when_landed(step)) if self.delay else None
+        inner = train_window(
+            self.trainer, self.optimizer, steps, self.cfg, window, self.device, on_step
+        )
+        return self.ranks.reduce_inner(inner)
+
+    def _encode(self, start: dict[str, torch.Tensor], window: int) -> list:
+        """This rank's tensors' pseudo-gradients, encoded by the strategy (with its state)."""
+        return self.strategy.encode(self.weights.deltas(start), window)
+
+    def _launch(self, window: int, sent: list, start_fp: str) -> None:
+        """Sign our update (rank 0 holds every rank's pieces) and start its exchange."""
+        full = self.ranks.gather_pieces(sent, self.spec)
+        data = None
+        if self.ranks.is_main:
+            data = encode_signed(full, self.cfg, self.spec, window, self.uid, self.keypair)
+        self._flight = self._fly(window, sent, start_fp, data, resume=False)
+
+    def _fly(
+        self, window: int, sent: list, start_fp: str, data: bytes | None, resume: bool
+    ) -> Flight:
+        """A flight for our update of `window`: rank 0 runs its exchange (in the background with
+        ``delay = 1``), the other ranks only keep their pieces."""
+        work = None
+        if self.ranks.is_main and data is not None:
+            work = partial(self._exchange, window, data, start_fp, resume)
+        return Flight(window, sent, start_fp, data, work, background=bool(self.delay))
+
+    def _land(self) -> Flight | None:
+        """Wait for the exchange in the air and settle our own update (before the next encode)."""
+        flight, self._flight = self._flight, None
+        if flight is None:
+            return None
+        done = flight.result()
+        applied = self.ranks.broadcast_object(done is not None and self.uid in done.agreed.updates)
+        self.strategy.settle(flight.sent, applied, flight.window)
+        self._exchanged = flight
+        return flight
+
+    def _step_when_landed(self, step: int = -1) -> None:
+        """With ``delay = 1``, at the start of a window (``step`` −1) and after each inner step:
+        take the outer step of window - 1 once its exchange has landed (or of a mean a replay
+        held). After `land_by_step` inner steps the peer waits for it: a step that lands after
+        the window's training makes the schedule unstable (docs/training.md)."""
+        due = step + 1 >= land_by_step(self.cfg.inner_steps)
+        landed = self._flight is not None and (due or self._flight.done())
+        if self.ranks.broadcast_object(landed):
+            self._land_and_step(live=True)
+        elif self.strategy.holding:
+            self._step(live=True)
+
+    def _land_and_step(self, live: bool) -> None:
+        """Land the exchange, hold its mean and take the outer step on the window's origin (and
+        on the live weights while they still train); a fork waits for `_resync_forked`."""
+        flight = self._land()
+        if flight is None:
+            return
+        if self._forked(flight):  # the resync replaces the weights: once they are encoded
+            self._fork = flight
+            return
+        self._take_in(flight)
+        self._step(live)
+
+    def _step(self, live: bool) -> None:
+        """The origin moves by the outer step with the held mean; the live weights follow."""
+        new = self.strategy.next_weights(self._origin)
+        if live:
+            self.weights.move(new, self._origin)
+        self._origin = new
+
+    def _take_in(self, flight: Flight) -> None:
+        """Hold the mean of the window's agreed updates (computed on rank 0, sent to all)."""
+        done = flight.result()
+        updates = Pieces(done.agreed.updates if done else {})
+        mean = self.weights.aggregator.mean(updates) if self.ranks.is_main else None
+        self.strategy.receive(self.weights.share(mean))
+
+    def _land_and_hold(self) -> None:
+        """Land the exchange in the air (``delay = 1``) and hold its mean: the model stays at the
+        start of the next window, where a replay or the next window takes over."""
+        flight = self._land()
+        if flight is not None:
+            if self._forked(flight):
+                self._resync(flight)
+            self._take_in(flight)
+
+    def _resync_forked(self) -> None:
+        """After encoding: a landed window whose start we did not share is rebuilt from the
+        validators' history, then its step taken."""
+        flight, self._fork = self._fork, None
+        if flight is None:
+            return
+        self._resync(flight)
+        self._take_in(flight)
+        self._origin = self.weights.start()
+        self._step(live=False)
+
+    def _exchange(self, window: int, data: bytes, start_fp: str, resume: bool) -> Exchanged:
+        """Rank 0: upload our update, then at the gather point fetch the selected updates and
+        apply what the lead validator's manifest says (`node.window.consensus`)."""
+        upload_bytes, upload_s = self._publish(data, window, resume)
+        self.clock.wait_for_block(self.clock.gather_block(window))
+        begun = time.monotonic()
+        roster = window_roster(self.chain, self.cfg, window, self.local_root)
+        peers = [roster.buckets[u] for u in roster.selected if u in roster.buckets]
+        fetched = gather(peers, self.cfg, self.spec, window, self.clock.deadline_s(window))
+        until = manifest_deadline(begun, self.cfg, self._afford_until(window, upload_s))
+        manifest = wait_for_manifest(roster, self.cfg, window, until)
+        agreed = agree(roster, fetched, manifest, start_fp, self.cfg, self.spec)
+        return Exchanged(upload_bytes, upload_s, fetched, agreed)
+
+    def _afford_until(self, window: int, upload_s: float) -> float | None:
+        """The latest moment (monotonic seconds) this window's agreement can come while our next
+        update still makes its deadline: window + 1's upload deadline, less the training and
+        encoding still ahead once it lands (all of it with delay 0, what follows `land_by_step`
+        with delay 1) and the upload, times `AFFORD_MARGIN`, and one block. None before we have
+        timed a window."""
+        if self._train_s is None:
+            return None
+        h = self.cfg.inner_steps
+        ahead = self._train_s * ((h - land_by_step(h)) / h if self.delay else 1.0)
+        upload = upload_s if math.isfinite(upload_s) else 0.0
+        reserve = AFFORD_MARGIN * (ahead + upload) + self.cfg.timing.block_time_s
+        left = self.clock.deadline_s(window + 1) - time.time()
+        return time.monotonic() + left - reserve
+
+    def _publish(self, data: bytes, window: int, resume: bool) -> tuple[int, float]:
+        """Upload our update (a resumed exchange only if it is not stored yet)."""
+        key = update_key(self.cfg.run_id, window, self.uid, self.keypair.ss58_address)
+        try:
+            if resume and self.store.exists(key):
+                return len(data), float("nan")
+            done = publish(self.store, data, self.cfg, window, self.uid, self.keypair.ss58_address)
+        except StoreError as exc:  # keep training: a missed upload costs us one window's score
+            log.error("window %d: upload failed: %s", window, exc)
+            return len(data), float("nan")
+        return done.n_bytes, done.seconds
+
+    def _forked(self, flight: Flight) -> bool:
+        done = flight.result()
+        return self.ranks.broadcast_object(done is not None and done.agreed.forked)
+
+    def _resync(self, flight: Flight) -> None:
+        """Our weights differed from the lead validator's at the start of the flight's window:
+        rebuild them and the outer state from the validators' published history, then (with
+        ``delay = 1``) step to the start of the next window, the one we trained."""
+        done = flight.result()
+
+        def rebuild(model: torch.nn.Module, strategy: Strategy) -> None:  # on rank 0
+            assert done is not None and done.agreed.manifest is not None
+            log.warning("window %d: forked from the validator: resyncing", flight.window)
+            sources, peers = history_sources(self.chain, self.local_root)
+            resync(
+                model, strategy, sources, peers, flight.window,
+                done.agreed.manifest.fingerprint_start,
+            )  # fmt: skip
+
+        self.weights.replay(rebuild)
+        self.weights.advance()  # delay 1: the mean held at that start
+
+    def _report(self, window: int, inner: InnerResult, fp: str) -> WindowReport:
+        landed, self._exchanged = self._exchanged, None
+        done = landed.result() if landed is not None else None
+        fetched = done.fetched if done is not None else {}
+        agreed = done.agreed if done is not None else None
+        return WindowReport(
+            window=window,
+            exchanged=landed.window if landed is not None else None,
+            loss=inner.mean_loss,
+            tokens_per_s=inner.tokens_per_s,
+            upload_bytes=done.upload_bytes if done is not None else 0,
+            upload_s=done.upload_s if done is not None else math.nan,
+            download_bytes=sum(f.n_bytes for f in fetched.values()),
+            gathered=[u for u, f in fetched.items() if f.ok],
+            dropped={u: f.reason for u, f in fetched.items() if not f.ok},
+            applied=sorted(agreed.updates) if agreed else [],
+            agreed_by=agreed.note if agreed else "",
+            fingerprint=fp,
+        )
+
+    def _publish_fingerprint(self, window: int) -> str:
+        fp = self.weights.fingerprint()
+        if not self.ranks.is_main:
+            return fp
+        body = {"run_id": self.cfg.run_id, "window": window, "uid": self.uid, "fingerprint": fp}
+        key = fingerprint_key(self.cfg.run_id, window, self.uid, self.keypair.ss58_address)
+        try:
+            self.store.put(key, json.dumps(body).encode())
+        except StoreError as exc:
+            log.error("window %d: fingerprint upload failed: %s", window, exc)
+        return fp
+
+    # -- state -------------------------------------------------------------------------------
+
+    def _registered_uid(self) -> int:
+        from protocol.chain.errors import NotRegistered
+
+        hotkey, netuid = self.keypair.ss58_address, self.chain.netuid
+        uid = self.chain.uid_of(hotkey)
+        if uid is None:
+            raise NotRegistered(
+                hotkey,
+                netuid,
+                f"register it with `btcli subnet register --netuid {netuid}` (on a local chain: "
+                f"`tessera chain register --db PATH --hotkey {hotkey}`)",
+            )
+        return uid
+
+    def _save(self, next_window: int, fp: str) -> None:
+        self.next_window = next_window
+        try:
+            self._write_state(next_window, fp)
+        except OSError as exc:  # the previous state is intact; stop with a clear reason
+            raise explain_os_error(exc, self.state_dir) from exc
+
+    def _write_state(self, next_window: int, fp: str) -> None:
+        weights = self.weights.state()  # whole tensors on rank 0 (FSDP2: gathered from all)
+        if not self.ranks.is_main:  # EF shards first: a state.pt on disk finds all of its own
+            ef = self.strategy.local_state_dict()
+            save_ef_shard(self.state_dir, self.cfg.run_id, next_window, self.ranks.rank, ef)
+        self.ranks.barrier()
+        if weights is None:  # the other ranks
+            return
+        save_state(
+            self.state_dir,
+            PeerState(
+                run_id=self.cfg.run_id,
+                window=next_window,
+                model=weights.model,
+                optimizer=weights.optimizer,
+                error_feedback=self.strategy.local_state_dict(),
+                fingerprint=fp,
+                outer=weights.outer,
+                inflight=self._flight.record() if self._flight is not None else {},
+            ),
+        )
+
+    def _restore(self) -> int:
+        state = self.weights.read(partial(load_state, self.state_dir, self.cfg.run_id))
+        if state is None:
+            return 0
+        self.weights.load(state)  # model, inner optimizer, outer state
+        ef = load_error_feedback(self.state_dir, state)
+        owned = self.strategy.owned.tensors
+        self.strategy.load_local_state_dict({t.name: ef[t.name] for t in owned if t.name in ef})
+        if not self.ranks.broadcast_object(self.weights.fingerprint() == state.fingerprint):
+            raise RuntimeError("restored model does not match its saved fingerprint")
+        if state.inflight:
+            self._flight = self._resume(state.inflight)
+        log.info("resumed at window %d (fingerprint %s)", state.window, state.fingerprint[:12])
+        return state.window
+
+    def _resume(self, record: dict) -> Flight:
+        """The exchange that was in the air when the state was saved, started again from our own
+        signed update (each rank settles its own tensors of it)."""
+        data = record["update"].numpy().tobytes()
+        pieces = self.strategy.decode(data, self.strategy.max_update_bytes()).tensors
+        owned = {t.name for t in self.strategy.owned.tensors}
+        sent = [p for p in pieces if p.name in owned]
+        log.info("resuming the exchange of window %d", record["window"])
+        return self._fly(
+            record["window"], sent, record["fingerprint"],
+            data if self.ranks.is_main else None, resume=True,
+        )  # fmt: skip

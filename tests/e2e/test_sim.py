@@ -1,0 +1,191 @@
+"""`tessera sim` end to end: real processes, every adversary, a report people can open."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from moto.core.authorization import disable_iam_authentication
+
+from commands.cli import main
+from lab.sim.layout import World
+from tests.support.servers import iam_user
+
+FAST = ["--block-time", "0.5", "--blocks-per-window", "40", "--timeout", "600"]
+
+
+@pytest.mark.slow
+def test_simulation_with_every_adversary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # a relative --out, as in the README's main job
+    out = tmp_path / "demo"
+    kinds = "noise,copier,stale,freeloader,nan,late"
+    code = main(
+        ["sim", "--peers", "2", "--windows", "3", "--out", "demo", "--adversaries", kinds, *FAST]
+    )
+    assert code == 0, sorted(p.name for p in (out / "logs").iterdir())
+    report = json.loads((out / "report.json").read_text())
+    weights = report["final_weights"]
+    honest = sum(w for name, w in weights.items() if name.startswith("peer"))
+    assert honest >= 0.95 * sum(weights.values())
+    for kind in kinds.split(","):
+        assert weights[kind] == 0.0, (kind, weights)
+    assert report["diverged"] == []
+    page = (out / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 4
+    losses = [
+        p["loss"]
+        for row in report["windows"]
+        for p in row["peers"]
+        if p["kind"] == "honest" and p["loss"]
+    ]
+    assert losses and losses[-1] < losses[0]
+    synced = [row["synced_loss"] for row in report["windows"]]  # the validator's model, held out
+    assert None not in synced and synced[-1] < synced[0]
+    assert all(row["ddp_loss"] is not None for row in report["windows"])
+
+
+@pytest.mark.slow
+def test_simulation_on_an_s3_server(
+    tmp_path: Path, s3_server: str, enforced_iam: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with disable_iam_authentication():  # a write key, and the read-only key that goes on chain
+        write = iam_user(s3_server, "simtest-*", ["s3:*"])
+        read = iam_user(s3_server, "simtest-*", ["s3:GetObject", "s3:ListBucket"])
+    monkeypatch.setenv("TESSERA_S3_ACCESS_KEY_ID", write[0])
+    monkeypatch.setenv("TESSERA_S3_SECRET_ACCESS_KEY", write[1])
+    monkeypatch.setenv("TESSERA_S3_READ_ACCESS_KEY_ID", read[0])
+    monkeypatch.setenv("TESSERA_S3_READ_SECRET_ACCESS_KEY", read[1])
+    out = tmp_path / "s3"
+    storage = f"s3://simtest?endpoint={s3_server}"
+    code = main(
+        [
+            "sim",
+            "--peers",
+            "2",
+            "--windows",
+            "2",
+            "--out",
+            str(out),
+            "--storage",
+            storage,
+            "--no-baseline",
+            *FAST,
+        ]
+    )
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["diverged"] == []
+    assert all(w > 0 for name, w in report["final_weights"].items() if name.startswith("peer"))
+
+
+def _write_reports(world: World, losses: dict[str, list[float]], fps: dict[str, list[str]]) -> None:
+    for m in world.members:
+        m.state_dir.mkdir(parents=True, exist_ok=True)
+        if m.kind == "validator":
+            rows = [
+                {"window": w, "peers": [], "weights": {}, "fingerprint_end": fp}
+                for w, fp in enumerate(fps["validator"])
+            ]
+        else:
+            rows = [
+                {"window": w, "loss": loss, "fingerprint": fps[m.name][w], "upload_bytes": 10}
+                for w, loss in enumerate(losses[m.name])
+            ]
+        (m.state_dir / "reports.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_the_verdict_fails_a_run_whose_honest_model_went_non_finite(tmp_path: Path) -> None:
+    from lab.sim.cli import verdict
+    from lab.sim.collect import collect
+    from lab.sim.layout import build_world
+
+    world = build_world(tmp_path, 2, 1.0, 10, 2, ["poison"], "file")
+    codes = {m.name: 0 for m in world.members}
+    same = {"peer0": ["a", "b"], "peer1": ["a", "b"], "poison": ["x", "y"], "validator": ["a", "b"]}
+    fine = {"peer0": [5.0, 4.0], "peer1": [5.1, 4.1], "poison": [1.0, 1.0]}
+    _write_reports(world, fine, same)
+    assert verdict(world, collect(world, codes, 1, 1, {}), codes) is None
+
+    _write_reports(world, {**fine, "peer1": [5.1, float("nan")]}, same)
+    assert "non-finite in windows [1]" in verdict(world, collect(world, codes, 1, 1, {}), codes)
+
+    _write_reports(world, fine, {**same, "validator": ["a", "c"]})  # the validator disagrees
+    assert "diverged in windows [1]" in verdict(world, collect(world, codes, 1, 1, {}), codes)
+
+
+def test_the_verdict_fails_a_run_that_saved_a_non_finite_honest_model(tmp_path: Path) -> None:
+    """A finite loss does not hide a model that the last outer step made non-finite: its saved
+    state's fingerprint is the one the peers report."""
+    import torch
+
+    from lab.sim.cli import verdict
+    from lab.sim.collect import collect
+    from lab.sim.layout import build_world
+    from node.model.fingerprint import fingerprint
+    from node.model.llama import build_model
+    from node.runtime.state import PeerState, save_state
+
+    world = build_world(tmp_path, 2, 1.0, 10, 2, ["poison"], "file")
+    codes = {m.name: 0 for m in world.members}
+    model = build_model(world.run.model, world.run.seed)
+    fps = []
+    for w in range(2):  # window 0 ends finite, window 1 ends with an inf weight
+        if w == 1:
+            with torch.no_grad():
+                next(model.parameters())[0, 0] = float("inf")
+        fps.append(fingerprint(model))
+        for m in world.of_kind("honest"):
+            state = PeerState(world.run.run_id, w + 1, model.state_dict(), {}, {}, fps[-1])
+            save_state(m.state_dir, state)
+    losses = {"peer0": [5.0, 4.0], "peer1": [5.1, 4.1], "poison": [1.0, 1.0]}
+    _write_reports(world, losses, {"peer0": fps, "peer1": fps, "poison": fps, "validator": fps})
+    report = collect(world, codes, 1, 1, {})
+    assert report.non_finite == [1]
+    assert "non-finite in windows [1]" in verdict(world, report, codes)
+
+
+def test_the_report_scores_the_validators_replayed_model_and_ddp(tmp_path: Path) -> None:
+    """The loss plot's two curves: the validator's published history replayed window by window
+    (the same weights the live model reached) and DDP over the honest peers' tokens."""
+    import torch
+
+    from codec.spec import ModelSpec
+    from lab.bench.train.engine import heldout_loss, heldout_set
+    from lab.sim.baseline import HELDOUT_SAMPLES, ddp_losses, synced_losses
+    from lab.sim.layout import build_world
+    from node.data.batches import open_run_dataset
+    from node.model.llama import build_model
+    from node.strategy import make_strategy
+    from node.window.exchange import encode_signed
+    from node.window.history import publish_aggregate
+    from protocol.keys import load_hotkey
+    from protocol.stores import open_store
+
+    world = build_world(tmp_path, 2, 1.0, 10, 2, [], "file")
+    run = world.run.model_copy(update={"inner_steps": 2})
+    world.run = run
+    validator = world.of_kind("validator")[0]
+    store = open_store(validator.store_url)
+    keys = {m.uid: load_hotkey("sim", m.name, root=tmp_path / "wallets") for m in world.members}
+    live = build_model(run.model, run.seed)
+    spec = ModelSpec.from_module(live)
+    strategy = make_strategy(run, spec)
+    _, dataset = open_run_dataset(run)
+    heldout = heldout_set(dataset, run.run_id, HELDOUT_SAMPLES)
+    gen = torch.Generator().manual_seed(0)
+    expected = {}
+    for w in range(2):
+        updates, raw = {}, {}
+        for m in world.of_kind("honest"):
+            grads = {
+                n: torch.randn(p.shape, generator=gen) * 1e-3 for n, p in live.named_parameters()
+            }
+            updates[m.uid] = make_strategy(run, spec).encode(grads, 10)
+            raw[m.uid] = encode_signed(updates[m.uid], run, spec, w, m.uid, keys[m.uid])
+        publish_aggregate(store, run, w, validator.uid, keys[validator.uid], raw)
+        strategy.step(live, updates)
+        expected[w] = heldout_loss(live, heldout)
+    assert synced_losses(world, [0, 1, 2]) == expected  # window 2 is not published: left out
+    ddp = ddp_losses(world, [0, 1])
+    assert sorted(ddp) == [0, 1] and ddp[1] < ddp[0]

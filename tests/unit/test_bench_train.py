@@ -1,0 +1,105 @@
+"""`tessera bench train --quick` (the CI size) through the real command: bench.json keeps its
+schema, every method trained, the compressed method sends a small fraction of the dense bytes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lab.bench.train.specs import SpecError, parse_methods, split_items
+from protocol.runconfig import RunConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_quick_bench_writes_the_stable_schema(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "commands.cli", "bench", "train", "--quick", "--threads", "1",
+           "--jobs", "2", "--out", str(tmp_path), "--json"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    body = json.loads((tmp_path / "bench.json").read_text())
+    assert json.loads(done.stdout) == body
+    rows = {r["strategy"]: r for r in body["results"]}
+    assert set(rows) == {"ddp", "diloco", "sparseloco"}
+    for r in body["results"]:
+        assert {
+            "strategy",
+            "label",
+            "dense",
+            "final_loss",
+            "bytes_per_window",
+            "loss_curve",
+        } <= set(r)
+        assert len(r["loss_curve"]) == body["setup"]["windows"]
+        assert r["final_loss"] == r["loss_curve"][-1] < r["initial_loss"]  # every method trained
+    assert rows["ddp"]["dense"] and rows["diloco"]["dense"] and not rows["sparseloco"]["dense"]
+    dense = body["summary"]["dense_fp32_bytes"]
+    assert rows["diloco"]["bytes_per_window"] == pytest.approx(dense, rel=0.01)  # fp32 values
+    assert rows["sparseloco"]["bytes_per_window"] < 0.03 * dense
+    assert (tmp_path / "bench.png").stat().st_size > 10_000
+    assert "× DDP" in (tmp_path / "bench.md").read_text()
+
+
+def test_strategy_lists_parse_with_their_options() -> None:
+    base = RunConfig.preset("tiny")
+    assert split_items("ddp,diloco:outer=sgd,alpha=1,sparseloco:k=128,alpha=1.6") == [
+        "ddp", "diloco:outer=sgd,alpha=1", "sparseloco:k=128,alpha=1.6",
+    ]  # fmt: skip
+    assert split_items(["ddp", "sparseloco:k=32", "beta=0.9"]) == [
+        "ddp",
+        "sparseloco:k=32,beta=0.9",
+    ]
+    ddp, dl, sl = parse_methods(
+        "ddp,diloco:outer=nesterov,alpha=0.5,dtype=fp32,sparseloco:k=128,beta=0.9,lr=0.002", base
+    )
+    assert (ddp.dense, dl.dense, sl.dense) == (True, True, False)
+    assert dl.run.outer.optimizer == "nesterov" and dl.run.outer.alpha == 0.5
+    assert dl.run.dense.dtype == "fp32"
+    assert sl.run.codec.k == 128 and sl.run.outer.beta == 0.9 and sl.run.optimizer.lr == 0.002
+    assert sl.run.model == base.model and sl.run.inner_steps == base.inner_steps
+    assert sl.run.outer.delay == 0
+    (late,) = parse_methods("sparseloco:delay=1,label=late", base)
+    assert late.run.outer.delay == 1 and late.label == "late"
+    for bad in (
+        "adamw",
+        "ddp:k=3",
+        "sparseloco:k=5000",
+        "diloco:dtype=fp8",
+        "k=3",
+        "sparseloco,sparseloco",
+        "sparseloco:delay=2",
+        "ddp:delay=1",
+    ):
+        with pytest.raises(SpecError):
+            parse_methods(bad, base)
+
+
+def test_methods_in_worker_processes_train_exactly_as_one_after_another() -> None:
+    from lab.bench.train.engine import Setup, heldout_set
+    from lab.bench.train.parallel import run_all
+    from node.data.batches import open_run_dataset
+
+    base = RunConfig.preset("tiny", name="jobs", inner_steps=1, outer={"total_windows": 2})
+    methods = parse_methods("ddp,diloco:alpha=1,sparseloco", base)
+    _, dataset = open_run_dataset(base)
+    setup = Setup(base, dataset, (0, 1), 2, heldout_set(dataset, base.run_id, 4), base.run_id)
+    seen: list[tuple[int, int]] = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the workers' count: the same kernels, the same roundings
+    try:
+        serial = run_all(methods, setup, 1, 1, lambda i, w, loss: None)
+    finally:
+        torch.set_num_threads(threads)
+    parallel = run_all(methods, setup, 2, 1, lambda i, w, loss: seen.append((i, w)))
+    assert sorted(seen) == [(i, w) for i in range(3) for w in range(2)]  # every window reported
+    for a, b in zip(serial, parallel, strict=True):
+        assert (
+            a.method.label == b.method.label and a.loss == b.loss and a.bytes_sent == b.bytes_sent
+        )

@@ -1,0 +1,87 @@
+"""A lead validator slowed down by load still reaches every honest peer (`manifest_deadline`).
+
+Under load the lead's checks outlast the fixed wait (``fetch_budget_s + manifest_wait_s``): peers
+polling a moment apart then split, one applying the manifest and the other its own choice (the
+simulation under load forked that way in 2 of 3 windows). A peer now waits for as long as its own
+next upload deadline allows.
+
+The real peer (embedded chain and stores, the `tiny` model) trains window 0 with its bucket
+committed, so its own choice is its own update. The lead validator publishes a manifest that
+refuses that update (as it refuses a copy no peer can spot alone) well after the fixed wait and
+well before the peer's next deadline. The peer must apply the manifest, not its own choice.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from miner.peer import Peer
+from node.model.fingerprint import fingerprint
+from node.model.llama import build_model
+from node.runtime.clock import ChainClock
+from node.runtime.commit import commitment_for
+from node.window.consensus import roster_block
+from node.window.history import publish_aggregate
+from node.window.manifest import WindowManifest, publish_manifest
+from protocol.chain import open_chain
+from protocol.chain.local_db import LocalChainDB, create_local_chain
+from protocol.commitment import render_commitment
+from protocol.keys import create_hotkey
+from protocol.runconfig import RunConfig
+from protocol.stores import open_store
+
+BLOCK_S = 0.25
+FETCH_S, WAIT_S = 1.0, 1.0  # the fixed wait: 2 s after the gather begins
+LATE_S = 4.0  # when the lead publishes, after the gather block (the window lasts 15 s)
+
+
+def test_a_peer_waits_for_a_late_lead_while_its_next_deadline_allows(tmp_path: Path) -> None:
+    create_local_chain(tmp_path / "chain.db", 1, block_time=BLOCK_S)
+    db = LocalChainDB(tmp_path / "chain.db")
+    wallets = tmp_path / "wallets"
+    peer_key = create_hotkey("sim", "peer", root=wallets)
+    lead_key = create_hotkey("sim", "lead", root=wallets)
+    db.register(1, peer_key.ss58_address)
+    db.register(1, lead_key.ss58_address)
+    db.add_stake(1, lead_key.ss58_address, 100.0)
+    db.set_validator_permit(1, lead_key.ss58_address, True)
+    chain = open_chain(f"local://{tmp_path / 'chain.db'}", netuid=1)
+    root = tmp_path / "buckets"
+    for key, bucket in ((peer_key, "peer"), (lead_key, "lead")):
+        chain.commit(key, render_commitment(commitment_for(f"file://{root}?bucket={bucket}")))
+    run = RunConfig.preset(
+        "tiny",
+        name="late-lead",
+        inner_steps=2,
+        consensus={"fetch_budget_s": FETCH_S, "manifest_wait_s": WAIT_S},
+        timing={"block_time_s": BLOCK_S, "blocks_per_window": 60, "upload_deadline_blocks": 4,
+                "clock_skew_tolerance_s": BLOCK_S, "start_block": chain.block() + 24},
+    )  # fmt: skip
+    store = open_store(f"file://{root}?bucket=peer")
+    peer = Peer(run, peer_key, chain, store, tmp_path / "state", local_root=root)
+    peer_uid, lead_uid = chain.uid_of(peer_key.ss58_address), chain.uid_of(lead_key.ss58_address)
+    assert peer_uid is not None and lead_uid is not None
+    start_fp = fingerprint(build_model(run.model, run.seed))
+    lead_store = open_store(f"file://{root}?bucket=lead")
+
+    def late_lead() -> None:
+        ChainClock(chain, run).wait_for_block(ChainClock(chain, run).gather_block(0))
+        time.sleep(LATE_S)
+        publish_aggregate(lead_store, run, 0, lead_uid, lead_key, {})
+        manifest = WindowManifest(
+            run_id=run.run_id, window=0, roster_block=roster_block(run, 0),
+            validator_uid=lead_uid, validator_hotkey=lead_key.ss58_address,
+            fingerprint_start=start_fp, entries=(), rejected={str(peer_uid): "copy"},
+        )  # fmt: skip
+        publish_manifest(lead_store, manifest, lead_key)
+
+    lead = threading.Thread(target=late_lead, daemon=True)
+    lead.start()
+    report = peer.run_window(0)
+    lead.join(timeout=30)
+    assert report.gathered == [peer_uid]  # its own choice would apply its own update
+    assert report.agreed_by == f"manifest of validator uid {lead_uid}", report.agreed_by
+    assert report.applied == []
+    assert report.fingerprint == start_fp  # nothing applied: the lead's model, not a fork

@@ -1,0 +1,67 @@
+"""With ``outer.delay = 1`` a peer waits for the exchange in the air after `land_by_step` inner
+steps (`miner.peer.Peer._step_when_landed`): a delayed step that lands only after the window's
+training made the schedule diverge (docs/training.md), in the simulation too.
+
+The real peer (embedded chain and store, the `tiny` model) trains a window while the previous
+window's exchange is still in the air. The exchange lands only once the peer has taken
+`land_by_step` inner steps and then either taken another one or had `HOLD_S` seconds more, and
+records how many inner steps the peer had taken by then: with the wait, exactly
+`land_by_step` (the peer is blocked there until it lands); without it, the peer trains on."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from miner.flight import Exchanged, Flight
+from miner.peer import Peer
+from node.strategy.outer import land_by_step
+from node.window.consensus import Agreement
+from protocol.chain import open_chain
+from protocol.chain.local_db import LocalChainDB, create_local_chain
+from protocol.keys import create_hotkey
+from protocol.runconfig import RunConfig
+from protocol.stores import open_store
+
+HOLD_S = 5.0  # how long the exchange stays in the air after the peer reached land_by_step
+
+
+def _peer(tmp_path: Path) -> Peer:
+    run = RunConfig.preset("tiny", name="landing", inner_steps=10, outer={"delay": 1})
+    create_local_chain(tmp_path / "chain.db", 1, block_time=0.5)
+    keypair = create_hotkey("sim", "peer", root=tmp_path / "wallets")
+    LocalChainDB(tmp_path / "chain.db").register(1, keypair.ss58_address)
+    chain = open_chain(f"local://{tmp_path / 'chain.db'}", netuid=1)
+    store = open_store(f"file://{tmp_path / 'buckets'}?bucket=peer")
+    return Peer(run, keypair, chain, store, tmp_path / "state", local_root=tmp_path / "buckets")
+
+
+def _inner_steps_done(optimizer: torch.optim.Optimizer) -> int:
+    steps = [s["step"] for s in optimizer.state.values() if "step" in s]
+    return int(steps[0]) if steps else 0
+
+
+def test_a_delayed_exchange_lands_after_land_by_steps_not_after_training(tmp_path: Path) -> None:
+    peer = _peer(tmp_path)
+    due = land_by_step(peer.cfg.inner_steps)
+    assert 0 < due < peer.cfg.inner_steps
+    peer._origin = peer.weights.start()
+    sent = peer._encode(peer._origin, 0)  # window 0's update (zero: nothing trained yet)
+    at_landing: list[int] = []
+
+    def slow_exchange() -> Exchanged:
+        while _inner_steps_done(peer.optimizer) < due:
+            time.sleep(0.01)
+        hold = time.monotonic() + HOLD_S
+        while _inner_steps_done(peer.optimizer) == due and time.monotonic() < hold:
+            time.sleep(0.01)
+        at_landing.append(_inner_steps_done(peer.optimizer))
+        return Exchanged(0, 0.0, {}, Agreement({}, None, False, "test: nothing agreed"))
+
+    peer._flight = Flight(0, sent, "start", None, slow_exchange, background=True)
+    peer._train(1)
+    assert peer._flight is None, "the exchange did not land during the window's training"
+    assert at_landing == [due], (at_landing, due)
+    assert _inner_steps_done(peer.optimizer) == peer.cfg.inner_steps

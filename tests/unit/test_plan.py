@@ -1,0 +1,122 @@
+"""The throughput model (`node.runtime.plan`, `tessera plan`) and the presets sized from it."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from codec.compress import Compressor
+from codec.spec import ModelSpec
+from commands.cli import main
+from node.model.llama import build_model
+from node.runtime.plan import (
+    CPU_PRESETS,
+    REFERENCE,
+    TARGET_BUSY,
+    Box,
+    entries,
+    model_spec,
+    plan,
+    suggest,
+    update_size,
+)
+from node.strategy import make_strategy
+from protocol.runconfig import PRESETS, RunConfig
+
+LLAMA3_8B_PARAMS = 8_030_261_248  # the published parameter count of Meta-Llama-3-8B
+
+
+@pytest.mark.parametrize("name", [n for n in PRESETS if n not in CPU_PRESETS])
+def test_shipped_presets_keep_their_reference_box_busy(name: str) -> None:
+    p = plan(RunConfig.preset(name), REFERENCE[name])
+    assert p.busy >= TARGET_BUSY, f"{name}: {p.busy:.1%} busy"
+    assert p.fits, f"{name}: compute {p.compute_s:.0f} s + comm {p.comm_s:.0f} s > {p.window_s} s"
+    assert p.budgets_fit, f"{name}: download {p.download_s:.0f} s, decode {p.decode_s:.0f} s"
+
+
+@pytest.mark.parametrize("name", CPU_PRESETS)
+def test_the_cpu_test_preset_keeps_up_with_its_windows(name: str) -> None:
+    p = plan(RunConfig.preset(name), REFERENCE[name])
+    assert p.fits and p.budgets_fit
+
+
+def test_the_issue_table_for_the_old_8b_preset() -> None:
+    """Issue 15's figures for the former 8B preset (30 steps × 128 × 2048 tokens, 30 blocks):
+    7.9 M tokens, 119 s of compute on 8 × H100 at 40 % MFU, 33 % of a 360 s window."""
+    old = RunConfig.preset("8B", inner_steps=30, batch_size=128, timing={"blocks_per_window": 30})
+    p = plan(old, Box("h100", 8, 1.0, mfu=0.40))
+    assert p.params == LLAMA3_8B_PARAMS
+    assert p.tokens == 7_864_320
+    assert p.compute_s == pytest.approx(119.0, rel=0.02)
+    assert p.window_s == 360 and p.busy == pytest.approx(0.33, abs=0.005)
+    assert not p.fits  # the old preset's exchange did not fit beside its training either
+
+
+def test_the_meta_spec_is_the_built_models_spec() -> None:
+    run = RunConfig.preset("tiny")
+    assert model_spec(run.model) == ModelSpec.from_module(build_model(run.model, run.seed))
+
+
+def test_entries_are_what_the_compressor_keeps() -> None:
+    run = RunConfig.preset("tiny")
+    spec = model_spec(run.model)
+    comp = Compressor(spec, run.codec)
+    gen = torch.Generator().manual_seed(1)
+    kept = 0
+    for t in spec.tensors:
+        sparse = comp.compress(t.name, torch.randn(t.shape, generator=gen), 0.95)
+        kept += sum(g.idx.numel() for g in sparse.groups)
+    assert entries(run, spec) == kept
+    dense = RunConfig.preset("tiny", strategy="diloco")
+    assert entries(dense, spec) == spec.numel
+
+
+@pytest.mark.parametrize("strategy", ["sparseloco", "diloco"])
+def test_the_update_size_is_the_encoded_size_of_a_real_update(strategy: str) -> None:
+    """A model with large tensors (like every preset from 150M up) encodes to the size the plan
+    predicts, within 3 %."""
+    run = RunConfig.preset("150M", strategy=strategy, model={"n_layers": 1, "vocab_size": 8192})
+    spec = model_spec(run.model)
+    s = make_strategy(run, spec)
+    gen = torch.Generator().manual_seed(2)
+    deltas = {t.name: torch.randn(t.shape, generator=gen) * 1e-3 for t in spec.tensors}
+    meta = {"run_id": run.run_id, "window": 0, "uid": 3, "hotkey": "5" * 48}
+    data = s.to_bytes(s.encode(deltas, 0), meta, lambda _d: bytes(64))
+    assert update_size(run, spec).bytes == pytest.approx(len(data), rel=0.03)
+
+
+def test_suggest_sizes_a_window_that_meets_the_target() -> None:
+    run = RunConfig.preset("1B", codec={"k": 128}, gather_size=40)
+    s = suggest(run, REFERENCE["1B"], target=0.92)
+    sized = RunConfig.preset(
+        "1B", codec={"k": 128}, gather_size=40, inner_steps=s.inner_steps,
+        timing={"blocks_per_window": s.blocks_per_window},
+    )  # fmt: skip
+    p = plan(sized, REFERENCE["1B"])
+    assert p.busy >= 0.92 and p.fits
+    # the shortest such window: one block less leaves no whole number of steps that reaches it
+    step_s = p.compute_s / s.inner_steps
+    shorter = (s.blocks_per_window - 1) * sized.timing.block_time_s
+    assert math.floor((shorter - p.comm_s) / step_s) * step_s < 0.92 * shorter
+
+
+def test_plan_command_prints_the_figures(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["plan", "--preset", "8B", "--gpus", "8", "--gpu", "h100", "--link-gbps", "1"]
+    assert main([*args, "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["plans"]
+    assert row["busy"] >= TARGET_BUSY and row["fits"]
+    assert row["compute_s"] + row["comm_s"] <= row["window_s"]
+    assert row["comm_s"] == pytest.approx(
+        row["upload_s"] + row["gather_wait_s"] + row["download_s"] + row["decode_s"]
+    )
+    # a slow link: the gather no longer fits beside the training
+    assert main(["plan", "--preset", "8B", "--link-gbps", "0.05", "--json"]) == 0
+    (slow,) = json.loads(capsys.readouterr().out)["plans"]
+    assert slow["download_s"] == pytest.approx(20 * row["download_s"])
+    assert not slow["fits"]
+    assert main(["plan", "--preset", "8B"]) == 0
+    out = capsys.readouterr().out
+    assert "busy: training" in out and "8 × H100 SXM" in out

@@ -1,0 +1,124 @@
+"""A window's roster on a real SQLite chain: pinned to its first block, probation only for the new.
+
+Attacks: a validator's weights, a commitment or a registration landing right at the gather block
+(which nodes reading the chain head would see at different moments), and zeroed uids coming back
+through probation slots.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from substrateinterface import Keypair
+
+from node.runtime.commit import commitment_for
+from node.window.consensus import roster_block, window_roster
+from node.window.selection import probation_slots, select_peers
+from protocol.chain.local import LocalChain
+from protocol.chain.local_db import LocalChainDB, create_local_chain
+from protocol.chain.models import Metagraph, Neuron
+from protocol.commitment import render_commitment
+from protocol.runconfig import RunConfig
+from tests.support.chain_clock import Clock
+
+NETUID = 2
+BLOCK_TIME = 12.0
+GENESIS = 1_000_000.0
+RUN = RunConfig.preset(
+    "tiny",
+    name="roster",
+    gather_size=2,
+    timing={"blocks_per_window": 10, "upload_deadline_blocks": 2, "start_block": 0},
+)
+KEYS = [Keypair.create_from_uri(f"//roster{i}") for i in range(6)]  # 0: validator, 1..5: peers
+
+
+def _commit(chain: LocalChain, key: Keypair, root: Path) -> None:
+    url = f"file://{root}?bucket=bucket{KEYS.index(key)}"
+    chain.commit(key, render_commitment(commitment_for(url)))
+
+
+def test_roster_is_pinned_to_the_windows_first_block(tmp_path: Path) -> None:
+    clock = Clock(GENESIS, BLOCK_TIME)
+    path = tmp_path / "chain.db"
+    create_local_chain(path, NETUID, block_time=BLOCK_TIME, clock=clock)
+    admin = LocalChainDB(path, clock=clock)
+    for i, key in enumerate(KEYS[:4]):
+        admin.register(NETUID, key.ss58_address, validator=i == 0, stake=100.0 if i == 0 else 0.0)
+    chain = LocalChain(path, NETUID, clock=clock)
+    clock.at(1)
+    for key in KEYS[:4]:
+        _commit(chain, key, tmp_path)
+    chain.set_weights(KEYS[0], [1, 2, 3], [0.5, 0.3, 0.2], 0)
+
+    window = 2
+    assert roster_block(RUN, window) == 20
+    clock.at(23)  # past the roster block and final
+    before = window_roster(chain, RUN, window, tmp_path)
+    assert before.selected == [1, 2] and before.lead is not None and before.lead.uid == 0
+
+    # around the gather block: weights flip, uid 1's commitment disappears, a newcomer registers
+    clock.at(31)
+    chain.set_weights(KEYS[0], [3], [1.0], 0)
+    admin.register(NETUID, KEYS[4].ss58_address)
+    _commit(chain, KEYS[4], tmp_path)
+    clock.at(34)
+    after = window_roster(chain, RUN, window, tmp_path)
+    assert after.selected == before.selected
+    assert set(after.buckets) == set(before.buckets) and after.block == before.block
+    # the next window sees the changes
+    clock.at(45)
+    later = window_roster(chain, RUN, window + 2, tmp_path)
+    assert 3 in later.selected and 1 not in later.selected
+    chain.close()
+    admin.close()
+
+
+def _neuron(uid: int, registered: int, validator: bool = False, last_update: int = 0) -> Neuron:
+    return Neuron(
+        uid=uid, hotkey=KEYS[uid].ss58_address, stake=10.0 if validator else 0.0,
+        validator_permit=validator, registered_block=registered, last_update=last_update,
+    )  # fmt: skip
+
+
+def test_probation_is_only_for_uids_never_scored() -> None:
+    run = RunConfig.preset("tiny", name="probation", gather_size=4)
+    assert probation_slots(run) == 1
+    meta = Metagraph(
+        netuid=NETUID,
+        block=300,
+        neurons=[
+            _neuron(0, 0, validator=True, last_update=200),
+            _neuron(1, 10),  # weighed, positive
+            _neuron(2, 10),  # weighed, positive
+            _neuron(3, 150),  # registered before the last weights, given nothing: zeroed
+            _neuron(4, 250),  # registered after the last weights: never scored
+            _neuron(5, 260),  # never scored too, but probation holds one slot
+        ],
+    )
+    committed = {k.ss58_address for k in KEYS}
+    weights = {0: {1: 0.6, 2: 0.4}}
+    picked = [select_peers(meta, committed, weights, run, w) for w in range(40)]
+    for sel in picked:
+        assert 3 not in sel  # a zeroed uid never gets back in, free slots or not
+        assert {1, 2} <= set(sel)
+        assert len(set(sel) & {4, 5}) == 1  # exactly the one probation slot
+    assert {4, 5} <= {u for sel in picked for u in sel}  # the draw rotates the slot
+    # when validators zero everyone, only never-scored uids (within the probation bound) get in
+    zeroed = {0: {9: 1.0}}
+    assert all(len(select_peers(meta, committed, zeroed, run, w)) == 1 for w in range(10))
+
+
+def test_bootstrap_draws_the_first_gather_size() -> None:
+    run = RunConfig.preset("tiny", name="probation", gather_size=3)
+    meta = Metagraph(netuid=NETUID, block=5, neurons=[_neuron(u, 1) for u in range(1, 6)])
+    committed = {k.ss58_address for k in KEYS}
+    sels = {tuple(select_peers(meta, committed, {}, run, w)) for w in range(30)}
+    assert all(len(s) == 3 for s in sels) and len(sels) > 1
+
+
+@pytest.mark.parametrize("fraction,slots", [(0.0, 0), (0.25, 2), (1.0, 8)])
+def test_probation_bound_follows_the_run(fraction: float, slots: int) -> None:
+    run = RunConfig.preset("tiny", name="probation", consensus={"probation_fraction": fraction})
+    assert probation_slots(run) == slots

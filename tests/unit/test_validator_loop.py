@@ -1,0 +1,201 @@
+"""The validator on a real SQLite chain with file buckets: started mid-run it rebuilds the model from
+published history instead of starting from the initial weights; its scoring keeps to its time."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from substrateinterface import Keypair
+
+from codec.aggregate import update_norm
+from codec.compress import Compressor
+from codec.spec import ModelSpec
+from node.model.fingerprint import fingerprint
+from node.model.llama import build_model
+from node.runtime.commit import commitment_for
+from node.strategy import make_strategy
+from node.window.buckets import PeerBucket
+from node.window.exchange import check_update, encode_signed
+from node.window.gather import Fetched, StoredUpdate
+from node.window.history import Source, catch_up, publish_aggregate
+from protocol.chain.local import LocalChain
+from protocol.chain.local_db import LocalChainDB, create_local_chain
+from protocol.commitment import render_commitment
+from protocol.naming import update_key
+from protocol.runconfig import RunConfig
+from protocol.stores import open_store
+from protocol.stores.spool import Sink, SpoolError
+from tests.support.chain_clock import Clock
+from validator.checks import Verdict
+from validator.classify import PeerCheck, check_window, measure
+from validator.fetching import SPOOL, Upload
+from validator.loop import Validator
+
+NETUID = 3
+BLOCK_TIME = 12.0
+GENESIS = 2_000_000.0
+RUN = RunConfig.preset(
+    "tiny",
+    name="validator-catch-up",
+    timing={
+        "block_time_s": BLOCK_TIME,
+        "blocks_per_window": 10,
+        "upload_deadline_blocks": 2,
+        "start_block": 0,
+    },
+)
+KEYS = [Keypair.create_from_uri(f"//vcatch{i}") for i in range(4)]  # 0, 1: validators; 2, 3: peers
+PUBLISHED = 3  # validator 0 published the aggregates of windows 0, 1, 2
+
+
+def _history(root: Path) -> dict[int, str]:
+    """Validator 0's published aggregates of the first windows; the fingerprint after each."""
+    store = open_store(f"file://{root}?bucket=bucket0")
+    model = build_model(RUN.model, RUN.seed)
+    spec = ModelSpec.from_module(model)
+    comps = {uid: Compressor(spec, RUN.codec) for uid in (2, 3)}
+    hotkeys = {i: k.ss58_address for i, k in enumerate(KEYS)}
+    source = Source(0, hotkeys[0], store)
+    strategy = make_strategy(RUN, spec)
+    gen = torch.Generator().manual_seed(0)
+    fps = {0: fingerprint(model)}
+    for w in range(PUBLISHED):
+        raw = {}
+        for uid, comp in comps.items():
+            sparse = [
+                comp.compress(n, torch.randn(p.shape, generator=gen) * 1e-3, 0.95)
+                for n, p in model.named_parameters()
+            ]
+            raw[uid] = encode_signed(sparse, RUN, spec, w, uid, KEYS[uid])
+        publish_aggregate(store, RUN, w, 0, KEYS[0], raw)
+        catch_up(model, strategy, source, hotkeys, w, w + 1)
+        fps[w + 1] = fingerprint(model)
+    return fps
+
+
+def _chain(root: Path, validators: int) -> tuple[Clock, LocalChainDB, LocalChain]:
+    """A subnet of `KEYS`: the first `validators` with permits (more stake first), at block 1."""
+    clock = Clock(GENESIS, BLOCK_TIME)
+    path = root / "chain.db"
+    create_local_chain(path, NETUID, block_time=BLOCK_TIME, clock=clock)
+    admin = LocalChainDB(path, clock=clock)
+    for i, key in enumerate(KEYS):
+        stake = 100.0 - 50 * i if i < validators else 0.0
+        admin.register(NETUID, key.ss58_address, validator=i < validators, stake=stake)
+    clock.at(1)
+    return clock, admin, LocalChain(path, NETUID, clock=clock)
+
+
+def test_a_validator_started_mid_run_catches_up_from_published_history(tmp_path: Path) -> None:
+    clock, admin, chain = _chain(tmp_path, validators=2)
+    for i, key in enumerate(KEYS):
+        chain.commit(key, render_commitment(commitment_for(f"file://{tmp_path}?bucket=bucket{i}")))
+    fps = _history(tmp_path)
+    clock.at(PUBLISHED * RUN.timing.blocks_per_window + 5)  # in the middle of window 3
+
+    store = open_store(f"file://{tmp_path}?bucket=bucket1")
+    crashed = tmp_path / "state1" / SPOOL / "window-2"  # a crash's leftovers: cleared at start
+    crashed.mkdir(parents=True)
+    (crashed / "update-3").write_bytes(b"x")
+    late = Validator(RUN, KEYS[1], chain, store, tmp_path / "state1", local_root=tmp_path)
+    assert not (tmp_path / "state1" / SPOOL).exists()
+    assert late.next_window == PUBLISHED
+    assert late.fingerprint == fps[PUBLISHED] != fps[0]
+
+    # a restart resumes from its own saved state, at the same place
+    again = Validator(RUN, KEYS[1], chain, store, tmp_path / "state1", local_root=tmp_path)
+    assert (again.next_window, again.fingerprint) == (PUBLISHED, fps[PUBLISHED])
+    chain.close()
+    admin.close()
+
+
+def _scorable(v: Validator, spool: Path) -> dict[int, PeerCheck]:
+    """Passed checks of two peers' (uids 2, 3) updates of window 0, each kept as a spool file in
+    `spool`, as a validator keeps them."""
+    gen = torch.Generator().manual_seed(1)
+    checks = {}
+    for uid in (2, 3):
+        sparse = [
+            Compressor(v.spec, RUN.codec).compress(
+                n, torch.randn(p.shape, generator=gen) * 1e-3, 0.95
+            )
+            for n, p in v.model.named_parameters()
+        ]
+        data = encode_signed(sparse, RUN, v.spec, 0, uid, KEYS[uid])
+        update = check_update(data, uid, KEYS[uid].ss58_address, RUN, v.spec, 0)
+        norm = update_norm(update.tensors)
+        with Sink(spool / str(uid)) as sink:
+            sink.write(data)
+            body = sink.finish()
+        update = StoredUpdate.of(update, body, RUN, v.spec)
+        upload = Upload(uid, KEYS[uid].ss58_address, Fetched(uid, update, "ok", body), None)
+        checks[uid] = PeerCheck(uid, KEYS[uid].ss58_address, upload, Verdict.OK, "ok", norm=norm)
+    return checks
+
+
+def test_scoring_stops_when_its_time_is_up(tmp_path: Path) -> None:
+    """Scoring a window never delays the next window's agreement: it stops at the next gather
+    block, leaving the rest unscored (in an order drawn per window, not always the same uids).
+    Our spool losing a scored update is our fault: scoring raises `SpoolError` rather than
+    leaving the peer unscored (which would cost it pay)."""
+    _, admin, chain = _chain(tmp_path, validators=1)
+    store = open_store(f"file://{tmp_path}?bucket=bucket0")
+    v = Validator(RUN, KEYS[0], chain, store, tmp_path / "state0", local_root=tmp_path)
+    checks = _scorable(v, tmp_path)  # kept as spool files, as the validator keeps them
+    assert set(v._score(0, checks, time.monotonic() + 600)) == {2, 3}
+    assert v._score(0, checks, time.monotonic() - 1) == {}
+    # the deadline is the next window's gather block
+    blocks = v.clock.gather_block(1) - chain.block()
+    assert v._scoring_deadline(0) - time.monotonic() == pytest.approx(blocks * BLOCK_TIME, abs=5)
+    checks[3].verdict = Verdict.COPY  # scored, but outside the reference direction
+    (tmp_path / "3").unlink()
+    with pytest.raises(SpoolError):
+        v._score(0, checks, time.monotonic() + 600)
+    chain.close()
+    admin.close()
+
+
+def test_the_lead_decodes_each_update_once_before_its_manifest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The manifest every peer waits for comes after the fetch and the checks. The checks take
+    each update's norm and sketch while the fetch has it decoded (`validator.classify.measure`)
+    instead of reading it back and decoding it again: under load, the second decode put the
+    lead's manifest past the peers' wait and the simulation forked."""
+    import node.strategy.sparseloco as sparseloco
+
+    clock = Clock(time.time() - 60, BLOCK_TIME)  # window 0's deadline is still ahead
+    create_local_chain(tmp_path / "chain.db", NETUID, block_time=BLOCK_TIME, clock=clock)
+    admin = LocalChainDB(tmp_path / "chain.db", clock=clock)
+    for i, key in enumerate(KEYS):
+        admin.register(NETUID, key.ss58_address, validator=i == 0, stake=100.0 if i == 0 else 0.0)
+    chain = LocalChain(tmp_path / "chain.db", NETUID, clock=clock)
+    v = Validator(RUN, KEYS[0], chain, open_store(f"file://{tmp_path}?bucket=lead"), tmp_path / "s")
+    peers = []
+    for uid, check in _scorable(v, tmp_path).items():  # two peers' updates, in their buckets
+        store = open_store(f"file://{tmp_path}?bucket=peer{uid}")
+        assert check.upload is not None and check.upload.body is not None
+        store.put(update_key(RUN.run_id, 0, uid, check.hotkey), check.upload.body.read())
+        peers.append(PeerBucket(uid, check.hotkey, store))
+    decodes: list[int] = []
+    real = sparseloco.decode_update
+    monkeypatch.setattr(
+        sparseloco, "decode_update", lambda *a, **k: decodes.append(1) or real(*a, **k)
+    )
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    uploads = v._fetch(0, peers, spool)
+    checks = check_window(
+        0, {p.uid: p.hotkey for p in peers}, uploads, {}, None, v.history, RUN, v.spec, v.cfg,
+        v.salt, v.strategy,
+    )  # fmt: skip
+    assert len(decodes) == len(peers), decodes  # once each, for its check
+    assert all(c.verdict is Verdict.OK and c.sketch is not None for c in checks.values()), checks
+    again = {u: measure(u, up.fetched.update, 0, v.spec, RUN, v.cfg, v.salt, v.strategy)
+             for u, up in uploads.items()}  # fmt: skip
+    assert {u: c.norm for u, c in checks.items()} == {u: m.norm for u, m in again.items()}
+    chain.close()
+    admin.close()

@@ -12,7 +12,8 @@ in float64 (elementwise, the squares exact), and the chunks are summed with `mat
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -65,7 +66,7 @@ def _by_name(update: Update, by_shape: Mapping[str, tuple[int, ...]]) -> dict[st
 
 
 def aggregate(
-    updates: Mapping[Hashable, Update],
+    updates: Mapping[Any, Update],  # keys of one sortable type (uids)
     spec: ModelSpec,
     params: CodecParams,
     clip_to_median: bool = False,

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -214,7 +215,8 @@ def decode_lowrank(
     if rest.tensors or sparse_raw:
         sub = wire.decode_update(sparse_raw, rest, params, len(sparse_raw))
         _no_meta(sub.header.meta, sub.header.sig)
-        pieces.update({p.name: p for p in sub.tensors})
+        # the SPARSE container (the default `fmt`) decodes SparseTensors only
+        pieces.update({p.name: cast(SparseTensor, p) for p in sub.tensors})
     parts = _parts_spec(mats, rank, header.full)
     if parts.tensors or dense_raw:
         sub_d = dense.decode_dense(dense_raw, parts, dtype, params.max_abs_value, len(dense_raw))

@@ -28,6 +28,8 @@ class WriteCredentials:
     """Read-write S3 credentials. Only the node that owns the bucket ever holds these."""
 
     __slots__ = ("_access_key_id", "_secret_access_key")
+    _access_key_id: str
+    _secret_access_key: str
 
     def __init__(self, access_key_id: str, secret_access_key: str) -> None:
         if not access_key_id or not secret_access_key:

@@ -138,8 +138,13 @@ def _build(
     run_id: object, window: object, kind: object, uid: object, hotkey: object, part: object
 ) -> ObjectKey:
     try:
-        kind = ObjectKind(kind)
-        return ObjectKey(run_id=run_id, window=window, kind=kind, uid=uid, hotkey=hotkey, part=part)  # type: ignore[arg-type]
+        fields = {
+            "run_id": run_id,
+            "window": window,
+            "kind": ObjectKind(kind) if isinstance(kind, str) else kind,
+            "uid": uid,
+        }
+        return ObjectKey.model_validate({**fields, "hotkey": hotkey, "part": part})
     except AddressError as e:
         raise NamingError(f"bad hotkey: {e}") from None
     except (ValidationError, ValueError, TypeError) as e:

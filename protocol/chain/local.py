@@ -368,13 +368,15 @@ def _metagraph(netuid: int, block: int, rows: Sequence[history.NeuronRow]) -> Me
     for uid, hotkey, stake, permit, registered, last_update in rows:
         try:
             neurons.append(
-                Neuron(
-                    uid=uid,
-                    hotkey=hotkey,
-                    stake=stake,
-                    validator_permit=bool(permit),
-                    registered_block=registered,
-                    last_update=last_update,
+                Neuron.model_validate(
+                    {
+                        "uid": uid,
+                        "hotkey": hotkey,
+                        "stake": stake,
+                        "validator_permit": bool(permit),
+                        "registered_block": registered,
+                        "last_update": last_update,
+                    }
                 )
             )
         except ValidationError:

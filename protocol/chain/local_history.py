@@ -240,7 +240,8 @@ def commitment_rows(
     conn: sqlite3.Connection, netuid: int, block: int | None, hotkey: str | None = None
 ) -> list[tuple[object, ...]]:
     """(hotkey, data, block) of the commitments current at `block` (or of one hotkey)."""
-    where, args = visible(block)
+    where, pinned = visible(block)
+    args: tuple[object, ...] = pinned
     if hotkey is not None:
         where, args = f"{where} AND hotkey = ?", (*args, hotkey)
     return conn.execute(

@@ -27,7 +27,7 @@ _HEX = re.compile(r"^0x([0-9a-fA-F]{2})*$")
 def unwrap(value: object) -> object:
     """The plain value of a `ScaleType` (its `.value`), or the value itself."""
     if hasattr(value, "value") and not isinstance(value, bytes | str | int | list | tuple | dict):
-        return value.value  # type: ignore[attr-defined]
+        return value.value
     return value
 
 

@@ -140,10 +140,11 @@ def _policies(requests: Iterable[FetchRequest]) -> dict[str, EndpointPolicy]:
     """The endpoint policy of every host a request goes to (the strictest, should two differ)."""
     out: dict[str, EndpointPolicy] = {}
     for req in requests:
-        policy = req.store.endpoint_policy if isinstance(req.store, S3Store) else None
-        if policy is None:
+        store = req.store
+        if not isinstance(store, S3Store) or store.endpoint_policy is None:
             continue
-        host = urlsplit(req.store.signing_target().endpoint).hostname or ""
+        policy = store.endpoint_policy
+        host = urlsplit(store.signing_target().endpoint).hostname or ""
         if host not in out or out[host].allow_private:
             out[host] = policy
     return out

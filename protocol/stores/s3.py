@@ -17,6 +17,7 @@ on connection errors and 5xx answers with exponential backoff and jitter, then r
 
 from __future__ import annotations
 
+import builtins
 import functools
 import logging
 import os
@@ -450,7 +451,7 @@ class S3Store(ObjectStore):
         validate_key(key)
         self._call("delete", key, lambda: self._client.delete_object(Bucket=self._bucket, Key=key))
 
-    def lifecycle_rules(self) -> list[dict[str, Any]]:
+    def lifecycle_rules(self) -> builtins.list[dict[str, Any]]:
         """The bucket's lifecycle rules (none: an empty list)."""
         get = functools.partial(
             self._client.get_bucket_lifecycle_configuration, Bucket=self._bucket

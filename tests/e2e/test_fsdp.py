@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from test_multigpu import fraction_off, relative_diff, setup_peer, start_miner
+from test_multigpu import LR, fraction_off, max_abs_diff, relative_diff, setup_peer, start_miner
 from test_peers_e2e import reports, wait
 
 from codec.aggregate import aggregate
@@ -86,9 +86,10 @@ def test_two_fsdp2_ranks_train_compress_and_step_like_one(tmp_path: Path) -> Non
     r0, r1 = (torch.load(tmp_path / f"{r}.pt", weights_only=False) for r in range(2))
     # Inner steps: the same math in another summation order (each rank half the rows, gradients
     # reduce-scattered). Tolerance as for DDP: all but 0.1 % of the weights within 1e-5 of
-    # their tensor's scale, none further than 1e-3 (AdamW maps noise-level gradients to ±lr).
+    # their tensor's scale, none further than one step's lr (AdamW maps noise-level gradients to
+    # ±lr); the ratio to the tensor's scale depends on the CPU's summation order.
     assert fraction_off(one["trained"], r0["trained"], 1e-5) < 1e-3
-    assert relative_diff(one["trained"], r0["trained"]) < 1e-3
+    assert max_abs_diff(one["trained"], r0["trained"]) <= LR
     assert relative_diff(r0["trained"], r1["trained"]) == 0.0  # ranks hold one model
     assert r0["loss"] == pytest.approx(one["loss"], rel=1e-5)
     # each rank really holds only a shard: about half of every 2-D tensor's rows

@@ -41,7 +41,7 @@ so several earlier updates together explain about half of it (measured) — but 
 object explains it the way a replay or a recycled aggregate is explained (≥ 0.95). So: a share of
 at least ``copy_threshold`` by the window's uploads is a ``copy``; otherwise a single-source
 share of at least ``replay_threshold`` by history is a ``replay``. The separation (honest shares
-against derivatives) is measured by `scripts/experiments/validator_separation.py` and stated in the README.
+against derivatives) is measured by `scripts/experiments/validator_separation.py` and stated in docs/results.md.
 """
 
 from __future__ import annotations

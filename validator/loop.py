@@ -1,4 +1,4 @@
-"""The validator: one `run_window` per window, top to bottom (see the package README for the maths).
+"""The validator: one `run_window` per window, top to bottom (the maths: docs/incentives.md).
 
 1. wait for the window's gather point (deadline + skew tolerance, exactly when peers gather) and
    read the window's roster from its pinned chain snapshot (`node.window.consensus`);

@@ -55,7 +55,7 @@ so its pooled ``Z`` is N(0, 1) however many windows are pooled, and it earns onl
 ``Z > own_z_low`` (3.5): a chance of 2.3e-4 per window. An honest peer's ``z_t`` has mean
 ``μ`` (measured in `scripts/experiments/validator_fairness.py`), so ``Z`` grows like ``μ sqrt(n)``: one
 window with no evidence at all costs it nothing once a few windows are pooled, and the
-measured false-negative rate (partial pay after the warm-up) is in the README. The clip keeps
+measured false-negative rate (partial pay after the warm-up) is in docs/results.md. The clip keeps
 one extreme window from carrying the pool.
 
 The gain gate ``[gain_i > g]``, with ``g = max(0, GAIN_FRACTION * median gain)`` over rated

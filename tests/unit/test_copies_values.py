@@ -43,7 +43,7 @@ Update = list[SparseTensor]
 
 class World:
     def __init__(self) -> None:
-        from honest_updates import train_update
+        from tests.support.honest_updates import train_update
 
         _, dataset = open_run_dataset(RUN)
         model = build_model(RUN.model, RUN.seed)

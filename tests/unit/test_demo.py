@@ -10,7 +10,6 @@ from functools import partial
 import numpy as np
 import pytest
 import torch
-import wire_tampering as tampering
 
 from codec import dct, detmath, wire
 from codec.chunking import ChunkLayout
@@ -18,6 +17,7 @@ from codec.errors import DecodeError
 from codec.spec import CodecParams, ModelSpec
 from node.strategy import make_strategy
 from protocol.runconfig import RunConfig
+from tests.support import wire_tampering as tampering
 
 SHAPES = {"w": (40, 23), "v": (200,), "n": (50,), "x": (3, 5, 9)}
 SPEC = ModelSpec.from_shapes(SHAPES)

@@ -10,7 +10,6 @@ from functools import partial
 
 import pytest
 import torch
-import wire_tampering as tampering
 
 from codec import detmath, lowrank, wire
 from codec.compress import SparseTensor
@@ -20,6 +19,7 @@ from codec.spec import ModelSpec
 from lab.strategies.greedylore_variants import GreedyLoreNow
 from node.strategy import make_strategy
 from protocol.runconfig import RunConfig
+from tests.support import wire_tampering as tampering
 
 SHAPES = {"embed_tokens.weight": (60, 8), "w": (12, 20), "t": (20, 12), "norm": (12,)}
 SPEC = ModelSpec.from_shapes(SHAPES)

@@ -14,7 +14,6 @@ import msgpack
 import numpy as np
 import pytest
 import torch
-import wire_tampering as tampering
 
 from codec import wire
 from codec.chunking import ChunkLayout
@@ -31,6 +30,7 @@ from node.window.history import HistoryError, Source, catch_up, publish_aggregat
 from protocol.keys import create_hotkey
 from protocol.runconfig import RunConfig
 from protocol.stores import open_store
+from tests.support import wire_tampering as tampering
 from validator.config import ValidatorConfig
 from validator.reveal import reveal_for
 from validator.scoring import LossProbe

@@ -10,7 +10,6 @@ import msgpack
 import numpy as np
 import pytest
 import torch
-import wire_tampering as tampering
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +17,7 @@ from codec import wire
 from codec.compress import Compressor, SparseTensor
 from codec.errors import DecodeError
 from codec.spec import CodecParams, ModelSpec
+from tests.support import wire_tampering as tampering
 
 SPEC = ModelSpec.from_shapes(
     {"embed": (300, 96), "layer.q": (96, 96), "layer.norm": (96,), "odd": (2, 3, 50)}

@@ -2,7 +2,8 @@
 
 Updates are taken in ascending order of their peer key, never in arrival order. Each peer's
 decoded values are (optionally) multiplied by a clip factor and added into float32 buffers with
-one rounding per position and peer; the sum is then divided by the number of peers. Peer norms
+one rounding per position and peer; the sum is then divided by the number of peers (with
+clipping: by `mean_divisor`, where a null update counts 0). Peer norms
 are computed without any float reduction whose order could depend on threads or device: a
 chunk holds only two magnitudes, so its squared norm is ``n_low * low**2 + n_high * high**2``
 in float64 (elementwise, the squares exact), and the chunks are summed with `math.fsum`
@@ -22,7 +23,7 @@ from codec.errors import DecodeError
 from codec.quantize import chunk_levels
 from codec.spec import CodecParams, ModelSpec
 
-__all__ = ["aggregate", "clip_factors", "update_norm"]
+__all__ = ["aggregate", "clip_bound", "clip_factors", "mean_divisor", "update_norm"]
 
 Update = Sequence[SparseTensor]
 
@@ -39,17 +40,33 @@ def update_norm(update: Update) -> float:
     return math.sqrt(math.fsum(partials))
 
 
-def clip_factors(norms: Sequence[float]) -> list[float]:
-    """Per peer ``min(1, median / norm)``: scales every update down to at most the median norm.
+def clip_bound(norms: Sequence[float]) -> float:
+    """The norm every update is clipped to: the lower median, ``sorted(norms)[(N - 1) // 2]``.
 
-    The median of an even count is the mean of the two middle norms. A zero norm keeps factor 1.
+    At least ``N - (N - 1) // 2 > N / 2`` of the norms are at or above it and at least
+    ``(N - 1) // 2 + 1 >= N / 2`` at or below it, so raising it above every honest norm takes a
+    strict majority of the set (half is not enough, for even and odd ``N``). 0 with no norms.
     """
     if not norms:
-        return []
-    ordered = sorted(norms)
-    mid = len(ordered) // 2
-    median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-    return [1.0 if n <= median else median / n for n in norms]
+        return 0.0
+    return sorted(norms)[(len(norms) - 1) // 2]
+
+
+def clip_factors(norms: Sequence[float]) -> list[float]:
+    """Per update ``min(1, bound / norm)`` with `clip_bound`'s bound. A zero norm keeps 1."""
+    bound = clip_bound(norms)
+    return [1.0 if n <= bound else bound / n for n in norms]
+
+
+def mean_divisor(norms: Sequence[float]) -> float:
+    """What the clipped sum is divided by: each update counts ``min(norm, bound) / bound``, so a
+    null update (norm 0) counts 0 and a tiny one almost 0, and neither dilutes the step; an
+    update at or above the bound counts 1. Exactly rounded (`math.fsum`), the same on every node;
+    0 when every norm is 0 (the sum is then zero and left as it is)."""
+    bound = clip_bound(norms)
+    if bound <= 0:
+        return 0.0
+    return math.fsum(min(n, bound) / bound for n in norms)
 
 
 def _by_name(update: Update, by_shape: Mapping[str, tuple[int, ...]]) -> dict[str, SparseTensor]:
@@ -78,7 +95,8 @@ def aggregate(
 
     ``updates`` maps a peer key (all keys mutually comparable, e.g. all ``str``) to that peer's
     list of `SparseTensor`. A tensor a peer did not send counts as zero for that peer. With
-    ``clip_to_median`` each peer's update is first scaled to at most the median peer norm.
+    ``clip_to_median`` each peer's update is first scaled to at most the lower median peer norm
+    (`clip_bound`) and the sum divided by `mean_divisor` (null updates do not count).
     With ``validate`` every update is checked first (`DecodeError` on malformed input).
     The result does not depend on the order of ``updates``; with no peers it is all zeros.
     On a CUDA ``device`` the scatter-adds run as a Triton kernel (`codec.gpu.scatter`), with the
@@ -91,16 +109,14 @@ def aggregate(
         for peer in peers:
             for sparse in peer.values():
                 sparse.validate(params)
-    factors = (
-        clip_factors([update_norm(list(p.values())) for p in peers])
-        if clip_to_median
-        else [1.0] * len(peers)
-    )
+    norms = [update_norm(list(p.values())) for p in peers] if clip_to_median else []
+    factors = clip_factors(norms) if clip_to_median else [1.0] * len(peers)
+    divisor = mean_divisor(norms) if clip_to_median else float(len(peers))
     out = {t.name: torch.zeros(t.shape, dtype=torch.float32, device=device) for t in spec.tensors}
     for peer, factor in zip(peers, factors, strict=True):
         for name, sparse in peer.items():
             scatter_add(out[name], sparse, params, factor, triton)
-    if peers:
+    if divisor > 0:
         for t in out.values():
-            t.div_(len(peers))
+            t.div_(divisor)
     return out

@@ -64,9 +64,10 @@ def classify_fetch(fetched: Fetched) -> tuple[Verdict, str]:
 
 
 def norm_verdicts(norms: Mapping[int, float], ratio: float) -> dict[int, tuple[Verdict, str]]:
-    """``non_finite`` / ``norm_outlier`` / ``ok`` per uid against the median of the finite norms."""
+    """``non_finite`` / ``norm_outlier`` / ``ok`` per uid against the lower median of the finite
+    norms (half the uploads at the value cap cannot raise it above every honest norm)."""
     finite = [n for n in norms.values() if math.isfinite(n)]
-    median = statistics.median(finite) if finite else math.nan
+    median = statistics.median_low(finite) if finite else math.nan
     out: dict[int, tuple[Verdict, str]] = {}
     for uid, n in norms.items():
         if not math.isfinite(n):

@@ -9,8 +9,10 @@ four jobs, each in one place:
 * **wire**: pieces to signed bytes and untrusted bytes back to pieces, strictly (`to_bytes`,
   `read_header`, `signed_digest`, `decode`, capped at `max_update_bytes`);
 * **aggregate** (`mean`): the consensus rule of docs/consensus.md for every strategy alike:
-  every update validated strictly, each scaled to at most the median norm of the window's updates
-  (exact, order-free norms), summed in ascending uid order, divided by the count;
+  every update validated strictly, each scaled to at most the lower median norm ``B`` of the
+  window's updates (exact, order-free norms; `codec.aggregate.clip_bound`), summed in ascending
+  uid order, divided by the updates' count in which each counts ``min(norm, B) / B``
+  (`codec.aggregate.mean_divisor`: a null update counts 0 and dilutes nothing);
 * **outer step** (`receive`, `next_weights`, `advance`): ``run.outer``'s optimizer
   (`node.strategy.outer`) on that mean, with its state (Nesterov momentum, and with
   ``outer.delay = 1`` the mean held for the next window) saved by `outer_state_dict` and
@@ -18,9 +20,10 @@ four jobs, each in one place:
   whose aggregate of window ``w`` lands while it trains ``w + 1``, drives the same schedule with
   `receive` and `next_weights` (`miner.peer`).
 
-Hence one update's share of the step is at most ``α · median / N`` in L2 norm (times the
-Nesterov amplification ``1 / (1 − μ)`` in the limit), where ``N`` is the number of updates
-applied; with ``N = 1`` the update is its own median and is still bounded by the value cap.
+Hence one update's share of the step is at most ``α · B / N'`` in L2 norm (times the Nesterov
+amplification ``1 / (1 − μ)`` in the limit), where ``N' > N / 2`` is the divisor (more than half
+the ``N`` updates applied count fully); with ``N = 1`` the update is its own bound and is still
+bounded by the value cap. Raising ``B`` above every honest norm takes a strict majority.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
-from codec.aggregate import clip_factors
+from codec.aggregate import clip_factors, mean_divisor
 from codec.errors import DecodeError
 from codec.spec import ModelSpec
 from node.strategy.outer import OuterOptimizer
@@ -159,7 +162,7 @@ class Strategy(ABC):
     # -- the window's consensus --------------------------------------------------------------
 
     def mean(self, updates: Mapping[Hashable, Update]) -> dict[str, torch.Tensor]:
-        """The validated, median-clipped mean of a window's updates in ascending key order
+        """The validated, clipped mean of a window's updates in ascending key order
         (zeros when there are none); a tensor an update leaves out counts as zero for it.
 
         Two passes that each look at one update at a time (validate and norm, then sum), so a
@@ -171,14 +174,14 @@ class Strategy(ABC):
             for piece in peer.values():
                 self.validate(piece)
             norms.append(self.norm(list(peer.values())))
-        factors = clip_factors(norms)
+        factors, divisor = clip_factors(norms), mean_divisor(norms)
         sums = self._zeros()
         for key, factor in zip(keys, factors, strict=True):
             for name, piece in self._by_name(updates[key]).items():
                 self._accumulate(sums, name, piece, factor)
-        if keys:
+        if divisor > 0:
             for t in sums.values():
-                t.div_(len(keys))
+                t.div_(divisor)
         return self._finish_mean(sums)
 
     def _zeros(self) -> dict[str, torch.Tensor]:

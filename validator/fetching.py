@@ -2,7 +2,12 @@
 
 One `protocol.stores.fetch.fetch_many` call under the run's hard budget fetches every registered
 peer's update and its published fingerprint of the previous window; a hung, dripping or refusing
-endpoint costs at most the budget and is reported ``unreachable``. Updates are then judged by
+endpoint costs at most the budget and is reported ``unreachable``. The window's selected updates
+(the ones the lead's manifest needs), the other updates and the fingerprints are three pools with
+their own connection slots, and the requests start in an order drawn afresh each window: a crowd
+of registered hotkeys ahead in uid order whose buckets send just above the minimum rate cannot
+keep the selected updates waiting, and holds the other slots for a fair share of the budget each,
+not for all of it (`fetch_many`'s pools). Updates are then judged by
 `node.window.gather.checked`, the very rule every honest peer applies (late rule, byte cap,
 verify-then-decode), so the validator keeps exactly the set the peers keep; the exact bytes and
 the object time come with each verified update.
@@ -23,7 +28,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Callable, Iterator, Sequence
+import random
+from collections.abc import Callable, Collection, Hashable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -102,18 +108,23 @@ def fetch_uploads(
     deadline_s: float,
     spool: Path,
     measure: Callable[[int, Decoded], Any] | None = None,
+    selected: Collection[int] = (),
 ) -> dict[int, Upload]:
     """Every peer's `Upload`, keyed by uid, within the run's fetch budget; update bodies go to
     files in `spool` (an empty directory that lives as long as the uploads are used). Each
     verified update is decoded once here, handed to `measure` (uid, decoded), and then kept as its
-    body alone (`StoredUpdate`): one decoded update in memory at a time."""
+    body alone (`StoredUpdate`): one decoded update in memory at a time. The updates of the
+    `selected` uids are fetched in a pool of their own."""
     requests: dict[tuple[int, str], FetchRequest] = {}
-    for p in peers:
+    pools: dict[Hashable, str] = {}
+    for p in random.SystemRandom().sample(list(peers), len(peers)):  # an order nobody can plan for
         requests[(p.uid, "update")] = update_request(p, run, spec, window, spool)
+        pools[(p.uid, "update")] = "selected" if p.uid in selected else "others"
         if window > 0:
             key = fingerprint_key(run.run_id, window - 1, p.uid, p.hotkey)
             requests[(p.uid, "fingerprint")] = FetchRequest(p.store, key, MAX_FINGERPRINT_BYTES)
-    got = fetch_all(requests, run)
+            pools[(p.uid, "fingerprint")] = "fingerprints"
+    got = fetch_all(requests, run, pools)
     out = {}
     for p in peers:
         fetched = checked(p.uid, p.hotkey, got[(p.uid, "update")], run, spec, window, deadline_s)

@@ -24,7 +24,7 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 import torch
@@ -133,7 +133,7 @@ class Validator:
         roster = window_roster(self.chain, self.run, window, self.local_root)
         hotkeys, buckets, no_bucket = _members(roster)
         with window_spool(self.state_dir, window) as spool:  # the updates' bytes, until stepped
-            uploads = self._fetch(window, list(buckets.values()), spool)
+            uploads = self._fetch(window, list(buckets.values()), spool, roster.selected)
             checks = check_window(
                 window, hotkeys, uploads, no_bucket, self.fingerprint if window > 0 else None,
                 self.history, self.run, self.spec, self.cfg, self.salt, self.strategy,
@@ -177,15 +177,19 @@ class Validator:
 
     # -- steps -------------------------------------------------------------------------------
 
-    def _fetch(self, window: int, buckets: list[PeerBucket], spool: Path) -> dict[int, Upload]:
-        """Every peer's upload (bodies in `spool`), each measured for the checks while the fetch
-        has it decoded: the manifest the peers wait for then costs one decode per update."""
+    def _fetch(
+        self, window: int, buckets: list[PeerBucket], spool: Path, selected: Collection[int]
+    ) -> dict[int, Upload]:
+        """Every peer's upload (bodies in `spool`; the `selected` updates in a pool of their own),
+        each measured for the checks while the fetch has it decoded: the manifest the peers wait
+        for then costs one decode per update."""
         run, spec, cfg, salt, strategy = self.run, self.spec, self.cfg, self.salt, self.strategy
 
         def take(uid: int, update: Decoded) -> Measured:
             return measure(uid, update, window, spec, run, cfg, salt, strategy)
 
-        return fetch_uploads(buckets, run, spec, window, self.clock.deadline_s(window), spool, take)
+        deadline_s = self.clock.deadline_s(window)
+        return fetch_uploads(buckets, run, spec, window, deadline_s, spool, take, selected)
 
     def _agree(
         self,

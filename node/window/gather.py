@@ -126,14 +126,19 @@ def update_request(
     return FetchRequest(peer.store, key, max_update_bytes(spec, run), path)
 
 
-def fetch_all(requests: Mapping[Hashable, FetchRequest], run: RunConfig) -> dict:
-    """`fetch_many` with the run's budget, minimum rate and grace."""
+def fetch_all(
+    requests: Mapping[Hashable, FetchRequest],
+    run: RunConfig,
+    pools: Mapping[Hashable, Hashable] | None = None,
+) -> dict:
+    """`fetch_many` with the run's budget, minimum rate and grace (and the caller's pools)."""
     c = run.consensus
     return fetch_many(
         requests,
         budget_s=c.fetch_budget_s,
         min_rate_bytes_s=c.min_rate_bytes_s,
         grace_s=c.rate_grace_s,
+        pools=pools,
     )
 
 

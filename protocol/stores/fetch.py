@@ -7,11 +7,20 @@ status line, headers or body, hang after accepting, lie about its length, redire
   per request: the object (`Got`) or a typed `StoreError` (`ObjectNotFound`, `ObjectTooLarge`,
   `AccessDenied`, `FetchTimeout`, `TooSlow`, `StoreUnavailable` for an unreachable endpoint). It
   never raises for a bad endpoint; only bad arguments (a programming error) raise `ValueError`;
-- **minimum rate**: a transfer's clock starts when it gets one of the ``max_connections`` slots
-  (time spent queueing is not charged to it). After ``grace_s`` it must have received
+- **minimum rate**: a transfer's clock starts when it gets one of its pool's ``max_connections``
+  slots (time spent queueing is not charged to it). After ``grace_s`` it must have received
   ``min_rate_bytes_s`` × its elapsed time on average (or the whole object, if smaller), checked
   every `TICK_S`, else it is cancelled (`TooSlow`) and frees its slot. Bytes of a dripped status
   line or header block count as zero;
+- **pools and fair shares**: requests may be put in pools (``pools``: key → pool name, e.g. the
+  window's selected updates apart from the rest); each pool has its own ``max_connections``
+  slots, so no request of one pool waits for another's. In a pool of ``n > max_connections``
+  requests, a transfer that has held its slot for its share of the budget,
+  ``budget_s · max_connections / n``, while another request of its pool waits is
+  cancelled (`TooSlow`): endpoints that send just above the minimum rate can hold the slots for
+  one share each, not for the whole budget, so every request of the pool gets a slot within the
+  budget. Slots are granted in the order of ``requests`` (the caller shuffles it if it must not
+  be predictable);
 - **byte cap**: an announced ``Content-Length`` above ``max_bytes`` is refused before the body is
   read; the body is counted while it streams and refused at byte ``max_bytes + 1``, so a server
   that announces no length cannot push more; bytes beyond an announced length are never read;
@@ -102,10 +111,18 @@ class _Limits:
     max_connections: int
 
 
+@dataclass
+class _Pool:
+    """One pool's slots, its requests' fair share of the budget, and how many wait for a slot."""
+
+    slots: asyncio.Semaphore
+    share_s: float
+    waiting: int = 0
+
+
 @dataclass(frozen=True)
 class _Context:
     limits: _Limits
-    slots: asyncio.Semaphore
     session: aiohttp.ClientSession
     threads: DaemonThreads
 
@@ -117,8 +134,10 @@ def fetch_many(
     min_rate_bytes_s: float,
     grace_s: float,
     max_connections: int = MAX_CONNECTIONS,
+    pools: Mapping[K, Hashable] | None = None,
 ) -> dict[K, Got | StoreError]:
-    """Every request's object or typed error, within ``budget_s + MARGIN_S`` (see module doc)."""
+    """Every request's object or typed error, within ``budget_s + MARGIN_S`` (see module doc);
+    ``pools`` names each request's pool (all in one pool when None)."""
     _check_limits(budget_s, min_rate_bytes_s, grace_s, max_connections)
     for req in requests.values():
         check_max_bytes(req.max_bytes)
@@ -130,7 +149,8 @@ def fetch_many(
     threads = DaemonThreads()
     resolver = DaemonResolver(threads, _policies(requests.values()))
     try:
-        return _run_bounded(_fetch_all(requests, limits, threads, resolver))
+        pool_of = {key: pools.get(key) if pools is not None else None for key in requests}
+        return _run_bounded(_fetch_all(requests, pool_of, limits, threads, resolver))
     finally:
         hard_end = started + budget_s + MARGIN_S - _RESERVE_S
         threads.join(min(hard_end, time.monotonic() + _JOIN_S))
@@ -192,18 +212,39 @@ def _run_briefly(loop: asyncio.AbstractEventLoop, *work: Any) -> None:
     loop.run_until_complete(asyncio.wait(tasks, timeout=_TEARDOWN_S))
 
 
+def _pools(pool_of: Mapping[K, Hashable], limits: _Limits, budget_s: float) -> dict[Any, _Pool]:
+    """Each pool's slots and fair share (no share when its requests all get a slot at once)."""
+    sizes: dict[Hashable, int] = {}
+    for name in pool_of.values():
+        sizes[name] = sizes.get(name, 0) + 1
+    slots = limits.max_connections
+    return {
+        name: _Pool(
+            asyncio.Semaphore(slots),
+            budget_s * slots / n if n > slots else math.inf,
+        )
+        for name, n in sizes.items()
+    }
+
+
 async def _fetch_all(
     requests: Mapping[K, FetchRequest],
+    pool_of: Mapping[K, Hashable],
     limits: _Limits,
     threads: DaemonThreads,
     resolver: DaemonResolver,
 ) -> dict[K, Got | StoreError]:
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + (limits.deadline - time.monotonic())  # the loop's clock
+    budget_s = max(0.0, limits.deadline - time.monotonic())
+    deadline = loop.time() + budget_s  # the loop's clock
     limits = _Limits(deadline, limits.min_rate, limits.grace_s, limits.max_connections)
+    pools = _pools(pool_of, limits, budget_s)
     async with _session(resolver) as session:
-        ctx = _Context(limits, asyncio.Semaphore(limits.max_connections), session, threads)
-        tasks = {key: asyncio.create_task(_one(req, ctx)) for key, req in requests.items()}
+        ctx = _Context(limits, session, threads)
+        tasks = {
+            key: asyncio.create_task(_one(req, ctx, pools[pool_of[key]]))
+            for key, req in requests.items()
+        }
         await asyncio.wait(tasks.values(), timeout=max(0.0, deadline - loop.time()) + TICK_S)
         for task in tasks.values():
             task.cancel()  # only a task that outstayed its own deadline is still running
@@ -240,13 +281,22 @@ def _outcome(task: asyncio.Task[Got | StoreError], req: FetchRequest) -> Got | S
     return FetchTimeout(f"{req.key!r} on {sanitize(req.store.location)}: no answer in time")
 
 
-async def _one(req: FetchRequest, ctx: _Context) -> Got | StoreError:
-    """One request under the deadline and the rate watchdog; returns its error, never raises."""
+async def _one(req: FetchRequest, ctx: _Context, pool: _Pool) -> Got | StoreError:
+    """One request under the deadline, the rate watchdog and its pool's fair share; returns its
+    error, never raises."""
     scope = asyncio.timeout_at(ctx.limits.deadline)
     try:
         validate_key(req.key)
-        async with scope, ctx.slots:
-            return await _watched(req, ctx)
+        async with scope:
+            pool.waiting += 1
+            try:
+                await pool.slots.acquire()
+            finally:
+                pool.waiting -= 1
+            try:
+                return await _watched(req, ctx, pool)
+            finally:
+                pool.slots.release()
     except StoreError as exc:
         return exc
     except SpoolError:
@@ -266,8 +316,9 @@ def _unavailable(req: FetchRequest, exc: Exception) -> StoreUnavailable:
     )
 
 
-async def _watched(req: FetchRequest, ctx: _Context) -> Got:
-    """Run the transfer; cancel it once it falls below the minimum rate."""
+async def _watched(req: FetchRequest, ctx: _Context, pool: _Pool) -> Got:
+    """Run the transfer; cancel it once it falls below the minimum rate, or once it has held its
+    slot for its share of the budget while another request of its pool waits."""
     progress = Progress(started=time.monotonic())
     work = asyncio.ensure_future(_transfer(req, ctx, progress))
     try:
@@ -276,9 +327,19 @@ async def _watched(req: FetchRequest, ctx: _Context) -> Got:
             if done:
                 return work.result()
             _check_rate(req, progress, ctx.limits)
+            _check_share(req, progress, pool)
     finally:
         progress.cancelled.set()  # a file read stops at its next chunk
         work.cancel()
+
+
+def _check_share(req: FetchRequest, progress: Progress, pool: _Pool) -> None:
+    elapsed = time.monotonic() - progress.started
+    if pool.waiting and elapsed > pool.share_s:
+        raise TooSlow(
+            f"{req.key!r} on {sanitize(req.store.location)}: {progress.received} bytes in "
+            f"{elapsed:.1f} s, its share of the budget, while others waited for a connection"
+        )
 
 
 def _check_rate(req: FetchRequest, progress: Progress, limits: _Limits) -> None:

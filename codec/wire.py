@@ -271,23 +271,31 @@ def with_signature(
 
 
 def read_header(
-    data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_UPDATE_BYTES, frame: Frame = FRAME
+    data: bytes | memoryview,
+    max_bytes: int = DEFAULT_MAX_UPDATE_BYTES,
+    frame: Frame = FRAME,
+    max_tensors: int | None = None,
 ) -> tuple[WireHeader, memoryview]:
-    """Parse and check the frame and header (cheap; no payload decoding). Returns the payload."""
+    """Parse and check the frame and header (cheap; no payload decoding). Returns the payload.
+
+    ``max_tensors`` (the model's tensor count, when the caller knows it) refuses a longer tensor
+    table before any of its rows is checked: a table of tens of thousands of rows costs nothing."""
     raw, payload = frame.split(data, max_bytes)
-    header = _parse_header(raw)
+    header = _parse_header(raw, max_tensors)
     if len(payload) != header.payload_bytes:
         raise DecodeError(f"payload is {len(payload)} bytes, header says {header.payload_bytes}")
     return header, payload
 
 
-def _parse_header(raw: memoryview) -> WireHeader:
+def _parse_header(raw: memoryview, max_tensors: int | None = None) -> WireHeader:
     """The header from its msgpack bytes: bounded parse, strict validation, canonical form only."""
     try:
         obj = unpack_header(raw)
         if not isinstance(obj.get("tensors"), tuple):
             raise ValueError("header is not a map with a tensor table")
         table = obj["tensors"]
+        if max_tensors is not None and len(table) > max_tensors:
+            raise ValueError(f"{len(table)} tensor rows, the model has {max_tensors}")
         if not all(isinstance(t, tuple) and len(t) == len(_ENTRY_FIELDS) for t in table):
             raise ValueError("malformed tensor table row")
         obj["tensors"] = tuple(dict(zip(_ENTRY_FIELDS, t, strict=True)) for t in table)
@@ -312,7 +320,7 @@ def decode_update(
     chunk). Raises `DecodeError` for anything malformed, oversized or not made for this spec,
     codec and container. A masked update's support is checked later, by whoever holds it.
     """
-    header, payload = read_header(data, max_bytes, fmt.frame)
+    header, payload = read_header(data, max_bytes, fmt.frame, len(expected_spec.tensors))
     _check_against(header, expected_spec, expected_params)
     if header.shared_k != (shared_k if fmt.masked else 0):
         raise DecodeError(f"{header.shared_k} shared values per chunk, the run sends {shared_k}")

@@ -85,7 +85,7 @@ class SparseLoCo(Strategy):
         return encode_update(update, self.params, self.spec, meta=meta, sign=sign, fmt=self.wire)
 
     def read_header(self, data: bytes | memoryview, max_bytes: int) -> Header:
-        return read_header(data, max_bytes, self.wire.frame)[0]
+        return read_header(data, max_bytes, self.wire.frame, len(self.spec.tensors))[0]
 
     def signed_digest(self, header: Any) -> bytes:
         return header_digest(header, self.wire.frame)

@@ -8,6 +8,9 @@ must be refused before the payload is decoded).
 
 from __future__ import annotations
 
+import struct
+
+import msgpack
 import pytest
 import torch
 from substrateinterface import Keypair
@@ -19,6 +22,7 @@ from codec.quantize import SCALE_LUT, decode_side, validate
 from codec.spec import CodecParams, ModelSpec
 from lab.sim.forgeries import noise_update
 from node.model.llama import build_model
+from node.strategy import make_strategy
 from node.window.exchange import check_update, encode_signed
 from protocol.keys import create_hotkey
 from protocol.runconfig import RunConfig
@@ -273,3 +277,18 @@ def test_meta_is_checked_before_the_signature(
     for uid, window, key in [(1, WINDOW, keys[0]), (0, WINDOW + 1, keys[0]), (0, WINDOW, keys[1])]:
         with pytest.raises(DecodeError, match="meta"):
             check_update(good, uid, key.ss58_address, RUN, SPEC, window)
+
+
+def test_a_header_with_more_tensor_rows_than_the_model_is_refused_before_its_rows(
+    keys: list[Keypair], update: list[SparseTensor]
+) -> None:
+    """The signature check reads the header first (`Strategy.read_header`): a table of tens of
+    thousands of rows is refused by its length, before any row is validated or re-packed."""
+    data = encode_signed(update, RUN, SPEC, 2, 0, keys[0])
+    (n,) = struct.unpack_from("<I", data, 5)
+    header = msgpack.unpackb(data[9 : 9 + n], raw=False)
+    header["tensors"] = [header["tensors"][0]] * 30_000
+    raw = msgpack.packb(header, use_bin_type=True)
+    forged = data[:5] + struct.pack("<I", len(raw)) + raw + data[9 + n :]
+    with pytest.raises(DecodeError, match=f"30000 tensor rows, the model has {len(SPEC.tensors)}"):
+        make_strategy(RUN, SPEC).read_header(forged, len(forged))

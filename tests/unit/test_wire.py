@@ -153,6 +153,10 @@ def _corpus(good: bytes) -> dict[str, tuple[bytes, str]]:
             {"tensors": [t[:2] for t in header["tensors"]]},
             "malformed tensor table row",
         ),
+        "tens of thousands of rows": (  # refused by its length, before any row is read
+            {"tensors": [header["tensors"][0]] * 30_000},
+            f"30000 tensor rows, the model has {len(header['tensors'])}",
+        ),
     }
     for name, (change, rule) in variants.items():
         out[name] = (_frame({**header, **change}, payload), rule)

@@ -14,7 +14,8 @@ Authentication is ignored. Every answer carries ``Connection: close``. Modes:
   (a reader that follows redirects gets the object; ours must refuse);
 * ``oversize``: an honest Content-Length, then 4 MiB more than it announced;
 * ``no_length``: no Content-Length; the object and then 4 MiB of zeros until it closes;
-* ``deny``: ``403 AccessDenied`` for everything.
+* ``deny``: ``403 AccessDenied`` for everything;
+* ``no_time``: a plain answer without Last-Modified (a self-hosted server hiding its clock).
 
 Two ways to run it:
 
@@ -48,6 +49,7 @@ __all__ = ["DRIP_S", "MODES", "SeenRequest", "SlowStore", "serve"]
 
 MODES = (
     "normal", "drip_headers", "drip_body", "hang", "redirect", "oversize", "no_length", "deny",
+    "no_time",
 )  # fmt: skip
 DRIP_S = 1.0
 """Seconds between two dripped header lines or body bytes."""
@@ -151,6 +153,8 @@ class _Handler:
         mode = self.mode if answer.status.startswith("200") or self.mode == "drip_headers" else ""
         if mode == "no_length":
             headers, body = headers[1:], body + b"\0" * _EXTRA
+        if mode == "no_time":
+            headers = [(k, v) for k, v in headers if k != "Last-Modified"]
         lines = [f"HTTP/1.1 {answer.status}", *(f"{k}: {v}" for k, v in headers)]
         lines.append("Connection: close")
         if mode == "drip_headers":

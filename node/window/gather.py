@@ -154,6 +154,18 @@ def fetch_reason(got: StoreError) -> str:
     return "unreachable"
 
 
+def late_reason(stamp: datetime | None, run: RunConfig, deadline_s: float) -> str | None:
+    """Why an object's time makes it late, or None when it is on time: stored more than the
+    clock-skew tolerance after the deadline, or no time at all (a peer that hosts its own bucket
+    controls the header; leaving it out must not pass the rule)."""
+    if stamp is None:
+        return "late: no object time"
+    late_by = stamp.timestamp() - deadline_s
+    if late_by > run.timing.clock_skew_tolerance_s:
+        return f"late: stored {late_by:.1f}s after the deadline"
+    return None
+
+
 def checked(
     uid: int,
     hotkey: str,
@@ -168,10 +180,9 @@ def checked(
     if isinstance(got, StoreError):
         log.info("window %d: fetching uid %d failed: %s", window, uid, got)
         return Fetched(uid, None, fetch_reason(got))
-    if got.last_modified is not None:
-        late_by = got.last_modified.timestamp() - deadline_s
-        if late_by > run.timing.clock_skew_tolerance_s:
-            return Fetched(uid, None, f"late: stored {late_by:.1f}s after the deadline")
+    late = late_reason(got.last_modified, run, deadline_s)
+    if late is not None:
+        return Fetched(uid, None, late)
     n, data = got.body.size, got.data  # read back if spooled (a `SpoolError` is ours: raised)
     try:
         update = check_update(data, uid, hotkey, run, spec, window)

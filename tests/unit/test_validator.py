@@ -324,3 +324,20 @@ def test_state_roundtrip(tmp_path: Path, update: list) -> None:
     assert torch.equal(back.model["w"], model["w"])
     (tmp_path / "validator.pt").write_bytes(b"torn")
     assert load_state(tmp_path, RUN.run_id) is not None  # falls back to the previous file
+
+
+def test_an_update_without_an_object_time_is_late(tmp_path: Path, keys: list, update: list) -> None:
+    """A peer's own server that leaves out Last-Modified cannot pass the late rule that way."""
+    uid, key = 0, keys[0]
+    data = encode_signed(update, RUN, SPEC, WINDOW, uid, key)
+    path = tmp_path / "evil" / update_key(RUN.run_id, WINDOW, uid, key.ss58_address)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(data)
+    for mode, verdict in (("normal", Verdict.OK), ("no_time", Verdict.LATE)):
+        with SlowStore(tmp_path, mode) as endpoint:
+            evil = S3Store(
+                "evil", ReadCredentials(access_key_id="r", secret_access_key="r"), endpoint=endpoint
+            )
+            peer = PeerBucket(uid, key.ss58_address, evil)
+            got = fetch_uploads([peer], RUN, SPEC, WINDOW, time.time() + 60, _spool(tmp_path))
+        assert classify_fetch(got[uid].fetched)[0] is verdict, got[uid].fetched.reason

@@ -258,8 +258,11 @@ class Stamp:
 
 def may_copy(source: int, suspect: int, stamps: Mapping[int, Stamp]) -> bool:
     """Whether `source`'s update of this window can have been copied by `suspect`: the source's
-    trusted time is earlier (ties: lower uid), or the suspect's clock is not trusted, or neither
-    clock is (the order is unknown)."""
+    trusted time is strictly earlier, or the suspect's clock is not trusted, or neither clock is
+    (the order is unknown). Object times have a resolution of one second: two updates stamped in
+    the same second are in no known order, and neither is the other's copy by time (a uid order
+    would let a copier with a lower uid that lands in its victim's second make the victim the
+    copier)."""
     s, x = stamps.get(source), stamps.get(suspect)
     s_ok = s is not None and s.trusted and s.time is not None
     x_ok = x is not None and x.trusted and x.time is not None
@@ -267,7 +270,7 @@ def may_copy(source: int, suspect: int, stamps: Mapping[int, Stamp]) -> bool:
         return not x_ok
     if not x_ok:
         return True
-    return (s.time, source) < (x.time, suspect)  # type: ignore[union-attr,operator]
+    return s.time < x.time  # type: ignore[union-attr,operator]
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from protocol.runconfig import RunConfig
 
 __all__ = ["init_peer_ranks", "peer_weights"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"tessera.{__name__}")
 
 
 def peer_weights(

@@ -66,7 +66,7 @@ from protocol.naming import fingerprint_key, update_key
 from protocol.runconfig import RunConfig
 from protocol.stores import ObjectStore, StoreError
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"tessera.{__name__}")
 
 AFFORD_MARGIN = 1.5
 """How much slower than last time a window's training, encoding and upload may turn out while

@@ -46,7 +46,7 @@ from protocol.runconfig import RunConfig
 
 __all__ = ["DistributedRanks", "Ranks", "init_ranks", "shard_tensors"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"tessera.{__name__}")
 
 
 def shard_tensors(spec: ModelSpec, world: int) -> list[tuple[str, ...]]:

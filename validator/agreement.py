@@ -26,7 +26,7 @@ from protocol.stores import ObjectStore, StoreError
 from validator.classify import PeerCheck
 from validator.fetching import Upload
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"tessera.{__name__}")
 
 
 def lead_manifest(

@@ -33,7 +33,7 @@ from validator.copies import (
 )
 from validator.fetching import Upload
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"tessera.{__name__}")
 
 
 @dataclass

@@ -44,7 +44,7 @@ from protocol.runconfig import RunConfig
 from protocol.stores.fetch import FetchRequest, Got
 from protocol.stores.spool import Body, remove_spool, spool_directory
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"tessera.{__name__}")
 
 MAX_FINGERPRINT_BYTES = 4096
 SPOOL = "spool"

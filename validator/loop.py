@@ -83,7 +83,7 @@ from validator.scoring import LossProbe, LossScore, pick_scored
 from validator.state import ValidatorState, load_state, save_state
 from validator.weights import normalise, set_weights
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"tessera.{__name__}")
 
 SCORABLE = {Verdict.OK, Verdict.COPY, Verdict.REPLAY}
 

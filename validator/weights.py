@@ -19,7 +19,7 @@ from protocol.chain.base import Chain
 from protocol.chain.errors import ChainError
 from protocol.runconfig import RunConfig
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"tessera.{__name__}")
 
 
 def normalise(scores: Mapping[int, float], registered: set[int]) -> dict[int, float]:

@@ -101,7 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _failed(name: str, exc: Exception) -> Check:
-    logging.getLogger(__name__).debug("check %s crashed", name, exc_info=exc)
+    logging.getLogger(f"tessera.{__name__}").debug("check %s crashed", name, exc_info=exc)
     return fail(name, f"the check itself failed: {describe_error(exc)}", "see the rows above")
 
 

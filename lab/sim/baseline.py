@@ -25,7 +25,7 @@ from node.strategy import make_strategy
 from node.window.history import HistoryError, Source, catch_up
 from protocol.stores import open_store
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"tessera.{__name__}")
 HELDOUT_SAMPLES = 128
 
 

@@ -18,7 +18,7 @@ from protocol.commitment import (
 )
 from protocol.credentials import ReadCredentials
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"tessera.{__name__}")
 
 LOCAL_READ_KEY = ReadCredentials(access_key_id="local", secret_access_key="local")
 

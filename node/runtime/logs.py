@@ -27,9 +27,19 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out)
 
 
+ROOT = "tessera"
+"""Every logger of the project is under this one (``tessera.<module>``): one name to configure."""
+
+
 def setup_logging(level: str, fmt: str = "text") -> None:
+    """One handler on the root logger; the project's loggers (`ROOT`) at `level`, everything
+    else (boto, urllib3, asyncio, ...) at WARNING or above, whatever `level` says."""
+    number = logging.getLevelNamesMapping().get(level.upper())
+    if number is None:
+        raise ValueError(f"unknown log level {level!r}: use debug, info, warning or error")
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level)
+    root.setLevel(max(logging.WARNING, number))
+    logging.getLogger(ROOT).setLevel(number)

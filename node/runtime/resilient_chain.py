@@ -19,7 +19,7 @@ from typing import Any, cast
 from protocol.chain.base import Chain
 from protocol.chain.errors import ChainUnavailable
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"tessera.{__name__}")
 
 
 class ResilientChain:

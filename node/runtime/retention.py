@@ -31,7 +31,7 @@ from protocol.naming import NamingError, ObjectKey, ObjectKind, parse_key, run_p
 from protocol.runconfig import RetentionConfig, RunConfig
 from protocol.stores import ObjectStore, S3Store, StoreError
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"tessera.{__name__}")
 
 MAX_DELETES = 1000
 """Deletions per prune; the rest waits for the next window."""

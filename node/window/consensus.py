@@ -54,7 +54,7 @@ from protocol.runconfig import RunConfig
 from protocol.stores import ObjectNotFound, StoreError
 from protocol.windows import WindowSchedule
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"tessera.{__name__}")
 
 MANIFEST_POLL_S = 0.5
 

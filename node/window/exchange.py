@@ -21,7 +21,7 @@ from protocol.runconfig import RunConfig
 from protocol.signing import sign_update, verify_update
 from protocol.stores import ObjectStore
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"tessera.{__name__}")
 
 
 @dataclass(frozen=True)

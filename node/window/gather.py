@@ -34,7 +34,7 @@ from protocol.stores import ObjectNotFound, ObjectTooLarge, StoreError
 from protocol.stores.fetch import FetchRequest, Got, fetch_many
 from protocol.stores.spool import Body
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"tessera.{__name__}")
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ from protocol.signing import SignatureError, payload_digest, sign_object, verify
 from protocol.stores import ObjectNotFound, ObjectStore, ReadableStore, StoreError
 from protocol.stores.spool import Body, InMemory
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"tessera.{__name__}")
 
 MANIFEST_CAP = 4096
 SAFETENSORS_SLACK = 1 << 20  # header: names, dtypes, shapes and offsets of every tensor

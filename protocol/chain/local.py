@@ -58,7 +58,7 @@ from protocol.chain.models import (
 )
 from protocol.chain.weights import validate_version_key, validate_weights
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"tessera.{__name__}")
 
 SIGNING_DOMAIN = b"tessera-local-chain/v1"
 MIN_COMMIT_COST = 100

@@ -69,7 +69,7 @@ from protocol.chain.subtensor_decode import decode_int, decode_weight_pairs, unw
 from protocol.chain.subtensor_state import SubnetState, commitment_of, read
 from protocol.chain.weights import normalise_pairs, to_u16, validate_version_key, validate_weights
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"tessera.{__name__}")
 
 MAX_TIMESTAMP_MS = 2**63 - 1
 ARCHIVE_URL = "wss://archive.chain.opentensor.ai:443"

@@ -41,7 +41,7 @@ from protocol.chain.subtensor_decode import (
 )
 from protocol.chain.weights import normalise_pairs
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"tessera.{__name__}")
 
 T = TypeVar("T")
 

@@ -27,7 +27,7 @@ from protocol.endpoints import EndpointPolicy
 __all__ = ["DaemonResolver", "DaemonThreads"]
 
 T = TypeVar("T")
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"tessera.{__name__}")
 
 _NUMERIC = socket.AI_NUMERICHOST | socket.AI_NUMERICSERV
 

@@ -19,7 +19,7 @@ from protocol.stores.errors import StoreUnavailable, sanitize
 __all__ = ["RetryPolicy", "call_with_retries"]
 
 T = TypeVar("T")
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"tessera.{__name__}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,7 +73,7 @@ from protocol.stores.s3_transfer import (
 __all__ = ["S3Store"]
 
 T = TypeVar("T")
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"tessera.{__name__}")
 
 _WRITE_OPS = ("put", "delete", "upload", "start multipart", "complete multipart")
 _RESTARTS = 3  # how often a download restarts when the object is replaced under it

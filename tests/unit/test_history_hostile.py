@@ -263,7 +263,7 @@ def test_checkpoint_manifests_are_signed_typed_and_capped(
     for name, (data, rule) in raw.items():
         evil.store.put(key, data)  # type: ignore[attr-defined]
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="node.window.history"):
+        with caplog.at_level(logging.WARNING, logger="tessera.node.window.history"):
             assert latest_checkpoint(evil, world.strategy(), 1) is None, name
         assert re.search(rule, caplog.text), (name, caplog.text)
 
@@ -284,7 +284,7 @@ def test_a_signed_checkpoint_of_the_wrong_content_is_refused(
                 "sha256": hashlib.sha256(data).hexdigest()}  # fmt: skip
         _manifest(world, evil, 1, body, world.manifest_sig(1, body))
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="node.window.history"):
+        with caplog.at_level(logging.WARNING, logger="tessera.node.window.history"):
             assert latest_checkpoint(evil, world.strategy(), 1) is None
         assert rule in caplog.text, caplog.text
 

@@ -24,3 +24,20 @@ def test_json_lines(capsys: pytest.CaptureFixture[str]) -> None:
     assert lines[0]["msg"] == "window 7 done" and lines[0]["level"] == "INFO"
     assert lines[0]["logger"] == "tessera.test" and lines[0]["ts"].endswith("+00:00")
     assert "ValueError: boom" in lines[1]["exc"]
+
+
+def test_one_project_root_at_the_chosen_level_and_libraries_at_warning(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    setup_logging("debug")  # any case
+    try:
+        logging.getLogger("tessera.node.window.gather").debug("ours")
+        logging.getLogger("botocore.endpoint").debug("a library's chatter")
+        logging.getLogger("botocore.endpoint").warning("a library's warning")
+    finally:
+        setup_logging("WARNING", "text")
+    err = capsys.readouterr().err
+    assert "ours" in err and "a library's warning" in err
+    assert "chatter" not in err
+    with pytest.raises(ValueError, match="unknown log level 'loud'"):
+        setup_logging("loud")

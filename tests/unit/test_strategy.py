@@ -64,10 +64,13 @@ def test_dense_mean_clips_to_the_median_norm_in_any_arrival_order() -> None:
     median = sorted(norms)[(len(norms) - 1) // 2]  # the lower median
     count = sum(min(n, median) / median for n in norms)  # each counts min(norm, median)/median
     for name in SHAPES:
-        ref = sum(
-            min(1.0, median / n) * next(t.values for t in u if t.name == name).double()
-            for n, u in zip(norms, updates.values(), strict=True)
-        ) / count
+        ref = (
+            sum(
+                min(1.0, median / n) * next(t.values for t in u if t.name == name).double()
+                for n, u in zip(norms, updates.values(), strict=True)
+            )
+            / count
+        )
         torch.testing.assert_close(mean[name].double(), ref, rtol=1e-5, atol=1e-6)
     keys = list(updates)
     random.Random(0).shuffle(keys)

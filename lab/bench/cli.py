@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
             "tessera bench codec --device cuda: no CUDA device is available here", file=sys.stderr
         )
         return 2
-    from codec import bench
+    from lab.bench import codec as bench
 
     quick, device = args.quick, args.device
     console = Console(stderr=True)

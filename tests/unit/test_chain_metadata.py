@@ -92,7 +92,7 @@ def test_the_metadata_is_the_published_finney_runtime(node: MetadataNode) -> Non
 
 def test_the_localnet_profile_runs_this_runtime() -> None:
     """The compose `localnet` image is the subtensor release of the metadata checked here."""
-    compose = yaml.safe_load((DATA.parents[2] / "docker" / "compose.yml").read_text())
+    compose = yaml.safe_load((DATA.parents[3] / "docker" / "compose.yml").read_text())
     localnet = compose["services"]["localnet"]
     assert localnet["profiles"] == ["localnet"]
     assert localnet["image"].startswith("ghcr.io/opentensor/subtensor-localnet:v")

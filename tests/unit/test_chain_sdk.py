@@ -98,7 +98,7 @@ def sdk() -> dict[str, Any]:
         "errors": ERROR_NAMES,
         "weights": WEIGHTS,
     }
-    script = Path(__file__).with_name("sdk_crosscheck.py")
+    script = Path(__file__).parents[1] / "support" / "sdk_crosscheck.py"
     done = subprocess.run(
         [SDK_PYTHON, str(script)],
         input=json.dumps(request),

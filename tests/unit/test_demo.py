@@ -132,13 +132,14 @@ def test_demo_follows_a_plain_reference_implementation() -> None:
         norms = {u: math.sqrt(sum(float(peers[0].entries(p)[1].double().square().sum()) for p in up))
                  for u, up in updates.items()}  # fmt: skip
         median = sorted(norms.values())[1]
+        count = sum(min(n, median) / median for n in norms.values())  # min(norm, B)/B each
         mean = peers[0].mean(updates)
         for n, shape in SHAPES.items():
             coef = torch.zeros(shape, dtype=torch.float64)
             for u, up in updates.items():
                 pos, vals = peers[0].entries(next(p for p in up if p.name == n))
                 coef.view(-1)[pos] += min(1.0, median / norms[u]) * vals.double()
-            ref = _ref_tiles(coef / 3, params, True)
+            ref = _ref_tiles(coef / count, params, True)
             torch.testing.assert_close(mean[n].double(), ref, rtol=1e-5, atol=1e-6)
 
 

@@ -131,13 +131,14 @@ def test_mask_follows_a_plain_reference_implementation() -> None:
         norms = {u: math.sqrt(sum(float(validator.entries(p)[1].double().square().sum())
                                   for p in up)) for u, up in updates.items()}  # fmt: skip
         median = sorted(norms.values())[1]
+        count = sum(min(n, median) / median for n in norms.values())  # min(norm, B)/B each
         mean = validator.mean(updates)
         for n, shape in SHAPES.items():
             ref = torch.zeros(shape, dtype=torch.float64)
             for u, up in updates.items():
                 pos, vals = validator.entries(next(p for p in up if p.name == n))
                 ref.view(-1)[pos] += min(1.0, median / norms[u]) * vals.double()
-            torch.testing.assert_close(mean[n].double(), ref / 3, rtol=1e-6, atol=1e-7)
+            torch.testing.assert_close(mean[n].double(), ref / count, rtol=1e-6, atol=1e-7)
         validator.receive(mean)
         validator.advance(model)
         for peer in peers:

@@ -126,7 +126,7 @@ def measure(root: Path, genesis: float) -> dict:
         "import json, sys; from pathlib import Path; from test_validator_memory import "
         "window_peak_growth as g; print(json.dumps(g(Path(sys.argv[1]), float(sys.argv[2]))))"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent)])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parents[1])])}
     env.update(OMP_NUM_THREADS="1", MALLOC_MMAP_THRESHOLD_="65536", MALLOC_ARENA_MAX="1")
     done = subprocess.run(
         [sys.executable, "-c", code, str(root), repr(genesis)],

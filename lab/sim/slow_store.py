@@ -15,7 +15,8 @@ Authentication is ignored. Every answer carries ``Connection: close``. Modes:
 * ``oversize``: an honest Content-Length, then 4 MiB more than it announced;
 * ``no_length``: no Content-Length; the object and then 4 MiB of zeros until it closes;
 * ``deny``: ``403 AccessDenied`` for everything;
-* ``no_time``: a plain answer without Last-Modified (a self-hosted server hiding its clock).
+* ``no_time``: a plain answer without Last-Modified (a self-hosted server hiding its clock);
+* ``busy_once``: ``503 SlowDown`` to the first request for each object, then plain answers.
 
 Two ways to run it:
 
@@ -49,7 +50,7 @@ __all__ = ["DRIP_S", "MODES", "SeenRequest", "SlowStore", "serve"]
 
 MODES = (
     "normal", "drip_headers", "drip_body", "hang", "redirect", "oversize", "no_length", "deny",
-    "no_time",
+    "no_time", "busy_once",
 )  # fmt: skip
 DRIP_S = 1.0
 """Seconds between two dripped header lines or body bytes."""
@@ -80,6 +81,7 @@ class _Handler:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         self.root, self.mode, self.drip_s = root.resolve(), mode, drip_s
+        self.answered: set[str] = set()  # busy_once: the targets already refused once
         self.requests: list[SeenRequest] = []
         self.tasks: set[asyncio.Task[None]] = set()
 
@@ -108,6 +110,9 @@ class _Handler:
         query = parse_qs(parts.query)
         if self.mode == "deny":
             return _error("403 Forbidden", "AccessDenied")
+        if self.mode == "busy_once" and parts.path not in self.answered:
+            self.answered.add(parts.path)
+            return _error("503 Service Unavailable", "SlowDown")
         if self.mode == "redirect" and "followed" not in query:
             host = seen.headers.get("host", "127.0.0.1")
             sep = "&" if parts.query else "?"

@@ -17,6 +17,7 @@ from protocol.stores.errors import (
     ObjectNotFound,
     ObjectTooLarge,
     ReadOnlyStoreError,
+    ServerBusy,
     StoreError,
     StoreUnavailable,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "S3Location",
     "S3Stats",
     "S3Store",
+    "ServerBusy",
     "StoreError",
     "StoreURLError",
     "StoreUnavailable",

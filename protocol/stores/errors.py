@@ -11,6 +11,8 @@ control characters before it reaches a message (`sanitize`), because a hostile e
 
 from __future__ import annotations
 
+from codec.errors import TesseraError
+
 __all__ = [
     "AccessDenied",
     "FetchTimeout",
@@ -33,7 +35,7 @@ def sanitize(text: object, limit: int = 200) -> str:
     return clean if len(clean) <= limit else clean[:limit] + "…"
 
 
-class StoreError(Exception):
+class StoreError(TesseraError):
     """Base class for every object-store failure."""
 
 
@@ -62,6 +64,10 @@ class ObjectTooLarge(StoreError):
 
 class StoreUnavailable(StoreError):
     """The store could not be reached (or kept failing) after all retries."""
+
+
+class ServerBusy(StoreUnavailable):
+    """The server answered 429 or 5xx: a blip worth another try while the budget lasts."""
 
 
 class FetchTimeout(StoreUnavailable):

@@ -29,7 +29,9 @@ status line, headers or body, hang after accepting, lie about its length, redire
   fails or is cancelled removes its partial file (`protocol.stores.spool`). A spool file that
   cannot be written is the caller's fault, not the peer's: `SpoolError` is raised, not returned;
 - **one request**: one signed GET per object (no HEAD first), so ETag and Last-Modified describe
-  exactly the bytes returned and nothing can change between two requests; a redirect is an error
+  exactly the bytes returned and nothing can change between two requests; a server that answers
+  429 or 5xx (`ServerBusy`, a blip) is asked again every `RETRY_S`, off its slot, while the
+  budget lasts, and each answer stands for itself; a redirect is an error
   (never followed); responses are taken as stored (``Accept-Encoding: identity``, no decoding);
 - **endpoints**: a store with an `EndpointPolicy` (every peer's bucket) is contacted only when
   its URL passes the policy and every address its name resolves to does, and the connection goes
@@ -69,7 +71,14 @@ import aiohttp
 
 from protocol.endpoints import EndpointPolicy
 from protocol.stores.base import check_max_bytes
-from protocol.stores.errors import FetchTimeout, StoreError, StoreUnavailable, TooSlow, sanitize
+from protocol.stores.errors import (
+    FetchTimeout,
+    ServerBusy,
+    StoreError,
+    StoreUnavailable,
+    TooSlow,
+    sanitize,
+)
 from protocol.stores.fetch_io import get_s3, read_file, read_other
 from protocol.stores.fetch_threads import DaemonResolver, DaemonThreads
 from protocol.stores.fetch_types import FetchRequest, Got, Progress
@@ -93,6 +102,8 @@ T = TypeVar("T")
 
 MARGIN_S = 0.5
 """The most `fetch_many` may run past its budget: the sum of the bounds below, with slack."""
+RETRY_S = 0.5
+"""How long a request waits, off its slot, before asking a busy server (429/5xx) again."""
 TICK_S = 0.05
 """How often each transfer's rate is checked (and the last wait past the deadline)."""
 MAX_CONNECTIONS = 32
@@ -288,15 +299,13 @@ async def _one(req: FetchRequest, ctx: _Context, pool: _Pool) -> Got | StoreErro
     try:
         validate_key(req.key)
         async with scope:
-            pool.waiting += 1
-            try:
-                await pool.slots.acquire()
-            finally:
-                pool.waiting -= 1
-            try:
-                return await _watched(req, ctx, pool)
-            finally:
-                pool.slots.release()
+            while True:
+                try:
+                    return await _in_slot(req, ctx, pool)
+                except ServerBusy:
+                    if asyncio.get_running_loop().time() + RETRY_S >= ctx.limits.deadline:
+                        raise
+                await asyncio.sleep(RETRY_S)
     except StoreError as exc:
         return exc
     except SpoolError:
@@ -314,6 +323,19 @@ def _unavailable(req: FetchRequest, exc: Exception) -> StoreUnavailable:
         f"GET {req.key!r} on {sanitize(req.store.location)}: "
         f"{type(exc).__name__}: {sanitize(exc, 120)}"
     )
+
+
+async def _in_slot(req: FetchRequest, ctx: _Context, pool: _Pool) -> Got:
+    """Wait for a slot of the pool, then run the watched transfer in it."""
+    pool.waiting += 1
+    try:
+        await pool.slots.acquire()
+    finally:
+        pool.waiting -= 1
+    try:
+        return await _watched(req, ctx, pool)
+    finally:
+        pool.slots.release()
 
 
 async def _watched(req: FetchRequest, ctx: _Context, pool: _Pool) -> Got:

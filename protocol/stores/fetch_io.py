@@ -28,6 +28,7 @@ from protocol.stores.errors import (
     AccessDenied,
     ObjectNotFound,
     ObjectTooLarge,
+    ServerBusy,
     StoreError,
     StoreUnavailable,
 )
@@ -100,7 +101,7 @@ def check_status(status: int, key: str, location: str) -> None:
     if 300 <= status < 400:
         raise StoreError(f"{location} answered a redirect (HTTP {status}) for {key!r}: refused")
     if status == 429 or status >= 500:
-        raise StoreUnavailable(f"GET {key!r} on {location}: HTTP {status}")
+        raise ServerBusy(f"GET {key!r} on {location}: HTTP {status}")
     raise StoreError(f"GET {key!r} on {location}: unexpected HTTP {status}")
 
 

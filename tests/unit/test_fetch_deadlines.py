@@ -30,6 +30,7 @@ from protocol.stores import (
     ObjectNotFound,
     ObjectTooLarge,
     S3Store,
+    ServerBusy,
     StoreError,
     StoreUnavailable,
 )
@@ -259,6 +260,18 @@ def test_a_redirect_is_refused_not_followed(tmp_path: Path) -> None:
         out, _ = _timed({"k": FetchRequest(_evil(endpoint), KEY, 1 << 20)})
     assert isinstance(out["k"], StoreError) and "redirect" in str(out["k"])
     assert [seen.target for seen in server.requests] == [f"/evil/{KEY}"]  # never followed
+
+
+def test_a_busy_answer_is_asked_again_within_the_budget(tmp_path: Path) -> None:
+    """One 503 (a blip at the provider) costs a retry, not the update."""
+    root = _hostile_root(tmp_path)
+    with SlowStore(root, "busy_once") as endpoint:
+        out, took = _timed({"k": FetchRequest(_evil(endpoint), KEY, 1 << 20)})
+    assert isinstance(out["k"], Got) and out["k"].data == b"x" * SIZE, out["k"]
+    assert took <= BUDGET + MARGIN_S
+    with SlowStore(root, "busy_once") as endpoint:  # a budget too short for another try
+        out, _ = _timed({"k": FetchRequest(_evil(endpoint), KEY, 1 << 20)}, budget_s=0.2)
+    assert isinstance(out["k"], ServerBusy)
 
 
 def test_denied_and_unreachable_endpoints_are_typed(tmp_path: Path) -> None:

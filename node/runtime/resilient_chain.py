@@ -1,10 +1,12 @@
-"""A chain handle that rides out outages: transient failures are retried with backoff and jitter.
+"""A chain handle that rides out outages: transient failures are retried under one deadline.
 
-A node must keep going when the chain endpoint blips; `ChainUnavailable` (network, node down,
-locked database) is retried up to `attempts` times with exponentially growing, fully jittered
-waits, then raised. Every other error (not registered, invalid weights, ...) propagates at once.
-Calls are made one at a time (a lock around each attempt): a peer's exchange thread
-(`miner.flight`) and its training thread share one client, which may not be thread-safe.
+A node must keep going when the chain endpoint blips or goes down for minutes: `ChainUnavailable`
+(network, node down, locked database) and `BlockNotFinal` (the block asked for is not final yet;
+it soon will be) are retried with exponentially growing, fully jittered waits (at most
+`max_delay` apart) until `give_up_after_s` has passed since the call began, then raised with the
+time it tried. Every other error (not registered, invalid weights, a pruned block, ...)
+propagates at once. Calls are made one at a time (a lock around each attempt): a peer's exchange
+thread (`miner.flight`) and its training thread share one client, which may not be thread-safe.
 """
 
 from __future__ import annotations
@@ -17,18 +19,25 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from protocol.chain.base import Chain
-from protocol.chain.errors import ChainUnavailable
+from protocol.chain.errors import BlockNotFinal, ChainUnavailable
 
 log = logging.getLogger(f"tessera.{__name__}")
 
+GIVE_UP_AFTER_S = 600.0
+"""How long one call rides out an outage before it fails (ten minutes)."""
+
 
 class ResilientChain:
-    """Wraps a `Chain`; every method call retries `ChainUnavailable`."""
+    """Wraps a `Chain`; every method call retries `ChainUnavailable` and `BlockNotFinal`."""
 
     def __init__(
-        self, inner: Chain, attempts: int = 8, base_delay: float = 0.5, max_delay: float = 15.0
+        self,
+        inner: Chain,
+        give_up_after_s: float = GIVE_UP_AFTER_S,
+        base_delay: float = 0.5,
+        max_delay: float = 15.0,
     ) -> None:
-        self._inner, self._attempts = inner, attempts
+        self._inner, self._give_up = inner, give_up_after_s
         self._base, self._max = base_delay, max_delay
         self._lock = threading.Lock()
 
@@ -43,17 +52,23 @@ class ResilientChain:
         return call
 
     def _retry(self, fn: Callable[[], Any], what: str) -> Any:
-        for attempt in range(1, self._attempts + 1):
+        begun = time.monotonic()
+        attempt = 0
+        while True:
+            attempt += 1
             try:
                 with self._lock:
                     return fn()
-            except ChainUnavailable as exc:
-                if attempt == self._attempts:
-                    raise
-                wait = random.uniform(0, min(self._max, self._base * 2 ** (attempt - 1)))
+            except (ChainUnavailable, BlockNotFinal) as exc:
+                waited = time.monotonic() - begun
+                wait = random.uniform(0, min(self._max, self._base * 2 ** min(attempt - 1, 30)))
+                if waited + wait > self._give_up:
+                    raise ChainUnavailable(
+                        f"chain {what} kept failing for {waited:.0f} s ({exc}): check the chain "
+                        "endpoint (--chain) and the network"
+                    ) from exc
                 log.warning("chain %s failed (%s); retry %d in %.1fs", what, exc, attempt, wait)
                 time.sleep(wait)
-        raise AssertionError("unreachable")
 
 
 def resilient(chain: Chain) -> Chain:

@@ -73,6 +73,9 @@ log = logging.getLogger(f"tessera.{__name__}")
 
 MAX_TIMESTAMP_MS = 2**63 - 1
 ARCHIVE_URL = "wss://archive.chain.opentensor.ai:443"
+CALL_TIMEOUT_S = 30.0
+"""The websocket's timeout for connecting and for each answer: a node that accepts and then says
+nothing fails the call (`ChainUnavailable`, which callers retry) instead of blocking forever."""
 """The public Bittensor archive node (the SDK's `archive` network), for old blocks' state."""
 PRUNED_STATE_MARKERS = ("State already discarded", "UnknownBlock", "unknown Block")
 """What a node says when asked for state it no longer keeps (non-archive nodes prune it)."""
@@ -465,4 +468,6 @@ def _connect(url: str) -> Any:
     from substrateinterface import SubstrateInterface  # heavy import, only for real nodes
 
     with _rpc(redact_url(url)):
-        return SubstrateInterface(url=url, ss58_format=SS58_FORMAT)
+        return SubstrateInterface(
+            url=url, ss58_format=SS58_FORMAT, ws_options={"timeout": CALL_TIMEOUT_S}
+        )

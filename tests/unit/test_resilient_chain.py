@@ -1,4 +1,4 @@
-"""A chain outage is ridden out with retries; other errors are not retried."""
+"""A chain outage is ridden out with retries under one deadline; other errors are not retried."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 import pytest
 
 from node.runtime.resilient_chain import ResilientChain
-from protocol.chain.errors import ChainUnavailable, NotRegistered
+from protocol.chain.errors import BlockNotFinal, ChainUnavailable, NotRegistered
 
 
 class Flaky:
@@ -30,22 +30,47 @@ class Flaky:
 
 def test_outage_is_retried_then_recovers() -> None:
     flaky = Flaky(down=3)
-    chain = ResilientChain(flaky, attempts=5, base_delay=0.001)  # type: ignore[arg-type]
+    chain = ResilientChain(flaky, base_delay=0.001)  # type: ignore[arg-type]
     assert chain.block() == 42
     assert flaky.calls == 4
 
 
-def test_persistent_outage_raises_after_the_last_attempt() -> None:
-    flaky = Flaky(down=100)
-    chain = ResilientChain(flaky, attempts=3, base_delay=0.001)  # type: ignore[arg-type]
-    with pytest.raises(ChainUnavailable):
+def test_a_long_outage_is_ridden_out_under_one_deadline() -> None:
+    """Many failures in a row (more than any fixed count of attempts) within the deadline."""
+    flaky = Flaky(down=200)
+    chain = ResilientChain(flaky, give_up_after_s=30.0, base_delay=0.001, max_delay=0.002)  # type: ignore[arg-type]
+    assert chain.block() == 42
+    assert flaky.calls == 201
+
+
+def test_persistent_outage_raises_once_the_deadline_passes() -> None:
+    flaky = Flaky(down=10**9)
+    chain = ResilientChain(flaky, give_up_after_s=0.3, base_delay=0.01, max_delay=0.02)  # type: ignore[arg-type]
+    t0 = time.monotonic()
+    with pytest.raises(ChainUnavailable, match=r"kept failing for 0 s .*--chain"):
         chain.block()
-    assert flaky.calls == 3
+    assert time.monotonic() - t0 <= 0.3 + 1.0  # never a wait past the deadline
+    assert flaky.calls > 3
+
+
+def test_a_block_not_final_yet_is_asked_again() -> None:
+    class Finalising:
+        calls = 0
+
+        def snapshot(self, block: int) -> str:
+            self.calls += 1
+            if self.calls <= 2:
+                raise BlockNotFinal("not final", block=block, latest_final=block - 1)
+            return "pinned"
+
+    inner = Finalising()
+    chain = ResilientChain(inner, base_delay=0.001)  # type: ignore[arg-type]
+    assert chain.snapshot(7) == "pinned" and inner.calls == 3
 
 
 def test_other_errors_are_not_retried() -> None:
     flaky = Flaky(down=0)
-    chain = ResilientChain(flaky, attempts=5, base_delay=0.001)  # type: ignore[arg-type]
+    chain = ResilientChain(flaky, base_delay=0.001)  # type: ignore[arg-type]
     with pytest.raises(NotRegistered):
         chain.uid_of("5Grw")
     assert flaky.calls == 1

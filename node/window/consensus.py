@@ -239,6 +239,6 @@ def lead_copies(roster: Roster, run: RunConfig, spec: ModelSpec, window: int) ->
         return {}
     try:
         return read_aggregate_bytes(lead.store, run, spec, window, lead.uid, lead.hotkey)
-    except HistoryError as exc:
+    except (HistoryError, StoreError) as exc:  # malformed, missing (404) or unreachable
         log.warning("window %d: aggregate of validator uid %d unusable: %s", window, lead.uid, exc)
         return {}

@@ -33,7 +33,7 @@ from node.window.manifest import (
 )
 from protocol.chain.models import Metagraph, Neuron
 from protocol.keys import create_hotkey
-from protocol.naming import ObjectKind, applied_key
+from protocol.naming import ObjectKind, aggregate_key, applied_key
 from protocol.runconfig import RunConfig
 from protocol.signing import payload_digest, sign_object
 from protocol.stores import open_store
@@ -281,3 +281,19 @@ def test_one_update_moves_the_model_at_most_the_median_norm(shared: dict) -> Non
     assert float(size) == pytest.approx(bound, rel=1e-3)  # the x5 update counts as the bound
     unclipped = aggregate(updates, SPEC, RUN.codec, clip_to_median=False)
     assert not all(torch.equal(mean[n], unclipped[n]) for n in mean)
+
+
+def test_a_manifest_whose_aggregate_is_missing_falls_back_instead_of_crashing(
+    tmp_path: Path, keys: dict, shared: dict
+) -> None:
+    """A lead (hostile or unlucky) whose aggregate object answers 404: the node that needs the
+    lead's copy of an entry takes its own choice, it does not raise out of `agree`."""
+    data = {u: encode_signed(_honest(u, shared), RUN, SPEC, WINDOW, u, keys[u]) for u in range(2)}
+    store = open_store(f"file://{tmp_path}?bucket=lead")
+    start_fp = fingerprint(build_model(RUN.model, RUN.seed))
+    manifest = _decide(store, keys, data, start_fp)
+    store.delete(aggregate_key(RUN.run_id, WINDOW, LEAD, keys[LEAD].ss58_address))  # type: ignore[attr-defined]
+    fetched = {0: _fetched(0, data[0], keys)}  # we never got uid 1's bytes
+    out = agree(_roster(keys, store, [0, 1]), fetched, manifest, start_fp, RUN, SPEC)
+    assert out.manifest is None and sorted(out.updates) == [0]
+    assert out.note.startswith("manifest unusable")

@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from protocol.stores.atomic import atomic_write, fsync_dir, temp_name, write_all
+from protocol.stores.keys import TEMP_PREFIX
 
 __all__ = [
     "atomic_dir",
     "atomic_path",
+    "remove_stale_temporaries",
     "write_bytes_atomic",
     "write_json_atomic",
     "write_text_atomic",
@@ -92,3 +94,18 @@ def atomic_dir(dest: str | os.PathLike[str]) -> Iterator[Path]:
         fsync_dir(target.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def remove_stale_temporaries(directory: Path) -> list[Path]:
+    """Remove what interrupted atomic writes left in `directory` itself (files and folders named
+    by `temp_name`, e.g. a full-size state file a kill cut short); returns what it removed. Call
+    at start-up, before the node writes anything there."""
+    if not directory.is_dir():
+        return []
+    stale = sorted(p for p in directory.iterdir() if p.name.startswith(TEMP_PREFIX))
+    for path in stale:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    return stale

@@ -23,6 +23,7 @@ from node.window.history import publish_aggregate
 from node.window.manifest import Entry, WindowManifest, publish_manifest
 from protocol.runconfig import RunConfig
 from protocol.stores import ObjectStore, StoreError
+from validator.checks import Verdict
 from validator.classify import PeerCheck
 from validator.fetching import Upload
 
@@ -88,6 +89,26 @@ def publish_decision(
 def lead_agreement(manifest: WindowManifest, uploads: Mapping[int, Upload]) -> Agreement:
     updates = {u: uploads[u].fetched.update for u in manifest.uids}
     return Agreement(updates, manifest, False, "own manifest (lead)")  # type: ignore[arg-type]
+
+
+def mark_equivocations(checks: Mapping[int, PeerCheck], agreed: Agreement) -> list[int]:
+    """Set ``equivocation`` on every peer whose update we verified under its signature while the
+    lead's manifest pins other bytes, which the manifest's rules also verified under that
+    signature: the peer signed two different updates for one window and served them to different
+    readers. Our copy is not what the window applied, so it is neither scored nor paid. Returns
+    the uids marked."""
+    if agreed.manifest is None:
+        return []
+    marked = []
+    for e in agreed.manifest.entries:
+        c = checks.get(e.uid)
+        body = c.upload.body if c is not None and c.upload is not None else None
+        if c is None or body is None or body.digest == e.digest or e.uid not in agreed.updates:
+            continue
+        c.verdict = Verdict.EQUIVOCATION
+        c.detail = f"signed two updates for window {agreed.manifest.window}: ours {body.digest[:12]}, the manifest's {e.digest[:12]}"
+        marked.append(e.uid)
+    return marked
 
 
 def follow(

@@ -39,6 +39,7 @@ class Verdict(StrEnum):
     NORM_OUTLIER = "norm_outlier"
     COPY = "copy"
     REPLAY = "replay"
+    EQUIVOCATION = "equivocation"  # signed two different updates for one window
 
 
 ABSENT = {Verdict.MISSING, Verdict.UNREACHABLE}

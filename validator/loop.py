@@ -62,7 +62,13 @@ from protocol.naming import fingerprint_key, run_prefix, scores_key
 from protocol.runconfig import RunConfig
 from protocol.stores import ObjectStore, StoreError
 from protocol.stores.spool import SpoolError
-from validator.agreement import follow, lead_agreement, lead_manifest, publish_decision
+from validator.agreement import (
+    follow,
+    lead_agreement,
+    lead_manifest,
+    mark_equivocations,
+    publish_decision,
+)
 from validator.checks import Verdict
 from validator.classify import Measured, PeerCheck, check_window, measure
 from validator.config import ValidatorConfig
@@ -214,6 +220,8 @@ class Validator:
         until = manifest_deadline(begun, self.run, self._scoring_deadline(window))
         manifest = wait_for_manifest(roster, self.run, window, until)
         agreed = follow(roster, uploads, manifest, self.fingerprint, self.run, self.spec)
+        for uid in mark_equivocations(checks, agreed):
+            log.warning("window %d: uid %d equivocated: %s", window, uid, checks[uid].detail)
         if agreed.forked and agreed.manifest is not None:
             log.warning("window %d: forked from the lead validator: resyncing", window)
             sources, peers = history_sources(self.chain, self.local_root)

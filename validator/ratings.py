@@ -132,6 +132,7 @@ def severity(verdict: Verdict, cfg: ValidatorConfig) -> float:
         Verdict.NORM_OUTLIER: cfg.penalty_invalid,
         Verdict.COPY: cfg.penalty_copy,
         Verdict.REPLAY: cfg.penalty_copy,
+        Verdict.EQUIVOCATION: cfg.penalty_copy,
     }[verdict]
 
 

@@ -33,6 +33,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 from substrateinterface import Keypair
 
+from codec.errors import TesseraError
 from node.data.dataset import Dataset
 from node.data.sampling import SlotPermutation, assigned_slots, eval_slots, sampling_key
 from protocol.keys import AddressError, ss58_to_public_key
@@ -47,7 +48,7 @@ _COMMIT_DOMAIN = b"tessera/eval-commit/v1\x00"
 _HEX64 = r"^[0-9a-f]{64}$"
 
 
-class RevealError(ValueError):
+class RevealError(TesseraError, ValueError):
     """A revealed secret or a sample list that does not match its commitment."""
 
 

@@ -187,7 +187,7 @@ def test_the_lead_decodes_each_update_once_before_its_manifest(
     )
     spool = tmp_path / "spool"
     spool.mkdir()
-    uploads = v._fetch(0, peers, spool)
+    uploads = v._fetch(0, peers, spool, [p.uid for p in peers])
     checks = check_window(
         0, {p.uid: p.hotkey for p in peers}, uploads, {}, None, v.history, RUN, v.spec, v.cfg,
         v.salt, v.strategy,

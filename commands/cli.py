@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
+import os
 import sys
 from collections.abc import Callable, Sequence
+
+from codec.errors import TesseraError
 
 # subcommand name -> (module path, help). Each module exposes `add_arguments(parser)` and
 # `run(args) -> int`.
@@ -50,6 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tessera",
         description="Tessera: permissionless internet-scale LLM pre-training with SparseLoCo.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        default=bool(os.environ.get("TESSERA_DEBUG")),
+        help="show the traceback of an error instead of its one line (env TESSERA_DEBUG=1)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, (module_path, help_text) in COMMANDS.items():
@@ -62,9 +73,41 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one subcommand. An error the project raises on purpose (`TesseraError`) or the system
+    reports (`OSError`) ends in one line, ``tessera <command>: <what is wrong>``, and exit code 1;
+    Ctrl-C in ``tessera <command>: interrupted`` and 130. ``--debug`` shows tracebacks instead."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    return int(args._run(args) or 0)
+    where = f"tessera {args.command}"
+    try:
+        return int(args._run(args) or 0)
+    except SystemExit as stop:  # a command's own one-line refusal: prefixed like the rest
+        if not isinstance(stop.code, str):
+            raise
+        print(f"{where}: {_one_line(SystemExit(stop.code))}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print(f"{where}: interrupted", file=sys.stderr)
+        return 130
+    except (TesseraError, OSError) as exc:
+        if args.debug:
+            raise
+        print(f"{where}: {_one_line(exc)}", file=sys.stderr)
+        return 1
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 400 else text[:397] + "..."
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("tessera-train")
+    except importlib.metadata.PackageNotFoundError:  # a source tree that was never installed
+        return "unknown"
 
 
 if __name__ == "__main__":

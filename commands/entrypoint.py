@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
+from codec.errors import TesseraError
+
 __all__ = [
     "ACTIONS",
     "RankPlan",
@@ -50,7 +52,7 @@ USER_FIX = (
 )
 
 
-class EntrypointError(RuntimeError):
+class EntrypointError(TesseraError, RuntimeError):
     """The container cannot start the node; the message says why and how to fix it."""
 
 

@@ -16,7 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics-port",
         type=int,
-        default=int(os.environ.get("TESSERA_METRICS_PORT", "0")),
+        default=os.environ.get("TESSERA_METRICS_PORT", "0"),
         help="serve Prometheus metrics on this port (0: off)",
     )
     parser.add_argument(

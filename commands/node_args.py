@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from pathlib import Path
 
 import torch
 from substrateinterface import Keypair
 
+from node.runtime.atomic_files import remove_stale_temporaries
 from protocol.chain.base import Chain
-from protocol.runconfig import RunConfig
+from protocol.presets import PRESETS
+from protocol.runconfig import RunConfig, RunConfigError
 from protocol.stores import ObjectStore
+
+log = logging.getLogger(f"tessera.{__name__}")
 
 
 def add_node_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,7 +31,7 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--chain", default=env("TESSERA_CHAIN"), help="local:///path.db or ws(s)://subtensor"
     )
-    parser.add_argument("--netuid", type=int, default=int(env("TESSERA_NETUID", "1")))
+    parser.add_argument("--netuid", type=int, default=env("TESSERA_NETUID", "1"))
     parser.add_argument(
         "--store", default=env("TESSERA_STORE"), help="our bucket: file://… or s3://…"
     )
@@ -41,14 +46,20 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--state-dir", default=env("TESSERA_STATE_DIR"), help="local state (resumable)"
     )
-    parser.add_argument("--windows", type=int, default=int(env("TESSERA_WINDOWS", "1000000000")))
+    parser.add_argument("--windows", type=int, default=env("TESSERA_WINDOWS", "1000000000"))
     parser.add_argument(
         "--device", default=env("TESSERA_DEVICE", "cuda" if torch.cuda.is_available() else "cpu")
     )
     parser.add_argument(
         "--commit", action="store_true", help="post our bucket commitment if missing or stale"
     )
-    parser.add_argument("--log-level", default=env("TESSERA_LOG_LEVEL", "INFO"))
+    parser.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        default=env("TESSERA_LOG_LEVEL", "INFO"),
+        help="any case (default INFO; env TESSERA_LOG_LEVEL)",
+    )
     parser.add_argument(
         "--log-format",
         choices=["text", "json"],
@@ -58,9 +69,15 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_run(ref: str) -> RunConfig:
-    """A run config from a file, else a preset name."""
+    """A run config from a file, else a preset name (`RunConfigError` naming what is missing)."""
     path = Path(ref)
-    return RunConfig.load(path) if path.exists() else RunConfig.preset(ref)
+    if path.exists():
+        return RunConfig.load(path)
+    if path.suffix in (".toml", ".json") or len(path.parts) > 1:
+        raise RunConfigError(
+            f"--run {ref}: no such run config file (or a preset name: {', '.join(PRESETS)})"
+        )
+    return RunConfig.preset(ref)
 
 
 def connect(
@@ -84,7 +101,7 @@ def connect(
 
     if not args.chain or not args.store:
         raise SystemExit(
-            f"tessera {role}: --chain and --store are required (or TESSERA_CHAIN / TESSERA_STORE)"
+            "--chain and --store are required (or TESSERA_CHAIN / TESSERA_STORE)"
         )
     keypair = load_hotkey(args.wallet, args.hotkey, args.wallet_path)
     chain = resilient(open_chain(args.chain, netuid=args.netuid))
@@ -101,8 +118,12 @@ def connect(
 
 
 def state_dir(args: argparse.Namespace, role: str, run: RunConfig, hotkey: str) -> Path:
-    """`--state-dir`, else ~/.tessera/<role>/<run id>/<hotkey>."""
-    return Path(args.state_dir or Path.home() / ".tessera" / role / run.run_id / hotkey)
+    """`--state-dir`, else ~/.tessera/<role>/<run id>/<hotkey>; what an interrupted save left
+    there (temporary files) is removed, and said."""
+    path = Path(args.state_dir or Path.home() / ".tessera" / role / run.run_id / hotkey)
+    for stale in remove_stale_temporaries(path):
+        log.warning("removed %s, left by an interrupted save", stale)
+    return path
 
 
 def local_root(args: argparse.Namespace) -> Path | None:

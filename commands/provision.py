@@ -13,6 +13,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import ValidationError
 from substrateinterface import Keypair
 
+from codec.errors import TesseraError
 from node.runtime.commit import CommitmentMismatch, commitment_for, ensure_commitment
 from node.runtime.read_key import ReadKeyCanWrite, require_committable
 from protocol.chain.base import Chain
@@ -33,7 +34,7 @@ _OURS = "BucketAlreadyOwnedByYou"
 _TAKEN = "BucketAlreadyExists"
 
 
-class ProvisionError(RuntimeError):
+class ProvisionError(TesseraError, RuntimeError):
     """Provisioning failed; the message says why, `fix` (when set) what to do."""
 
     def __init__(self, message: str, fix: str = "") -> None:

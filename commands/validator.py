@@ -13,15 +13,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     env = os.environ.get
     add_node_arguments(parser)
     parser.add_argument(
-        "--weights-every", type=int, default=int(env("TESSERA_WEIGHTS_EVERY", "1")),
+        "--weights-every", type=int, default=env("TESSERA_WEIGHTS_EVERY", "1"),
         help="set weights every M windows",
     )  # fmt: skip
     parser.add_argument(
-        "--checkpoint-every", type=int, default=int(env("TESSERA_CHECKPOINT_EVERY", "10")),
+        "--checkpoint-every", type=int, default=env("TESSERA_CHECKPOINT_EVERY", "10"),
         help="publish a checkpoint and the run config every N windows",
     )  # fmt: skip
     parser.add_argument(
-        "--samples", type=int, default=int(env("TESSERA_VALIDATOR_SAMPLES", "64")),
+        "--samples", type=int, default=env("TESSERA_VALIDATOR_SAMPLES", "64"),
         help="random and own samples per loss probe",
     )  # fmt: skip
 

@@ -66,6 +66,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
+from codec.errors import TesseraError
 from protocol.credentials import ReadCredentials, SecretLeakError, WriteCredentials
 from protocol.endpoints import EndpointPolicy, EndpointRefused, split_host
 
@@ -90,7 +91,7 @@ _BUCKET_CHARS = re.compile(r"[a-z0-9.-]+")
 _HOST_CHARS = re.compile(r"[a-z0-9.:-]+")
 
 
-class CommitmentError(ValueError):
+class CommitmentError(TesseraError, ValueError):
     """A commitment body or field list is malformed, non-canonical, oversized or unsafe."""
 
 

@@ -35,6 +35,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from codec.errors import TesseraError
+
 __all__ = [
     "ALLOW_PRIVATE_ENV",
     "EndpointPolicy",
@@ -57,7 +59,7 @@ _NUMERIC_LABEL = re.compile(r"[0-9]+|0x[0-9a-f]*")
 _V6_UNICAST = ipaddress.ip_network("2000::/3")
 
 
-class EndpointRefused(ValueError):
+class EndpointRefused(TesseraError, ValueError):
     """An endpoint the policy does not let this node contact (the message is for local logs)."""
 
 

@@ -25,6 +25,8 @@ from pathlib import Path
 from substrateinterface import Keypair, KeypairType
 from substrateinterface.utils.ss58 import ss58_decode, ss58_encode
 
+from codec.errors import TesseraError
+
 SS58_FORMAT = 42
 """Bittensor (and generic Substrate) SS58 address prefix."""
 
@@ -39,11 +41,11 @@ _HEX_RE = re.compile(r"0x[0-9a-fA-F]*")
 _ENCRYPTED_PREFIXES = (b"$NACL", b"$ANSIBLE_VAULT", b"gAAAAA")
 
 
-class AddressError(ValueError):
+class AddressError(TesseraError, ValueError):
     """A string is not a canonical SS58 address of a 32-byte account in the Bittensor format."""
 
 
-class KeyFileError(ValueError):
+class KeyFileError(TesseraError, ValueError):
     """A key file is missing, unreadable, encrypted, malformed or inconsistent."""
 
 

@@ -41,6 +41,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from codec.errors import TesseraError
 from protocol.keys import AddressError, ss58_to_public_key
 
 MAX_WINDOW = 10**10 - 1
@@ -49,7 +50,7 @@ MAX_PART = 99999
 MAX_KEY_LENGTH = 160
 
 
-class NamingError(ValueError):
+class NamingError(TesseraError, ValueError):
     """An object name (or a part of one) is malformed."""
 
 

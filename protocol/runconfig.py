@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from codec.errors import TesseraError
 from codec.spec import CODEC_VERSION, CodecParams
 from protocol.presets import PRESETS
 
@@ -46,11 +47,11 @@ _NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 _REF_RE = r"^[\x21-\x7e]{1,512}$"
 
 
-class RunConfigError(ValueError):
+class RunConfigError(TesseraError, ValueError):
     """A run config file or dict is unreadable, malformed or inconsistent."""
 
 
-class RunMismatchError(ValueError):
+class RunMismatchError(TesseraError, ValueError):
     """Two run ids that should be equal are not (another node, object or file is on another run)."""
 
     def __init__(self, local_run_id: str, remote_run_id: str, context: str = "") -> None:

@@ -29,6 +29,7 @@ import re
 import sr25519
 from substrateinterface import Keypair, KeypairType
 
+from codec.errors import TesseraError
 from protocol.keys import AddressError, ss58_to_public_key
 from protocol.naming import MAX_UID, ObjectKind
 
@@ -40,7 +41,7 @@ _DOMAIN = b"tessera/signed-object/v1\x00"
 _RUN_ID_RE = re.compile(r"[0-9a-f]{32}")
 
 
-class SignatureError(ValueError):
+class SignatureError(TesseraError, ValueError):
     """A signature is missing, malformed, or does not verify for the claimed signer and fields."""
 
 

@@ -9,12 +9,13 @@ its commitment.
 
 from __future__ import annotations
 
+from codec.errors import TesseraError
 from node.runtime.read_key import READ_ENV, ReadKeyCanWrite, read_credentials, require_read_only
 from protocol.credentials import ReadCredentials
 from protocol.stores import open_store
 
 
-class SimKeyError(RuntimeError):
+class SimKeyError(TesseraError, RuntimeError):
     """The simulation cannot publish a read key that is known to be read-only."""
 
 

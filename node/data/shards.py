@@ -30,6 +30,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tokenizers import Tokenizer
 
+from codec.errors import TesseraError
 from node.data.tokenizer import tokenizer_sha256
 from node.runtime.atomic_files import atomic_path, write_json_atomic
 from node.runtime.cache import cache_root
@@ -61,7 +62,7 @@ _SHARD_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}\.npy$"
 _SHA256 = r"^[0-9a-f]{64}$"
 
 
-class DataError(ValueError):
+class DataError(TesseraError, ValueError):
     """A dataset, shard or index that is missing, corrupt or inconsistent."""
 
 

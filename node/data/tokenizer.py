@@ -30,6 +30,7 @@ from urllib.parse import unquote, urlsplit
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from codec.errors import TesseraError
 from node.data.corpus import load_corpus
 from node.runtime.atomic_files import write_text_atomic
 from node.runtime.cache import build_once, cache_root
@@ -54,7 +55,7 @@ _MIN_VOCAB, _MAX_VOCAB = 256 + 1, 1 << 16
 _EOS_CANDIDATES = (EOS_TOKEN, "<|end_of_text|>", "</s>", "<eos>")
 
 
-class TokenizerError(ValueError):
+class TokenizerError(TesseraError, ValueError):
     """A tokenizer reference that cannot be resolved or loaded."""
 
 

@@ -25,6 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
+from codec.errors import TesseraError
 from node.data.tokenizer import eos_token_id
 from node.model.llama import INIT_STD, CausalLM
 from node.runtime.atomic_files import atomic_path, write_json_atomic, write_text_atomic
@@ -46,7 +47,7 @@ TOKENIZER_NAME = "tokenizer.json"
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
-class HFExportError(ValueError):
+class HFExportError(TesseraError, ValueError):
     """A Hugging Face folder that cannot be read as a plain Llama model."""
 
 

@@ -9,6 +9,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from substrateinterface import Keypair
 
+from codec.errors import TesseraError
 from protocol.chain.base import Chain
 from protocol.commitment import (
     BucketCommitment,
@@ -23,7 +24,7 @@ log = logging.getLogger(f"tessera.{__name__}")
 LOCAL_READ_KEY = ReadCredentials(access_key_id="local", secret_access_key="local")
 
 
-class CommitmentMismatch(RuntimeError):
+class CommitmentMismatch(TesseraError, RuntimeError):
     """The chain holds no commitment for us, or one that points elsewhere."""
 
 

@@ -6,13 +6,14 @@ import errno
 import shutil
 from pathlib import Path
 
+from codec.errors import TesseraError
 from protocol.stores import AccessDenied, ObjectStore, StoreError, StoreUnavailable
 
 PROBE_KEY = "tessera-probe/write-check"
 MIN_FREE_BYTES = 1 << 30
 
 
-class PreflightError(RuntimeError):
+class PreflightError(TesseraError, RuntimeError):
     """Something the operator must fix before the node can run; the message says how."""
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from codec.errors import TesseraError
 from node.runtime.atomic_files import write_bytes_atomic
 from node.runtime.shutdown import deferred_stop
 
@@ -26,7 +27,7 @@ PREVIOUS_FILE = "state.prev.pt"
 FORMAT = 1
 
 
-class StateError(RuntimeError):
+class StateError(TesseraError, RuntimeError):
     """The local state exists but cannot be used (another run, unreadable, wrong format)."""
 
 

@@ -39,7 +39,7 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 from substrateinterface import Keypair
 
-from codec.errors import DecodeError
+from codec.errors import DecodeError, TesseraError
 from codec.spec import ModelSpec
 from node.model.fingerprint import fingerprint
 from node.model.llama import build_model
@@ -61,7 +61,7 @@ SAFETENSORS_SLACK = 1 << 20  # header: names, dtypes, shapes and offsets of ever
 OUTER_PREFIX = "outer/"  # checkpoint names of the outer optimizer's state
 
 
-class HistoryError(RuntimeError):
+class HistoryError(TesseraError, RuntimeError):
     """A validator's published history cannot be used (or cannot bring us where we asked)."""
 
 

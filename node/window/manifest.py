@@ -25,6 +25,7 @@ import json
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from substrateinterface import Keypair
 
+from codec.errors import TesseraError
 from protocol.naming import ObjectKind, applied_key
 from protocol.signing import (
     SignatureError,
@@ -44,7 +45,7 @@ def manifest_cap(gather_size: int) -> int:
     return 4096 + 512 * gather_size + 1024 * min(gather_size * 8, MAX_ENTRIES)
 
 
-class ManifestError(ValueError):
+class ManifestError(TesseraError, ValueError):
     """A manifest is missing, malformed, or not signed by the lead validator."""
 
 

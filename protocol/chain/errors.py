@@ -6,8 +6,10 @@ they can act on the reason (register, back off, retry later, shrink the commitme
 
 from __future__ import annotations
 
+from codec.errors import TesseraError
 
-class ChainError(Exception):
+
+class ChainError(TesseraError):
     """Base class for everything a chain backend raises on purpose."""
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from codec.errors import TesseraError
 from protocol.signing import payload_hasher
 from protocol.stores.atomic import write_all
 
@@ -34,7 +35,7 @@ _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_
 _READ = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
-class SpoolError(RuntimeError):
+class SpoolError(TesseraError, RuntimeError):
     """A spool file cannot be written, or read back as it was written (a local fault: it is
     never blamed on the peer whose body it holds)."""
 

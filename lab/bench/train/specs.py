@@ -49,6 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from codec.errors import TesseraError
 from node.strategy.outer import LAND_BY
 from protocol.runconfig import RunConfig, RunConfigError
 
@@ -74,7 +75,7 @@ KEYS: dict[str, set[str]] = {
 CHOICES = {"values": ("2bit", "fp32"), "select": ("lagged", "now"), "basis": ("greedy", "random")}
 
 
-class SpecError(ValueError):
+class SpecError(TesseraError, ValueError):
     """A ``--strategies`` item is malformed (unknown name or key, bad value)."""
 
 

@@ -100,9 +100,7 @@ def connect(
     from protocol.stores import open_store
 
     if not args.chain or not args.store:
-        raise SystemExit(
-            "--chain and --store are required (or TESSERA_CHAIN / TESSERA_STORE)"
-        )
+        raise SystemExit("--chain and --store are required (or TESSERA_CHAIN / TESSERA_STORE)")
     keypair = load_hotkey(args.wallet, args.hotkey, args.wallet_path)
     chain = resilient(open_chain(args.chain, netuid=args.netuid))
     store = open_store(args.store)

@@ -12,13 +12,14 @@ same model; without a usable manifest it falls back to its own decision, exactly
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
 from substrateinterface import Keypair
 
 from codec.spec import ModelSpec
-from node.window.consensus import Agreement, Roster, agree
+from node.window.consensus import Agreement, Roster, agree, wait_for_manifest
 from node.window.history import publish_aggregate
 from node.window.manifest import Entry, WindowManifest, publish_manifest
 from protocol.runconfig import RunConfig
@@ -84,6 +85,35 @@ def publish_decision(
         publish_manifest(store, manifest, keypair)
     except StoreError as exc:  # peers fall back to their own choice and resync next window
         log.error("window %d: publishing the manifest failed: %s", manifest.window, exc)
+
+
+def lead_decision(
+    store: ObjectStore,
+    run: RunConfig,
+    spec: ModelSpec,
+    keypair: Keypair,
+    window: int,
+    roster: Roster,
+    checks: Mapping[int, PeerCheck],
+    uploads: Mapping[int, Upload],
+    fingerprint_start: str,
+    scratch: Path,
+) -> Agreement:
+    """The lead's agreement for `window` (`roster.lead` is us): the manifest it already published
+    for that window, if any (a lead restarted between publishing and saving its state must never
+    publish a second decision: peers may have applied the first), followed like any manifest;
+    else a new decision, published (`publish_decision`) and applied."""
+    if roster.lead is None or roster.lead.hotkey != keypair.ss58_address:
+        raise ValueError("lead_decision is the lead's: the roster names another lead")
+    published = wait_for_manifest(roster, run, window, time.monotonic())  # one look, no wait
+    if published is not None:
+        log.warning("window %d: adopting the manifest we published before a restart", window)
+        return follow(roster, uploads, published, fingerprint_start, run, spec)
+    manifest = lead_manifest(
+        run, window, roster, checks, roster.lead.uid, keypair.ss58_address, fingerprint_start
+    )
+    publish_decision(store, run, keypair, manifest, uploads, scratch)
+    return lead_agreement(manifest, uploads)
 
 
 def lead_agreement(manifest: WindowManifest, uploads: Mapping[int, Upload]) -> Agreement:

@@ -62,13 +62,7 @@ from protocol.naming import fingerprint_key, run_prefix, scores_key
 from protocol.runconfig import RunConfig
 from protocol.stores import ObjectStore, StoreError
 from protocol.stores.spool import SpoolError
-from validator.agreement import (
-    follow,
-    lead_agreement,
-    lead_manifest,
-    mark_equivocations,
-    publish_decision,
-)
+from validator.agreement import follow, lead_decision, mark_equivocations
 from validator.checks import Verdict
 from validator.classify import Measured, PeerCheck, check_window, measure
 from validator.config import ValidatorConfig
@@ -211,12 +205,10 @@ class Validator:
         agreement cannot). The aggregate we publish is written in `spool`, one update read back
         at a time."""
         if roster.lead is not None and roster.lead.uid == self.uid:
-            manifest = lead_manifest(
-                self.run, window, roster, checks, self.uid, self.keypair.ss58_address,
-                self.fingerprint,
+            return lead_decision(
+                self.store, self.run, self.spec, self.keypair, window, roster, checks, uploads,
+                self.fingerprint, spool,
             )  # fmt: skip
-            publish_decision(self.store, self.run, self.keypair, manifest, uploads, spool)
-            return lead_agreement(manifest, uploads)
         until = manifest_deadline(begun, self.run, self._scoring_deadline(window))
         manifest = wait_for_manifest(roster, self.run, window, until)
         agreed = follow(roster, uploads, manifest, self.fingerprint, self.run, self.spec)

@@ -65,7 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for name, (module_path, help_text) in COMMANDS.items():
         module = importlib.import_module(module_path)
-        sp = sub.add_parser(name, help=help_text, description=help_text)
+        sp = sub.add_parser(
+            name,
+            help=help_text,
+            description=help_text,
+            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        )
         module.add_arguments(sp)
         runner: Callable[[argparse.Namespace], int] = module.run
         sp.set_defaults(_run=runner)

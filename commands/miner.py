@@ -17,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--metrics-port",
         type=int,
         default=os.environ.get("TESSERA_METRICS_PORT", "0"),
-        help="serve Prometheus metrics on this port (0: off)",
+        help="serve Prometheus metrics on this port, 0: off [env TESSERA_METRICS_PORT]",
     )
     parser.add_argument(
         "--sharding",

@@ -12,6 +12,7 @@ from substrateinterface import Keypair
 
 from node.runtime.atomic_files import remove_stale_temporaries
 from protocol.chain.base import Chain
+from protocol.chain.url import NETWORKS
 from protocol.presets import PRESETS
 from protocol.runconfig import RunConfig, RunConfigError
 from protocol.stores import ObjectStore
@@ -20,35 +21,79 @@ log = logging.getLogger(f"tessera.{__name__}")
 
 
 def add_node_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments every long-running role shares (each reads a `TESSERA_*` variable)."""
+    """The arguments every long-running role shares, each with its `TESSERA_*` variable; the
+    Bittensor spellings (``--wallet.name``, ``--wallet.hotkey``, ``--wallet.path``,
+    ``--subtensor.network``, ``--subtensor.chain_endpoint``) are accepted as well."""
     env = os.environ.get
     parser.add_argument(
         "--run",
         "--run-config",  # under torchrun: its --run-path makes --run ambiguous
         default=env("TESSERA_RUN", "tiny"),
-        help="preset name or run config file",
+        help="preset name or run config file [env TESSERA_RUN]",
     )
     parser.add_argument(
-        "--chain", default=env("TESSERA_CHAIN"), help="local:///path.db or ws(s)://subtensor"
-    )
-    parser.add_argument("--netuid", type=int, default=env("TESSERA_NETUID", "1"))
-    parser.add_argument(
-        "--store", default=env("TESSERA_STORE"), help="our bucket: file://… or s3://…"
-    )
-    parser.add_argument(
-        "--local-root", default=env("TESSERA_LOCAL_ROOT"), help="root of local (file://) buckets"
-    )
-    parser.add_argument("--wallet", default=env("TESSERA_WALLET", "default"))
-    parser.add_argument("--hotkey", default=env("TESSERA_HOTKEY", "default"))
-    parser.add_argument(
-        "--wallet-path", default=env("TESSERA_WALLET_PATH"), help="default ~/.bittensor/wallets"
+        "--chain",
+        "--subtensor.network",
+        "--subtensor.chain_endpoint",
+        dest="chain",
+        default=env("TESSERA_CHAIN"),
+        help=f"{', '.join(NETWORKS)}, a ws(s)://host:port subtensor node, or local:///path.db "
+        "(the embedded chain) [env TESSERA_CHAIN]",
     )
     parser.add_argument(
-        "--state-dir", default=env("TESSERA_STATE_DIR"), help="local state (resumable)"
+        "--netuid",
+        type=int,
+        default=env("TESSERA_NETUID"),
+        help="the run's subnet: required on a subtensor chain, 1 on the embedded chain "
+        "[env TESSERA_NETUID]",
     )
-    parser.add_argument("--windows", type=int, default=env("TESSERA_WINDOWS", "1000000000"))
     parser.add_argument(
-        "--device", default=env("TESSERA_DEVICE", "cuda" if torch.cuda.is_available() else "cpu")
+        "--store",
+        default=env("TESSERA_STORE"),
+        help="our bucket: file://… or s3://… [env TESSERA_STORE]",
+    )
+    parser.add_argument(
+        "--local-root",
+        default=env("TESSERA_LOCAL_ROOT"),
+        help="root of local (file://) buckets [env TESSERA_LOCAL_ROOT]",
+    )
+    parser.add_argument(
+        "--wallet",
+        "--wallet.name",
+        dest="wallet",
+        default=env("TESSERA_WALLET", "default"),
+        help="wallet name [env TESSERA_WALLET]",
+    )
+    parser.add_argument(
+        "--hotkey",
+        "--wallet.hotkey",
+        dest="hotkey",
+        default=env("TESSERA_HOTKEY", "default"),
+        help="hotkey name in the wallet [env TESSERA_HOTKEY]",
+    )
+    parser.add_argument(
+        "--wallet-path",
+        "--wallet.path",
+        dest="wallet_path",
+        default=env("TESSERA_WALLET_PATH"),
+        help="wallets folder, ~/.bittensor/wallets when unset [env TESSERA_WALLET_PATH]",
+    )
+    parser.add_argument(
+        "--state-dir",
+        default=env("TESSERA_STATE_DIR"),
+        help="local state (resumable), ~/.tessera/<role>/<run id>/<hotkey> when unset "
+        "[env TESSERA_STATE_DIR]",
+    )
+    parser.add_argument(
+        "--windows",
+        type=int,
+        default=env("TESSERA_WINDOWS", "1000000000"),
+        help="windows to run, then exit [env TESSERA_WINDOWS]",
+    )
+    parser.add_argument(
+        "--device",
+        default=env("TESSERA_DEVICE", "cuda" if torch.cuda.is_available() else "cpu"),
+        help="cpu or cuda [env TESSERA_DEVICE]",
     )
     parser.add_argument(
         "--commit", action="store_true", help="post our bucket commitment if missing or stale"
@@ -58,13 +103,13 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
         type=str.upper,
         choices=("DEBUG", "INFO", "WARNING", "ERROR"),
         default=env("TESSERA_LOG_LEVEL", "INFO"),
-        help="any case (default INFO; env TESSERA_LOG_LEVEL)",
+        help="any case [env TESSERA_LOG_LEVEL]",
     )
     parser.add_argument(
         "--log-format",
         choices=["text", "json"],
         default=env("TESSERA_LOG_FORMAT", "text"),
-        help="text lines or JSON lines",
+        help="text lines or JSON lines [env TESSERA_LOG_FORMAT]",
     )
 
 

@@ -35,7 +35,7 @@ def hotkey_check(wallet: str, hotkey: str, wallet_path: str | None) -> tuple[Che
     return ok("hotkey", f"{wallet}/{hotkey} is {keypair.ss58_address}"), keypair
 
 
-def chain_check(url: str | None, netuid: int) -> tuple[Check, Chain | None]:
+def chain_check(url: str | None, netuid: int | None) -> tuple[Check, Chain | None]:
     if not url:
         return fail("chain", "no chain configured", "pass --chain or set TESSERA_CHAIN"), None
     try:
@@ -45,9 +45,9 @@ def chain_check(url: str | None, netuid: int) -> tuple[Check, Chain | None]:
         return fail(
             "chain",
             f"cannot reach {sanitize(url, 120)}: {exc}",
-            "check --chain (local:///path/chain.db or wss://host:port) and the network",
+            "check --chain (finney, test, local, wss://host:port or local:///path/chain.db), --netuid and the network",
         ), None
-    return ok("chain", f"{chain.url} subnet {netuid}, block {head}"), chain
+    return ok("chain", f"{chain.url} subnet {chain.netuid}, block {head}"), chain
 
 
 def _register_fix(chain: Chain, hotkey: str, role: str) -> str:

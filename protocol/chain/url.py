@@ -3,6 +3,10 @@
 - `local:///abs/path/chain.db` (or `local://relative/path.db`): the embedded SQLite chain. The file
   and the subnet must exist (`tessera chain create`).
 - `ws://host:port` / `wss://host:port`: a subtensor node (finney, testnet, a localnet).
+- a network name, as Bittensor's tools spell it (`NETWORKS`): `finney`, `test`, `archive`,
+  `local` (a localnet on this machine).
+
+A subtensor chain needs the run's subnet (`netuid`); the embedded chain's default subnet is 1.
 """
 
 from __future__ import annotations
@@ -15,6 +19,19 @@ from protocol.chain.errors import ChainError
 
 LOCAL_SCHEME = "local"
 SUBTENSOR_SCHEMES = ("ws", "wss")
+NETWORKS = {
+    "finney": "wss://entrypoint-finney.opentensor.ai:443",
+    "test": "wss://test.finney.opentensor.ai:443",
+    "archive": "wss://archive.chain.opentensor.ai:443",
+    "local": "ws://127.0.0.1:9944",
+}
+"""Bittensor's network names and their public endpoints."""
+LOCAL_NETUID = 1
+
+
+def chain_url(network_or_url: str) -> str:
+    """The endpoint of a network name (`NETWORKS`), or the URL itself."""
+    return NETWORKS.get(network_or_url.lower(), network_or_url)
 
 
 def local_path(url: str) -> Path:
@@ -30,17 +47,22 @@ def local_path(url: str) -> Path:
     return Path(raw)
 
 
-def open_chain(url: str, *, netuid: int, wait_for_finalization: bool = False) -> Chain:
-    """Open subnet `netuid` of the chain at `url` (see the module docstring for the forms)."""
+def open_chain(url: str, *, netuid: int | None, wait_for_finalization: bool = False) -> Chain:
+    """Open subnet `netuid` of the chain at `url` (see the module docstring for the forms); a
+    subtensor chain needs `netuid`, the embedded chain defaults to subnet `LOCAL_NETUID`."""
+    url = chain_url(url)
     scheme = urlsplit(url).scheme.lower()
     if scheme == LOCAL_SCHEME:
         from protocol.chain.local import LocalChain
 
-        return LocalChain(local_path(url), netuid)
+        return LocalChain(local_path(url), LOCAL_NETUID if netuid is None else netuid)
     if scheme in SUBTENSOR_SCHEMES:
         from protocol.chain.subtensor import SubtensorChain
 
+        if netuid is None:
+            raise ChainError(f"pass --netuid N: the subnet this run trains on, on {url}")
         return SubtensorChain(url, netuid, wait_for_finalization=wait_for_finalization)
     raise ChainError(
-        f"unsupported chain URL scheme {scheme!r}: use local:///path/chain.db or ws(s)://host:port"
+        f"unsupported chain {url!r}: use {', '.join(NETWORKS)}, ws(s)://host:port, or "
+        "local:///path/chain.db"
     )

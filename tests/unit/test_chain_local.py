@@ -123,7 +123,7 @@ def test_open_errors_say_what_to_do(tmp_path: Path, db_path: Path) -> None:
         open_chain(f"local://{tmp_path / 'missing.db'}", netuid=1)
     with pytest.raises(ChainError, match="subnet 99 does not exist"):
         open_chain(f"local://{db_path}", netuid=99)
-    with pytest.raises(ChainError, match="scheme"):
+    with pytest.raises(ChainError, match=r"unsupported chain 'http://example.com': use finney"):
         open_chain("http://example.com", netuid=1)
     junk = tmp_path / "junk.db"
     junk.write_bytes(b"not sqlite at all" * 100)

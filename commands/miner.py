@@ -20,6 +20,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve Prometheus metrics on this port, 0: off [env TESSERA_METRICS_PORT]",
     )
     parser.add_argument(
+        "--activation-checkpointing",
+        action=argparse.BooleanOptionalAction,
+        default=os.environ.get("TESSERA_ACTIVATION_CHECKPOINTING", "0") == "1",
+        help="recompute each decoder layer's activations in the backward pass (less memory, "
+        "about a third more compute) [env TESSERA_ACTIVATION_CHECKPOINTING=1]",
+    )
+    parser.add_argument(
+        "--loss-chunk-tokens",
+        type=int,
+        default=os.environ.get("TESSERA_LOSS_CHUNK_TOKENS", "0"),
+        help="cross-entropy over this many positions at a time, so the fp32 logits of the whole "
+        "micro-batch never exist at once; 0: all at once [env TESSERA_LOSS_CHUNK_TOKENS]",
+    )
+    parser.add_argument(
         "--sharding",
         choices=SHARDINGS,
         default=os.environ.get("TESSERA_SHARDING", "auto"),
@@ -31,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from miner.multigpu import init_peer_ranks
     from miner.peer import Peer
+    from miner.train import MemoryOptions
     from node.runtime.logs import setup_logging
     from node.runtime.preflight import check_disk
     from node.runtime.shutdown import Stopped, install_stop_handler
@@ -45,9 +60,10 @@ def run(args: argparse.Namespace) -> int:
     ranks.barrier()
     state = state_dir(args, "state", run_cfg, keypair.ss58_address)
     check_disk(state, needed=1 << 26)
+    memory = MemoryOptions(args.activation_checkpointing, max(0, args.loss_chunk_tokens))
     peer = Peer(
         run_cfg, keypair, chain, store, state, local_root=local_root(args), device=str(device),
-        ranks=ranks,
+        ranks=ranks, memory=memory,
     )  # fmt: skip
     if args.metrics_port and ranks.is_main:
         peer.metrics.serve(args.metrics_port)

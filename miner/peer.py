@@ -46,7 +46,7 @@ from miner.flight import Exchanged, Flight
 from miner.metrics import PeerMetrics
 from miner.multigpu import peer_weights
 from miner.ranks import Ranks
-from miner.train import InnerResult, make_optimizer, train_window
+from miner.train import PLAIN, InnerResult, MemoryOptions, make_optimizer, train_window
 from node.data.batches import assigned_batches, open_run_dataset
 from node.model.llama import build_model
 from node.runtime.clock import ChainClock
@@ -104,8 +104,10 @@ class Peer:
         local_root: Path | None = None,
         device: str = "cpu",
         ranks: Ranks | None = None,
+        memory: MemoryOptions = PLAIN,
     ) -> None:
         self.cfg, self.keypair, self.chain, self.store = run, keypair, chain, store
+        self.memory = memory  # how the inner loop trades compute for memory
         self.ranks = ranks or Ranks()  # the devices of a multi-GPU peer (`miner.multigpu`)
         self.state_dir, self.local_root = state_dir, local_root
         self.device = torch.device(device)
@@ -242,8 +244,9 @@ class Peer:
         steps = tracked(rows, f"window {window} (uid {self.uid})", total=self.cfg.inner_steps)
         on_step = (lambda step, _loss: self._step_when_landed(step)) if self.delay else None
         inner = train_window(
-            self.trainer, self.optimizer, steps, self.cfg, window, self.device, on_step
-        )
+            self.trainer, self.optimizer, steps, self.cfg, window, self.device, on_step,
+            self.memory,
+        )  # fmt: skip
         return self.ranks.reduce_inner(inner)
 
     def _encode(self, start: dict[str, torch.Tensor], window: int) -> list:

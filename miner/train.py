@@ -61,10 +61,31 @@ def learning_rate(run: RunConfig, step: int) -> float:
     return opt.min_lr + 0.5 * (opt.lr - opt.min_lr) * (1 + math.cos(math.pi * progress))
 
 
-def lm_loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy of a (B, T+1) token batch."""
+def lm_loss(model: torch.nn.Module, batch: torch.Tensor, chunk_tokens: int = 0) -> torch.Tensor:
+    """Mean next-token cross-entropy of a (B, T+1) token batch; with `chunk_tokens`, computed
+    inside the model's forward over that many positions at a time (`CausalLM.forward`)."""
+    if chunk_tokens > 0:
+        return model(batch[:, :-1], targets=batch[:, 1:], loss_chunk_tokens=chunk_tokens)
     logits = model(batch[:, :-1])
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+
+
+@dataclass(frozen=True)
+class MemoryOptions:
+    """How the inner loop trades compute for memory: the same maths in other roundings (float
+    tolerance, `tests/unit/test_train_memory.py`), so each peer picks its own."""
+
+    checkpoint_layers: bool = False  # recompute each decoder layer's activations in backward
+    loss_chunk_tokens: int = 0  # cross-entropy over this many positions at a time (0: all)
+
+
+PLAIN = MemoryOptions()
+"""Activations kept, the loss over all positions at once."""
+
+
+def _causal_lm(model: torch.nn.Module) -> torch.nn.Module:
+    """The model inside a DDP wrapper (FSDP2 trains the module itself)."""
+    return getattr(model, "module", model)
 
 
 def micro_steps(rows: int, micro_batch_size: int) -> int:
@@ -94,9 +115,12 @@ def train_window(
     window: int,
     device: torch.device,
     on_step: object = None,
+    memory: MemoryOptions = PLAIN,
 ) -> InnerResult:
-    """Run the inner steps of `window` on `batches`; `on_step(step, loss)` reports progress."""
+    """Run the inner steps of `window` on `batches`; `on_step(step, loss)` reports progress. The
+    losses stay on the device until the step is done (one host sync per step)."""
     model.train()
+    _causal_lm(model).checkpoint_layers = memory.checkpoint_layers
     losses: list[float] = []
     tokens = 0
     start = time.perf_counter()
@@ -104,17 +128,18 @@ def train_window(
     for h, batch in enumerate(batches):
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(run, window * run.inner_steps + h)
-        total = 0.0
+        parts: list[torch.Tensor] = []
         accum = micro_steps(batch.shape[0], run.micro_batch_size)
         for i, micro in enumerate(batch.to(device).chunk(accum)):
             with _grad_sync(model, i == accum - 1):
                 with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
-                    loss = lm_loss(model, micro) / accum
+                    loss = lm_loss(model, micro, memory.loss_chunk_tokens) / accum
                 loss.backward()
-            total += float(loss.detach())
+            parts.append(loss.detach())
         torch.nn.utils.clip_grad_norm_(model.parameters(), run.optimizer.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        total = sum(torch.stack(parts).tolist(), 0.0)  # one host sync per step, summed in order
         losses.append(total)
         tokens += batch.shape[0] * (batch.shape[1] - 1)
         if callable(on_step):

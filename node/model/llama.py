@@ -32,6 +32,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from protocol.runconfig import ModelConfig
 
@@ -134,6 +135,11 @@ class Decoder(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
 
 
+def _chunk_loss(hidden: torch.Tensor, head: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Summed fp32 cross-entropy of one chunk of positions."""
+    return F.cross_entropy(F.linear(hidden, head).float(), targets, reduction="sum")
+
+
 class CausalLM(nn.Module):
     """The decoder plus the language-model head (HF `LlamaForCausalLM`)."""
 
@@ -149,8 +155,20 @@ class CausalLM(nn.Module):
         if self.config.tie_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Logits `(batch, seq, vocab)` for `input_ids` `(batch, seq)`, causal."""
+    checkpoint_layers = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them
+    (activation checkpointing: the same maths, one more forward per layer, far less memory)."""
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        loss_chunk_tokens: int = 0,
+    ) -> torch.Tensor:
+        """Logits `(batch, seq, vocab)` for `input_ids` `(batch, seq)`, causal; with `targets`
+        (the same shape) the mean fp32 cross-entropy instead, over `loss_chunk_tokens` positions
+        at a time when positive: only one chunk's fp32 logits exist at once, in the backward pass
+        too (each chunk is recomputed there), never the whole `(batch, seq, vocab)`."""
         if input_ids.ndim != 2:
             raise ValueError("input_ids must have shape (batch, seq)")
         seq = input_ids.shape[1]
@@ -159,8 +177,25 @@ class CausalLM(nn.Module):
         cos, sin = rotary_tables(self.config, seq, input_ids.device)
         h = self.model.embed_tokens(input_ids)
         for layer in self.model.layers:
-            h = layer(h, cos, sin)
-        return self.lm_head(self.model.norm(h))
+            if self.checkpoint_layers and torch.is_grad_enabled():
+                h = checkpoint(layer, h, cos, sin, use_reentrant=False)
+            else:
+                h = layer(h, cos, sin)
+        h = self.model.norm(h)
+        if targets is None:
+            return self.lm_head(h)
+        if loss_chunk_tokens <= 0:
+            logits = self.lm_head(h).float()
+            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        flat, wanted = h.reshape(-1, h.shape[-1]), targets.reshape(-1)
+        total = sum(
+            checkpoint(
+                _chunk_loss, flat[i : i + loss_chunk_tokens], self.lm_head.weight,
+                wanted[i : i + loss_chunk_tokens], use_reentrant=False,
+            )
+            for i in range(0, flat.shape[0], loss_chunk_tokens)
+        )  # fmt: skip
+        return total / flat.shape[0]
 
     def loss(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy (fp32); `labels[b, t]` is the target of position t (already

@@ -6,11 +6,18 @@ feedback) and outer-optimizer state (`node.strategy`), the next window to train 
 a restarted peer resumes it). It is written to a temporary file, fsynced and renamed over the old
 one, so a `kill -9` at any moment leaves either the previous window's state or the new one, never
 a torn file. The previous file is kept as `state.prev.pt` in case the newest is ever unreadable.
+
+Each file has a checksum beside it (`<file>.b2`, BLAKE2b-256 of its bytes, written after it): a
+file whose bytes no longer match (a flipped bit on disk, which `torch.load` may still accept) is
+refused and the previous one loaded instead, and the log says so. A file without its checksum (a
+kill between the two writes) is loaded unverified.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
+import logging
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -19,8 +26,10 @@ from typing import Any
 import torch
 
 from codec.errors import TesseraError
-from node.runtime.atomic_files import write_bytes_atomic
+from node.runtime.atomic_files import write_bytes_atomic, write_text_atomic
 from node.runtime.shutdown import deferred_stop
+
+log = logging.getLogger(f"tessera.{__name__}")
 
 STATE_FILE = "state.pt"
 PREVIOUS_FILE = "state.prev.pt"
@@ -58,19 +67,48 @@ def save_rotating(current: Path, previous: Path, body: dict[str, Any]) -> Path:
         torch.save(body, buf)
         if current.exists():
             os.replace(current, previous)
-        return write_bytes_atomic(current, buf.getbuffer())
+            if _checksum(current).exists():
+                os.replace(_checksum(current), _checksum(previous))
+            else:
+                _checksum(previous).unlink(missing_ok=True)
+        written = write_bytes_atomic(current, buf.getbuffer())
+        write_text_atomic(
+            _checksum(current), hashlib.blake2b(buf.getbuffer(), digest_size=32).hexdigest()
+        )
+        return written
+
+
+def _checksum(path: Path) -> Path:
+    return path.with_name(path.name + ".b2")
+
+
+def _read_checked(path: Path) -> Any:
+    """`torch.load` of `path` once its bytes match the checksum beside it (if there is one);
+    `StateError` when they do not."""
+    expected = _checksum(path).read_text().strip() if _checksum(path).exists() else None
+    if expected is not None:
+        digest = hashlib.blake2b(digest_size=32)
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 24):
+                digest.update(chunk)
+        if digest.hexdigest() != expected:
+            raise StateError(f"{path} does not match its checksum: its bytes changed on disk")
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def load_rotating(current: Path, previous: Path, run_id: str) -> dict[str, Any] | None:
-    """The newest complete file of this format, or None; `StateError` if it is another run's."""
+    """The newest complete, intact file of this format, or None; `StateError` if it is another
+    run's. A file that is torn, corrupt or not ours is skipped for the previous one, and said."""
     for path in (current, previous):
         if not path.exists():
             continue
         try:
-            raw = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception:  # a torn or foreign file: fall back to the previous one
+            raw = _read_checked(path)
+        except Exception as exc:  # a torn, corrupt or foreign file: fall back to the previous one
+            log.warning("%s unusable (%s): trying the previous state", path, str(exc)[:200])
             continue
         if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+            log.warning("%s is not a state file of this version: trying the previous one", path)
             continue
         if raw.get("run_id") != run_id:
             raise StateError(
@@ -121,8 +159,8 @@ def load_error_feedback(directory: Path, state: PeerState) -> dict[str, torch.Te
     merged = dict(state.error_feedback)
     for path in sorted(directory.glob("ef-rank*.pt")):
         try:
-            raw = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception:  # torn or foreign: the other file of this rank may still match
+            raw = _read_checked(path)
+        except Exception:  # torn, corrupt or foreign: the other file of this rank may still match
             continue
         if (raw.get("format"), raw.get("run_id"), raw.get("window")) == (
             FORMAT,

@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from codec.aggregate import aggregate, clip_bound, clip_factors, mean_divisor, update_norm
-from codec.compress import Compressor, SparseTensor, densify
+from codec.compress import SparseTensor, densify
 from codec.spec import ModelSpec
 from node.model.llama import build_model
 from node.strategy import make_strategy
 from protocol.runconfig import RunConfig
+from tests.support.directions import along
 from validator.checks import Verdict, norm_verdicts
 
 RUN = RunConfig.preset("tiny", name="clip-bound", inner_steps=2)
@@ -23,17 +24,7 @@ SPEC = ModelSpec.from_module(build_model(RUN.model, RUN.seed))
 
 def _update(seed: int, direction: dict[str, torch.Tensor], sign: float = 1.0) -> list[SparseTensor]:
     """A compressed update along `direction` (times `sign`) plus its own small noise."""
-    gen = torch.Generator().manual_seed(seed)
-    comp = Compressor(SPEC, RUN.codec)
-    return [
-        comp.compress(
-            t.name,
-            sign * (direction[t.name] + 5e-4 * torch.randn(t.shape, generator=gen)),
-            0.0,
-            freeze=True,
-        )
-        for t in SPEC.tensors
-    ]
+    return along(SPEC, RUN.codec, seed, direction, sign)
 
 
 def _at_value_cap(update: list[SparseTensor]) -> list[SparseTensor]:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from codec.aggregate import aggregate, update_norm
-from codec.compress import Compressor, SparseTensor
+from codec.compress import SparseTensor
 from codec.spec import ModelSpec
 from node.model.fingerprint import fingerprint
 from node.model.llama import build_model
@@ -38,6 +38,7 @@ from protocol.runconfig import RunConfig
 from protocol.signing import payload_digest, sign_object
 from protocol.stores import open_store
 from protocol.stores.spool import InMemory
+from tests.support.directions import along
 
 RUN = RunConfig.preset("tiny", name="consensus", inner_steps=2)
 SPEC = ModelSpec.from_module(build_model(RUN.model, RUN.seed))
@@ -54,17 +55,7 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 def _honest(uid: int, shared: dict[str, torch.Tensor], scale: float = 1.0) -> list[SparseTensor]:
     """A peer's compressed update: a shared direction plus its own noise."""
-    gen = torch.Generator().manual_seed(100 + uid)
-    comp = Compressor(SPEC, RUN.codec)
-    return [
-        comp.compress(
-            t.name,
-            scale * (shared[t.name] + 5e-4 * torch.randn(t.shape, generator=gen)),
-            0.0,
-            freeze=True,
-        )
-        for t in SPEC.tensors
-    ]
+    return along(SPEC, RUN.codec, 100 + uid, shared, scale)
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from lab.sim.forgeries import noise_update
 from node.model.fingerprint import fingerprint
 from node.model.llama import build_model
 from node.window.buckets import PeerBucket
-from node.window.consensus import Roster, agree
+from node.window.consensus import Agreement, Roster, agree
 from node.window.exchange import check_update, encode_signed
 from node.window.gather import Fetched
 from node.window.history import publish_aggregate
@@ -93,34 +93,18 @@ def test_a_restarted_lead_adopts_the_manifest_it_published(
     _, uploads, checks = _views({u: _signed(u, 10 + u, keys) for u in range(3)}, keys)
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    first = lead_decision(
-        store,
-        RUN,
-        SPEC,
-        keys[LEAD],
-        WINDOW,
-        roster,
-        checks,
-        uploads,
-        START,
-        scratch,  # type: ignore[arg-type]
-    )
+
+    def decide() -> Agreement:
+        return lead_decision(
+            store, RUN, SPEC, keys[LEAD], WINDOW, roster, checks, uploads, START, scratch  # type: ignore[arg-type]
+        )  # fmt: skip
+
+    first = decide()
     assert first.manifest is not None and list(first.manifest.uids) == [0, 1, 2]
     # killed before its state was saved, the lead runs the window again and this time finds
     # uid 2 late: it must keep the decision the peers may have applied
     checks[2].verdict, checks[2].detail = Verdict.LATE, "late"
-    again = lead_decision(
-        store,
-        RUN,
-        SPEC,
-        keys[LEAD],
-        WINDOW,
-        roster,
-        checks,
-        uploads,
-        START,
-        scratch,  # type: ignore[arg-type]
-    )
+    again = decide()
     assert again.manifest == first.manifest and sorted(again.updates) == [0, 1, 2]
     published = read_manifest(store, RUN.run_id, WINDOW, LEAD, keys[LEAD].ss58_address, 1 << 20)  # type: ignore[arg-type]
     assert published == first.manifest

@@ -78,8 +78,11 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path: Path) -> None:
     """A real process interrupted while a command waits: no KeyboardInterrupt traceback."""
     script = tmp_path / "waits.py"
     script.write_text(
-        "import sys, time\n"
+        "import signal, sys, time\n"
         "from commands import cli\n"
+        # a process started in the background inherits SIGINT ignored: take it back, as a
+        # terminal's foreground process has it
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "def add_arguments(parser): pass\n"
         "def run(args):\n"
         "    print('ready', flush=True)\n"

@@ -17,6 +17,7 @@ from protocol.stores.errors import (
     AccessDenied,
     ObjectNotFound,
     ObjectTooLarge,
+    ServerBusy,
     StoreError,
     StoreUnavailable,
 )
@@ -35,8 +36,8 @@ KEY = "run/w1/update/obj.tsr"
         (404, ObjectNotFound, "not found"),
         (403, AccessDenied, "access denied"),
         (302, StoreError, "redirect"),
-        (429, StoreUnavailable, "HTTP 429"),
-        (503, StoreUnavailable, "HTTP 503"),
+        (429, ServerBusy, "HTTP 429"),  # a blip: asked again within the budget
+        (503, ServerBusy, "HTTP 503"),
         (418, StoreError, "unexpected HTTP 418"),
     ],
 )

@@ -30,7 +30,7 @@ def fast_run(tmp: Path, delay: int = 0) -> Path:
         inner_steps=4,
         optimizer={"warmup_steps": 4},
         outer={"delay": delay},
-        timing={"block_time_s": 0.5, "blocks_per_window": 24, "upload_deadline_blocks": 4,
+        timing={"block_time_s": 0.5, "blocks_per_window": 32, "upload_deadline_blocks": 4,
                 "clock_skew_tolerance_s": 0.5, "start_block": STARTUP_BLOCKS},
         retention={"windows": 2},
     )  # fmt: skip

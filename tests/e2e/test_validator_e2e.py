@@ -55,7 +55,7 @@ def test_validator_weights_honest_peers_only(tmp_path: Path) -> None:
     tmp = tmp_path
     RunConfig.preset(
         "tiny", name="val-e2e", inner_steps=2, optimizer={"warmup_steps": 2},
-        timing={"block_time_s": 0.5, "blocks_per_window": 20, "upload_deadline_blocks": 6,
+        timing={"block_time_s": 0.5, "blocks_per_window": 30, "upload_deadline_blocks": 6,
                 "clock_skew_tolerance_s": 0.5},
         retention={"windows": 2},  # the latecomer still replays from the newest checkpoint
     ).dump(tmp / "run.json")  # fmt: skip

@@ -109,9 +109,11 @@ def aggregate(
         for peer in peers:
             for sparse in peer.values():
                 sparse.validate(params)
-    norms = [update_norm(list(p.values())) for p in peers] if clip_to_median else []
-    factors = clip_factors(norms) if clip_to_median else [1.0] * len(peers)
-    divisor = mean_divisor(norms) if clip_to_median else float(len(peers))
+    if clip_to_median:
+        norms = [update_norm(list(p.values())) for p in peers]
+        factors, divisor = clip_factors(norms), mean_divisor(norms)
+    else:
+        factors, divisor = [1.0] * len(peers), float(len(peers))
     out = {t.name: torch.zeros(t.shape, dtype=torch.float32, device=device) for t in spec.tensors}
     for peer, factor in zip(peers, factors, strict=True):
         for name, sparse in peer.items():

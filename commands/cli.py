@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as stop:  # a command's own one-line refusal: prefixed like the rest
         if not isinstance(stop.code, str):
             raise
-        print(f"{where}: {_one_line(SystemExit(stop.code))}", file=sys.stderr)
+        print(f"{where}: {_one_line(stop.code)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         if args.debug:
@@ -99,12 +99,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (TesseraError, OSError) as exc:
         if args.debug:
             raise
-        print(f"{where}: {_one_line(exc)}", file=sys.stderr)
+        print(f"{where}: {_one_line(str(exc) or type(exc).__name__)}", file=sys.stderr)
         return 1
 
 
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
+def _one_line(message: str) -> str:
+    text = " ".join(message.split())
     return text if len(text) <= 400 else text[:397] + "..."
 
 

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     ranks, device = init_peer_ranks(args.device, run_cfg, args.sharding)  # one peer, all ranks
     if not ranks.is_main:
         logging.getLogger().setLevel(logging.WARNING)
-    keypair, chain, store = connect(args, "miner", preflight=ranks.is_main)
+    keypair, chain, store = connect(args, preflight=ranks.is_main)
     ranks.barrier()
     state = state_dir(args, "state", run_cfg, keypair.ss58_address)
     check_disk(state, needed=1 << 26)

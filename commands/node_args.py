@@ -125,9 +125,7 @@ def load_run(ref: str) -> RunConfig:
     return RunConfig.preset(ref)
 
 
-def connect(
-    args: argparse.Namespace, role: str, preflight: bool = True
-) -> tuple[Keypair, Chain, ObjectStore]:
+def connect(args: argparse.Namespace, preflight: bool = True) -> tuple[Keypair, Chain, ObjectStore]:
     """Our hotkey, a chain handle that rides out outages, and our bucket.
 
     With `preflight`, the bucket is checked writable and readable and our commitment on chain

@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level, args.log_format)
     install_stop_handler()
     run_cfg = load_run(args.run)
-    keypair, chain, store = connect(args, "validator")
+    keypair, chain, store = connect(args)
     cfg = ValidatorConfig(
         weights_every=args.weights_every,
         checkpoint_every=args.checkpoint_every,

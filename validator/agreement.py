@@ -136,7 +136,10 @@ def mark_equivocations(checks: Mapping[int, PeerCheck], agreed: Agreement) -> li
         if c is None or body is None or body.digest == e.digest or e.uid not in agreed.updates:
             continue
         c.verdict = Verdict.EQUIVOCATION
-        c.detail = f"signed two updates for window {agreed.manifest.window}: ours {body.digest[:12]}, the manifest's {e.digest[:12]}"
+        c.detail = (
+            f"signed two updates for window {agreed.manifest.window}: "
+            f"ours {body.digest[:12]}, the manifest's {e.digest[:12]}"
+        )
         marked.append(e.uid)
     return marked
 

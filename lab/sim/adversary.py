@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     run_cfg = load_run(args.run)
     slow = args.kind == "slowdrip"
     args.commit = True  # an adversary always (re)posts its commitment
-    keypair, chain, store = connect(args, "sim-adversary", preflight=not slow)
+    keypair, chain, store = connect(args, preflight=not slow)
     uid = chain.uid_of(keypair.ss58_address)
     if uid is None:
         raise SystemExit("adversary hotkey is not registered")

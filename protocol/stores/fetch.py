@@ -62,6 +62,7 @@ import contextlib
 import math
 import os
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Coroutine, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -225,9 +226,7 @@ def _run_briefly(loop: asyncio.AbstractEventLoop, *work: Any) -> None:
 
 def _pools(pool_of: Mapping[K, Hashable], limits: _Limits, budget_s: float) -> dict[Any, _Pool]:
     """Each pool's slots and fair share (no share when its requests all get a slot at once)."""
-    sizes: dict[Hashable, int] = {}
-    for name in pool_of.values():
-        sizes[name] = sizes.get(name, 0) + 1
+    sizes = Counter(pool_of.values())
     slots = limits.max_connections
     return {
         name: _Pool(

@@ -138,13 +138,13 @@ def test_a_node_starting_with_commit_posts_only_a_read_only_key(
     _keys(monkeypatch, users["write"], users["read"])
     args, hotkey = _start_up_args(tmp_path, f"s3://{s3_bucket}?endpoint={s3_server}")
     if accepted:
-        _, chain, store = connect(args, "miner")
+        _, chain, store = connect(args)
         store.close()
         chain.close()
         assert _committed(args, hotkey) == users["read"][0]
     else:
         with pytest.raises(ReadKeyCanWrite):
-            connect(args, "miner")
+            connect(args)
         assert _committed(args, hotkey) is None
 
 

@@ -57,7 +57,7 @@ from node.runtime.retention import prune_own_bucket
 from node.runtime.state import PeerState, load_error_feedback, load_state, save_ef_shard, save_state
 from node.strategy import Strategy, make_strategy
 from node.strategy.outer import land_by_step
-from node.window.consensus import agree, manifest_deadline, wait_for_manifest, window_roster
+from node.window.consensus import agree, wait_for_manifest, window_roster
 from node.window.exchange import encode_signed, publish
 from node.window.gather import Pieces, gather
 from node.window.history import catch_up_any, history_sources, resync
@@ -67,10 +67,6 @@ from protocol.runconfig import RunConfig
 from protocol.stores import ObjectStore, StoreError
 
 log = logging.getLogger(f"tessera.{__name__}")
-
-AFFORD_MARGIN = 1.5
-"""How much slower than last time a window's training, encoding and upload may turn out while
-the peer waits for the previous window's manifest (`Peer._afford_until`)."""
 
 
 @dataclass
@@ -133,7 +129,6 @@ class Peer:
         self._exchanged: Flight | None = None  # the one this window landed (for its report)
         self._fork: Flight | None = None  # landed, from a start we did not share: resync
         self._origin: dict[str, torch.Tensor] = {}  # what this window's pseudo-gradient is from
-        self._train_s: float | None = None  # the last window's training and encoding, seconds
         self.next_window = self._restore()
 
     # -- the window --------------------------------------------------------------------------
@@ -141,12 +136,10 @@ class Peer:
     def run_window(self, window: int) -> WindowReport:
         self._origin, start_fp = self.weights.start(), self.weights.fingerprint()
         self._step_when_landed()  # delay 1: window - 1's step as soon as its exchange lands,
-        began = time.monotonic()
         inner = self._train(window)  # here or between two inner steps
         if self._flight is not None:  # delay 1, still in the air: it lands before we encode
             self._land_and_step(live=True)
         sent = self._encode(self._origin, window)
-        self._train_s = time.monotonic() - began  # what the next update needs before its upload
         self._launch(window, sent, start_fp)
         if not self.delay:
             self._land_and_step(live=False)
@@ -345,29 +338,12 @@ class Peer:
         apply what the lead validator's manifest says (`node.window.consensus`)."""
         upload_bytes, upload_s = self._publish(data, window, resume)
         self.clock.wait_for_block(self.clock.gather_block(window))
-        begun = time.monotonic()
         roster = window_roster(self.chain, self.cfg, window, self.local_root)
         peers = [roster.buckets[u] for u in roster.selected if u in roster.buckets]
         fetched = gather(peers, self.cfg, self.spec, window, self.clock.deadline_s(window))
-        until = manifest_deadline(begun, self.cfg, self._afford_until(window, upload_s))
-        manifest = wait_for_manifest(roster, self.cfg, window, until)
+        manifest = wait_for_manifest(roster, self.cfg, window, self.chain.block)
         agreed = agree(roster, fetched, manifest, start_fp, self.cfg, self.spec)
         return Exchanged(upload_bytes, upload_s, fetched, agreed)
-
-    def _afford_until(self, window: int, upload_s: float) -> float | None:
-        """The latest moment (monotonic seconds) this window's agreement can come while our next
-        update still makes its deadline: window + 1's upload deadline, less the training and
-        encoding still ahead once it lands (all of it with delay 0, what follows `land_by_step`
-        with delay 1) and the upload, times `AFFORD_MARGIN`, and one block. None before we have
-        timed a window."""
-        if self._train_s is None:
-            return None
-        h = self.cfg.inner_steps
-        ahead = self._train_s * ((h - land_by_step(h)) / h if self.delay else 1.0)
-        upload = upload_s if math.isfinite(upload_s) else 0.0
-        reserve = AFFORD_MARGIN * (ahead + upload) + self.cfg.timing.block_time_s
-        left = self.clock.deadline_s(window + 1) - time.time()
-        return time.monotonic() + left - reserve
 
     def _publish(self, data: bytes, window: int, resume: bool) -> tuple[int, float]:
         """Upload our update (a resumed exchange only if it is not stored yet)."""
@@ -388,17 +364,19 @@ class Peer:
     def _resync(self, flight: Flight) -> None:
         """Our weights differed from the lead validator's at the start of the flight's window:
         rebuild them and the outer state from the validators' published history, then (with
-        ``delay = 1``) step to the start of the next window, the one we trained."""
+        ``delay = 1``) step to the start of the next window, the one we trained. A failed
+        rebuild is reported; the next window's manifest finds us forked again and retries."""
         done = flight.result()
+        target = done.agreed.lead_fingerprint if done is not None else None
 
         def rebuild(model: torch.nn.Module, strategy: Strategy) -> None:  # on rank 0
-            assert done is not None and done.agreed.manifest is not None
             log.warning("window %d: forked from the validator: resyncing", flight.window)
             sources, peers = history_sources(self.chain, self.local_root)
-            resync(
-                model, strategy, sources, peers, flight.window,
-                done.agreed.manifest.fingerprint_start,
-            )  # fmt: skip
+            if not resync(model, strategy, sources, peers, flight.window, target):
+                log.error(
+                    "window %d: still forked from the validator (no published history rebuilds "
+                    "its model); retrying at the next window", flight.window,
+                )  # fmt: skip
 
         self.weights.replay(rebuild)
         self.weights.advance()  # delay 1: the mean held at that start

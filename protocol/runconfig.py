@@ -223,7 +223,11 @@ class ConsensusConfig(_Frozen):
     )
     rate_grace_s: float = Field(2.0, ge=0, le=600, description="time before the rate is enforced")
     manifest_wait_s: float = Field(
-        30.0, ge=0, le=86400, description="how long after its gather a peer waits for the manifest"
+        30.0,
+        ge=0,
+        le=86400,
+        description="after the fetch budget, how long the lead has to publish its manifest: "
+        "the window's cutoff block is the gather block plus fetch_budget_s + manifest_wait_s",
     )
     probation_fraction: float = Field(
         0.25, ge=0, le=1, description="share of the gather slots open to never-scored uids"

@@ -5,21 +5,33 @@ every check (fetch, decode, signature, norm, copy, replay). It publishes the exa
 updates (the aggregate object, which is also the run's history) and then the signed manifest
 pinning each by digest, so that peers holding other bytes can take the validator's copy.
 
+The manifest counts only if it is stored before the window's cutoff block
+(`node.window.consensus.manifest_cutoff_block`). A lead too late to publish it in time publishes
+nothing but an empty aggregate and applies nothing, as every other node then does; a lead whose
+manifest could not be stored checks whether it was, and if not, does the same. Its history then
+always replays what the window applied.
+
 Any other validator **follows** the lead's manifest like a peer does, so all validators keep the
-same model; without a usable manifest it falls back to its own decision, exactly as a peer would.
+same model.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from substrateinterface import Keypair
 
 from codec.spec import ModelSpec
-from node.window.consensus import Agreement, Roster, agree, wait_for_manifest
+from node.window.consensus import (
+    Agreement,
+    Roster,
+    agree,
+    manifest_cutoff_block,
+    may_publish,
+    published_manifest,
+)
 from node.window.history import publish_aggregate
 from node.window.manifest import Entry, WindowManifest, publish_manifest
 from protocol.runconfig import RunConfig
@@ -68,9 +80,10 @@ def publish_decision(
     manifest: WindowManifest,
     uploads: Mapping[int, Upload],
     scratch: Path,
-) -> None:
+) -> bool:
     """The aggregate object first (peers fall back on its copies), then the manifest; the
-    aggregate is written in `scratch`, one update read back from the spool at a time."""
+    aggregate is written in `scratch`, one update read back from the spool at a time. Whether
+    both were stored."""
     applied = {u: uploads[u].body for u in manifest.uids}
     try:
         publish_aggregate(
@@ -83,8 +96,10 @@ def publish_decision(
             scratch,
         )
         publish_manifest(store, manifest, keypair)
-    except StoreError as exc:  # peers fall back to their own choice and resync next window
+    except StoreError as exc:
         log.error("window %d: publishing the manifest failed: %s", manifest.window, exc)
+        return False
+    return True
 
 
 def lead_decision(
@@ -92,33 +107,64 @@ def lead_decision(
     run: RunConfig,
     spec: ModelSpec,
     keypair: Keypair,
-    window: int,
     roster: Roster,
     checks: Mapping[int, PeerCheck],
     uploads: Mapping[int, Upload],
     fingerprint_start: str,
     scratch: Path,
+    block_now: Callable[[], int],
 ) -> Agreement:
-    """The lead's agreement for `window` (`roster.lead` is us): the manifest it already published
-    for that window, if any (a lead restarted between publishing and saving its state must never
-    publish a second decision: peers may have applied the first), followed like any manifest;
-    else a new decision, published (`publish_decision`) and applied."""
+    """The lead's agreement for the roster's window (`roster.lead` is us): the manifest it
+    already published for that window, if any (a lead restarted between publishing and saving
+    its state must never publish a second decision: peers may have applied the first), followed
+    like any manifest; else a new decision, published (`publish_decision`) and applied while the
+    chain is before the cutoff; else nothing (`nothing_applied`)."""
     if roster.lead is None or roster.lead.hotkey != keypair.ss58_address:
         raise ValueError("lead_decision is the lead's: the roster names another lead")
-    published = wait_for_manifest(roster, run, window, time.monotonic())  # one look, no wait
+    window = roster.window
+    published = _own_manifest(roster, run, window)
     if published is not None:
         log.warning("window %d: adopting the manifest we published before a restart", window)
         return follow(roster, uploads, published, fingerprint_start, run, spec)
+    if not may_publish(run, window, block_now()):
+        why = f"too late to publish before block {manifest_cutoff_block(run, window)}"
+        return nothing_applied(store, run, keypair, window, roster.lead.uid, why)
     manifest = lead_manifest(
         run, window, roster, checks, roster.lead.uid, keypair.ss58_address, fingerprint_start
     )
-    publish_decision(store, run, keypair, manifest, uploads, scratch)
-    return lead_agreement(manifest, uploads)
+    if publish_decision(store, run, keypair, manifest, uploads, scratch):
+        return lead_agreement(manifest, uploads)
+    if _own_manifest(roster, run, window) == manifest:  # the PUT failed late: stored after all
+        return lead_agreement(manifest, uploads)
+    return nothing_applied(store, run, keypair, window, roster.lead.uid, "manifest not stored")
+
+
+def _own_manifest(roster: Roster, run: RunConfig, window: int) -> WindowManifest | None:
+    """One look at the manifest we (the lead) published for `window`; None if unreadable."""
+    try:
+        return published_manifest(roster, run, window)
+    except StoreError as exc:
+        log.error("window %d: cannot read our own manifest: %s", window, exc)
+        return None
+
+
+def nothing_applied(
+    store: ObjectStore, run: RunConfig, keypair: Keypair, window: int, uid: int, why: str
+) -> Agreement:
+    """The lead without a stored manifest: the window applies nothing on every node, and the
+    history says so (an empty aggregate)."""
+    log.warning("window %d: no manifest (%s): the window applies nothing", window, why)
+    try:
+        publish_aggregate(store, run, window, uid, keypair, {})
+    except StoreError as exc:
+        log.error("window %d: publishing the empty aggregate failed: %s", window, exc)
+    return Agreement({}, None, False, f"no manifest ({why}): nothing applied")
 
 
 def lead_agreement(manifest: WindowManifest, uploads: Mapping[int, Upload]) -> Agreement:
     updates = {u: uploads[u].fetched.update for u in manifest.uids}
-    return Agreement(updates, manifest, False, "own manifest (lead)")  # type: ignore[arg-type]
+    fp = manifest.fingerprint_start
+    return Agreement(updates, manifest, False, "own manifest (lead)", fp)  # type: ignore[arg-type]
 
 
 def mark_equivocations(checks: Mapping[int, PeerCheck], agreed: Agreement) -> list[int]:

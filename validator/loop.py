@@ -44,7 +44,6 @@ from node.window.buckets import PeerBucket
 from node.window.consensus import (
     Agreement,
     Roster,
-    manifest_deadline,
     wait_for_manifest,
     window_roster,
 )
@@ -128,7 +127,6 @@ class Validator:
 
     def run_window(self, window: int) -> ScoreReport:
         self.clock.wait_for_block(self.clock.gather_block(window))
-        begun = time.monotonic()
         live = window >= self.current_window() - 1  # else a window long past: catching up
         roster = window_roster(self.chain, self.run, window, self.local_root)
         hotkeys, buckets, no_bucket = _members(roster)
@@ -138,7 +136,7 @@ class Validator:
                 window, hotkeys, uploads, no_bucket, self.fingerprint if window > 0 else None,
                 self.history, self.run, self.spec, self.cfg, self.salt, self.strategy,
             )  # fmt: skip
-            agreed = self._agree(window, roster, uploads, checks, begun, spool)
+            agreed = self._agree(window, roster, uploads, checks, spool)
             losses = self._score(window, checks, self._scoring_deadline(window)) if live else {}
             self.book.update(_outcomes(checks, losses))
             sketches = [c.sketch for c in checks.values() if c.sketch is not None]
@@ -197,36 +195,41 @@ class Validator:
         roster: Roster,
         uploads: Mapping[int, Upload],
         checks: Mapping[int, PeerCheck],
-        begun: float,
         spool: Path,
     ) -> Agreement:
         """As the lead: decide and publish the window's set. Otherwise: follow the lead, waiting
-        for its manifest up to the next gather block if need be (our scores can wait, the
-        agreement cannot). The aggregate we publish is written in `spool`, one update read back
+        for its manifest up to the window's cutoff block (our scores can wait, the agreement
+        cannot). The aggregate we publish is written in `spool`, one update read back
         at a time."""
         if roster.lead is not None and roster.lead.uid == self.uid:
             return lead_decision(
-                self.store, self.run, self.spec, self.keypair, window, roster, checks, uploads,
-                self.fingerprint, spool,
+                self.store, self.run, self.spec, self.keypair, roster, checks, uploads,
+                self.fingerprint, spool, self.chain.block,
             )  # fmt: skip
-        until = manifest_deadline(begun, self.run, self._scoring_deadline(window))
-        manifest = wait_for_manifest(roster, self.run, window, until)
+        manifest = wait_for_manifest(roster, self.run, window, self.chain.block)
         agreed = follow(roster, uploads, manifest, self.fingerprint, self.run, self.spec)
         for uid in mark_equivocations(checks, agreed):
             log.warning("window %d: uid %d equivocated: %s", window, uid, checks[uid].detail)
-        if agreed.forked and agreed.manifest is not None:
-            log.warning("window %d: forked from the lead validator: resyncing", window)
-            sources, peers = history_sources(self.chain, self.local_root)
-            resync(
-                self.model, self.strategy, [s for s in sources if s.uid != self.uid], peers,
-                window, agreed.manifest.fingerprint_start,
-            )  # fmt: skip
+        if agreed.forked:
+            self._resync(window, agreed.lead_fingerprint)
         try:  # our own history: the exact bytes we applied
             applied = {u: b for u in agreed.updates if (b := uploads[u].body) is not None}
             publish_aggregate(self.store, self.run, window, self.uid, self.keypair, applied, spool)
         except StoreError as exc:
             log.error("window %d: publishing the aggregate failed: %s", window, exc)
         return agreed
+
+    def _resync(self, window: int, lead_fingerprint: str | None) -> None:
+        """Our start of `window` differs from the lead's: rebuild it from the other validators'
+        history; a failure is reported, and the next window's manifest retries it."""
+        log.warning("window %d: forked from the lead validator: resyncing", window)
+        sources, peers = history_sources(self.chain, self.local_root)
+        others = [s for s in sources if s.uid != self.uid]
+        if not resync(self.model, self.strategy, others, peers, window, lead_fingerprint):
+            log.error(
+                "window %d: still forked from the lead validator (no published history "
+                "rebuilds its model); retrying at the next window", window,
+            )  # fmt: skip
 
     def _score(
         self, window: int, checks: Mapping[int, PeerCheck], until: float

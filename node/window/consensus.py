@@ -18,18 +18,25 @@ The rule (reasoning and attacks in docs/consensus.md):
    takes the one outer step (`node.strategy`). The lead can leave updates out (censor);
    it cannot put in anything a selected peer did not sign, nor move the model further than the
    outer step's bounds allow.
-4. **Waiting for it.** A node waits for the manifest at least ``fetch_budget_s + manifest_wait_s``
-   after its gather began and then, while it can afford to, up to the moment its own next update
-   would miss its deadline (`manifest_deadline`): a lead slowed down by load still reaches every
-   honest node, instead of each falling back alone on what it happened to fetch.
-5. **Without a manifest** by then, a node applies its own verified copies of the selected updates under the same bounds and carries on;
-   the next manifest's ``fingerprint_start`` tells it whether it forked, and it then resyncs from
-   the lead's published history before applying that window (`node.window.history`).
+4. **Waiting for it, by the chain's clock.** The manifest of window ``w`` counts only if it is
+   published before the window's cutoff block (`manifest_cutoff_block`: the gather block plus
+   ``fetch_budget_s + manifest_wait_s`` in blocks). The lead publishes only while the chain is
+   more than `PUBLISH_MARGIN_S` before the cutoff; every node reads until the chain has reached the
+   cutoff and then once more (`wait_for_manifest`). The last read starts after every timely
+   manifest is stored, so every honest node sees the same thing whatever its load.
+5. **Without a manifest** by the cutoff (or with one that does not resolve), a node applies
+   nothing for the window, as the lead does when it is too late to publish: every honest node
+   takes the same (empty) step and keeps its update's error feedback. Only a run without any
+   validator falls back on each node's own verified copies. A node that did fork (its own start
+   differs from the manifest's ``fingerprint_start``) resyncs from the lead's published history
+   before applying the window (`node.window.history`), and retries at the next window if that
+   fails.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -69,6 +76,7 @@ class Roster:
     """One pinned chain snapshot of a window: members, readable buckets (and why some are not),
     the selected uids, and the lead validator (None when no validator has a bucket)."""
 
+    window: int
     block: int
     metagraph: Metagraph
     buckets: dict[int, PeerBucket]
@@ -94,7 +102,7 @@ def window_roster(chain: Chain, run: RunConfig, window: int, local_root: Path | 
         window,
     )
     return Roster(
-        block, snap.metagraph, buckets, problems, selected, _lead(snap.metagraph, buckets)
+        window, block, snap.metagraph, buckets, problems, selected, _lead(snap.metagraph, buckets)
     )
 
 
@@ -105,37 +113,68 @@ def _lead(metagraph: Metagraph, buckets: Mapping[int, PeerBucket]) -> PeerBucket
     return buckets[ranked[0].uid] if ranked else None
 
 
-def manifest_deadline(begun: float, run: RunConfig, afford_until: float | None) -> float:
-    """When a node stops waiting for the lead's manifest (monotonic seconds): at least
-    ``fetch_budget_s + manifest_wait_s`` after its gather `begun`, and up to `afford_until` (the
-    latest moment the node's own next deadline allows, None when it does not know) beyond."""
-    floor = begun + run.consensus.fetch_budget_s + run.consensus.manifest_wait_s
-    return floor if afford_until is None else max(floor, afford_until)
+PUBLISH_MARGIN_S = 2.0
+"""How long (at least one block) before the cutoff block the lead stops publishing a manifest: its
+PUT of about a kilobyte must be stored before any node's last read (docs/consensus.md)."""
+
+READ_RETRY_S = 30.0
+"""How long past the cutoff a node keeps retrying a manifest read that failed (not a 404)."""
+
+
+def manifest_cutoff_block(run: RunConfig, window: int) -> int:
+    """The block before which the lead's manifest of `window` must be stored to count: the gather
+    block plus ``fetch_budget_s + manifest_wait_s`` worth of blocks."""
+    wait_s = run.consensus.fetch_budget_s + run.consensus.manifest_wait_s
+    schedule = WindowSchedule.from_run(run)
+    return schedule.gather_block(window) + math.ceil(wait_s / run.timing.block_time_s)
+
+
+def may_publish(run: RunConfig, window: int, block: int) -> bool:
+    """Whether the lead, at chain block `block`, may still publish `window`'s manifest: more
+    than `PUBLISH_MARGIN_S` (and at least one block) before the cutoff block."""
+    margin = max(1, math.ceil(PUBLISH_MARGIN_S / run.timing.block_time_s))
+    return block < manifest_cutoff_block(run, window) - margin
 
 
 def wait_for_manifest(
-    roster: Roster, run: RunConfig, window: int, until_monotonic: float
+    roster: Roster, run: RunConfig, window: int, block_now: Callable[[], int]
 ) -> WindowManifest | None:
-    """The lead's verified manifest of `window`, polling until `until_monotonic`; None if none
-    arrived (or the one published is invalid: that is logged, and we act as if there were none)."""
+    """The lead's verified manifest of `window`, read until the chain (`block_now`) has reached
+    the cutoff block and then once more; None if there is none (or the one published is invalid:
+    that is logged, and every honest node finds it invalid alike). A read that fails (not a 404)
+    is retried for up to `READ_RETRY_S` past the cutoff."""
+    cutoff = manifest_cutoff_block(run, window)
+    give_up: float | None = None
+    while True:
+        past = block_now() >= cutoff  # before the read: a read begun after the cutoff is final
+        if past and give_up is None:
+            give_up = time.monotonic() + READ_RETRY_S
+        try:
+            manifest = published_manifest(roster, run, window)
+        except StoreError as exc:
+            log.warning("window %d: the lead's manifest is unreadable: %s", window, exc)
+            if give_up is not None and time.monotonic() > give_up:
+                return None
+        else:
+            if manifest is not None or past:
+                return manifest
+        time.sleep(MANIFEST_POLL_S)
+
+
+def published_manifest(roster: Roster, run: RunConfig, window: int) -> WindowManifest | None:
+    """One read of the lead's manifest of `window`: None when there is no lead, no manifest, or
+    an invalid one (logged); `StoreError` when the read itself failed."""
     lead = roster.lead
     if lead is None:
         return None
     cap = manifest_cap(run.gather_size)
-    while True:
-        try:
-            return read_manifest(lead.store, run.run_id, window, lead.uid, lead.hotkey, cap)
-        except ObjectNotFound:
-            pass
-        except (ManifestError, StoreError) as exc:
-            log.warning(
-                "window %d: manifest of validator uid %d unusable: %s", window, lead.uid, exc
-            )
-            if isinstance(exc, ManifestError):
-                return None
-        if time.monotonic() + MANIFEST_POLL_S > until_monotonic:
-            return None
-        time.sleep(MANIFEST_POLL_S)
+    try:
+        return read_manifest(lead.store, run.run_id, window, lead.uid, lead.hotkey, cap)
+    except ObjectNotFound:
+        return None
+    except ManifestError as exc:
+        log.warning("window %d: manifest of validator uid %d invalid: %s", window, lead.uid, exc)
+        return None
 
 
 def check_manifest(manifest: WindowManifest, roster: Roster) -> None:
@@ -182,7 +221,7 @@ def resolve(
 
 
 def local_choice(roster: Roster, fetched: Mapping[int, Fetched]) -> dict[int, Decoded]:
-    """The fallback without a manifest: our own verified copies of the selected updates."""
+    """A run without validators: our own verified copies of the selected updates."""
     return {
         uid: fetched[uid].update  # type: ignore[misc]
         for uid in roster.selected
@@ -197,7 +236,8 @@ class Agreement:
     updates: dict[int, Decoded]
     manifest: WindowManifest | None
     forked: bool  # our model at the start of the window differs from the lead validator's
-    note: str  # "manifest of validator uid N" | why we fell back to our own choice
+    note: str  # "manifest of validator uid N" | why nothing (or our own choice) was applied
+    lead_fingerprint: str | None = None  # the lead's model at the start of the window, if known
 
 
 def agree(
@@ -208,11 +248,16 @@ def agree(
     run: RunConfig,
     spec: ModelSpec,
 ) -> Agreement:
-    """The updates to apply: the manifest's, resolved to verified bytes; or, without a usable
-    manifest, our own choice (`local_choice`)."""
+    """The updates to apply: the manifest's, resolved to verified bytes; nothing without a
+    usable manifest (what every honest node does alike); our own choice only in a run without
+    a validator."""
+    if roster.lead is None:
+        return Agreement(local_choice(roster, fetched), None, False, "no validator: own choice")
     if manifest is None:
-        return Agreement(local_choice(roster, fetched), None, False, "no manifest: own choice")
-    forked = manifest.fingerprint_start != start_fingerprint
+        cutoff = manifest_cutoff_block(run, roster.window)
+        return Agreement({}, None, False, f"no manifest by block {cutoff}: nothing applied")
+    lead_fp = manifest.fingerprint_start
+    forked = lead_fp != start_fingerprint
     try:
         updates = resolve(
             manifest,
@@ -223,11 +268,10 @@ def agree(
             spec,
         )
     except ManifestError as exc:
-        log.warning("window %d: manifest unusable (%s): own choice", manifest.window, exc)
-        return Agreement(local_choice(roster, fetched), None, forked, f"manifest unusable: {exc}")
-    return Agreement(
-        updates, manifest, forked, f"manifest of validator uid {manifest.validator_uid}"
-    )
+        log.warning("window %d: manifest unusable (%s): nothing applied", manifest.window, exc)
+        return Agreement({}, None, forked, f"manifest unusable: {exc}", lead_fp)
+    note = f"manifest of validator uid {manifest.validator_uid}"
+    return Agreement(updates, manifest, forked, note, lead_fp)
 
 
 def lead_copies(roster: Roster, run: RunConfig, spec: ModelSpec, window: int) -> dict[int, bytes]:

@@ -81,7 +81,7 @@ def _roster(keys: dict, lead_store: object, selected: list[int]) -> Roster:
     ]
     meta = Metagraph(netuid=1, block=40, neurons=neurons)
     lead = PeerBucket(LEAD, keys[LEAD].ss58_address, lead_store)  # type: ignore[arg-type]
-    return Roster(40, meta, {LEAD: lead}, {}, selected, lead)
+    return Roster(WINDOW, 40, meta, {LEAD: lead}, {}, selected, lead)
 
 
 def _decide(store: object, keys: dict, applied: dict[int, bytes], start_fp: str) -> WindowManifest:
@@ -158,14 +158,14 @@ def test_a_hostile_lead_cannot_inject_updates(tmp_path: Path, keys: dict, shared
     extra = encode_signed(_honest(4, shared), RUN, SPEC, WINDOW, 4, keys[4])
     manifest = _decide(store, keys, {**honest, 4: extra}, start_fp)
     out = agree(_roster(keys, store, [0, 1]), fetched, manifest, start_fp, RUN, SPEC)
-    assert out.manifest is None and sorted(out.updates) == [0, 1]
+    assert out.manifest is None and out.updates == {}  # every honest node refuses it alike
 
     # bytes for uid 1 that uid 1 never signed (the lead signs them itself)
     store = open_store(f"file://{tmp_path}?bucket=lead2")
     forged = encode_signed(_honest(1, shared, scale=50.0), RUN, SPEC, WINDOW, 1, keys[LEAD])
     manifest = _decide(store, keys, {0: honest[0], 1: forged}, start_fp)
     out = agree(_roster(keys, store, [0, 1]), fetched, manifest, start_fp, RUN, SPEC)
-    assert out.manifest is None and "does not verify" in out.note
+    assert out.manifest is None and out.updates == {} and "does not verify" in out.note
 
 
 # -- the manifest itself -------------------------------------------------------------------------
@@ -274,11 +274,12 @@ def test_one_update_moves_the_model_at_most_the_median_norm(shared: dict) -> Non
     assert not all(torch.equal(mean[n], unclipped[n]) for n in mean)
 
 
-def test_a_manifest_whose_aggregate_is_missing_falls_back_instead_of_crashing(
+def test_a_manifest_whose_aggregate_is_missing_applies_nothing_instead_of_crashing(
     tmp_path: Path, keys: dict, shared: dict
 ) -> None:
     """A lead (hostile or unlucky) whose aggregate object answers 404: the node that needs the
-    lead's copy of an entry takes its own choice, it does not raise out of `agree`."""
+    lead's copy of an entry applies nothing and knows the lead's start, it does not raise out of
+    `agree`."""
     data = {u: encode_signed(_honest(u, shared), RUN, SPEC, WINDOW, u, keys[u]) for u in range(2)}
     store = open_store(f"file://{tmp_path}?bucket=lead")
     start_fp = fingerprint(build_model(RUN.model, RUN.seed))
@@ -286,5 +287,6 @@ def test_a_manifest_whose_aggregate_is_missing_falls_back_instead_of_crashing(
     store.delete(aggregate_key(RUN.run_id, WINDOW, LEAD, keys[LEAD].ss58_address))  # type: ignore[attr-defined]
     fetched = {0: _fetched(0, data[0], keys)}  # we never got uid 1's bytes
     out = agree(_roster(keys, store, [0, 1]), fetched, manifest, start_fp, RUN, SPEC)
-    assert out.manifest is None and sorted(out.updates) == [0]
+    assert out.manifest is None and out.updates == {}
     assert out.note.startswith("manifest unusable")
+    assert out.lead_fingerprint == start_fp and not out.forked

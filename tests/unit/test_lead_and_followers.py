@@ -68,7 +68,7 @@ def _roster(keys: dict[int, Keypair], store: object, selected: list[int]) -> Ros
     ]  # fmt: skip
     lead = PeerBucket(LEAD, keys[LEAD].ss58_address, store)  # type: ignore[arg-type]
     return Roster(
-        40, Metagraph(netuid=1, block=40, neurons=neurons), {LEAD: lead}, {}, selected, lead
+        WINDOW, 40, Metagraph(netuid=1, block=40, neurons=neurons), {LEAD: lead}, {}, selected, lead
     )
 
 
@@ -96,7 +96,7 @@ def test_a_restarted_lead_adopts_the_manifest_it_published(
 
     def decide() -> Agreement:
         return lead_decision(
-            store, RUN, SPEC, keys[LEAD], WINDOW, roster, checks, uploads, START, scratch  # type: ignore[arg-type]
+            store, RUN, SPEC, keys[LEAD], roster, checks, uploads, START, scratch, lambda: 0  # type: ignore[arg-type]
         )  # fmt: skip
 
     first = decide()

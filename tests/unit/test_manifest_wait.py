@@ -1,14 +1,11 @@
-"""A lead validator slowed down by load still reaches every honest peer (`manifest_deadline`).
-
-Under load the lead's checks outlast the fixed wait (``fetch_budget_s + manifest_wait_s``): peers
-polling a moment apart then split, one applying the manifest and the other its own choice (the
-simulation under load forked that way in 2 of 3 windows). A peer now waits for as long as its own
-next upload deadline allows.
+"""A lead validator slowed down by load still reaches every honest peer: a peer waits for the
+manifest by the chain's clock, up to the window's cutoff block (`manifest_cutoff_block`), not by
+its own.
 
 The real peer (embedded chain and stores, the `tiny` model) trains window 0 with its bucket
-committed, so its own choice is its own update. The lead validator publishes a manifest that
-refuses that update (as it refuses a copy no peer can spot alone) well after the fixed wait and
-well before the peer's next deadline. The peer must apply the manifest, not its own choice.
+committed, so its own choice would be its own update. The lead validator publishes a manifest
+that refuses that update (as it refuses a copy no peer can spot alone) late, after the gather's
+fetch budget, but before the cutoff. The peer must apply the manifest, not its own choice.
 """
 
 from __future__ import annotations
@@ -33,11 +30,11 @@ from protocol.runconfig import RunConfig
 from protocol.stores import open_store
 
 BLOCK_S = 0.25
-FETCH_S, WAIT_S = 1.0, 1.0  # the fixed wait: 2 s after the gather begins
+FETCH_S, WAIT_S = 1.0, 7.0  # the cutoff: 32 blocks (8 s) after the gather block
 LATE_S = 4.0  # when the lead publishes, after the gather block (the window lasts 15 s)
 
 
-def test_a_peer_waits_for_a_late_lead_while_its_next_deadline_allows(tmp_path: Path) -> None:
+def test_a_peer_waits_for_a_late_lead_until_the_cutoff_block(tmp_path: Path) -> None:
     create_local_chain(tmp_path / "chain.db", 1, block_time=BLOCK_S)
     db = LocalChainDB(tmp_path / "chain.db")
     wallets = tmp_path / "wallets"

@@ -1,0 +1,193 @@
+"""The manifest counts only if it is stored before the window's cutoff block, and every node reads
+until the chain has reached that block: what a node applies does not depend on its load.
+
+- a prompt node and one that comes to read long after the cutoff (loaded, or restarted) see the
+  same manifest;
+- without one, a node reads until the cutoff block and not a block less, and then applies
+  nothing (not its own choice, which differs from node to node);
+- a lead too late to publish before the cutoff, or whose manifest could not be stored, publishes
+  no manifest and an empty aggregate, so the history replays what every node applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from substrateinterface import Keypair
+
+from codec.spec import ModelSpec
+from lab.sim.forgeries import noise_update
+from node.model.fingerprint import fingerprint
+from node.model.llama import build_model
+from node.window import consensus
+from node.window.buckets import PeerBucket
+from node.window.consensus import (
+    Roster,
+    agree,
+    manifest_cutoff_block,
+    may_publish,
+    wait_for_manifest,
+)
+from node.window.exchange import check_update, encode_signed
+from node.window.gather import Fetched
+from node.window.history import read_aggregate_bytes
+from node.window.manifest import WindowManifest, publish_manifest
+from protocol.chain.models import Metagraph, Neuron
+from protocol.keys import create_hotkey
+from protocol.naming import applied_key
+from protocol.runconfig import RunConfig
+from protocol.stores import open_store
+from protocol.stores.spool import InMemory
+from validator.agreement import lead_decision
+from validator.checks import Verdict
+from validator.classify import PeerCheck
+from validator.fetching import Upload
+
+RUN = RunConfig.preset(
+    "tiny",
+    name="manifest-cutoff",
+    inner_steps=2,
+    consensus={"fetch_budget_s": 10.0, "manifest_wait_s": 20.0},
+    timing={"block_time_s": 1.0, "blocks_per_window": 60, "upload_deadline_blocks": 5},
+)
+SPEC = ModelSpec.from_module(build_model(RUN.model, RUN.seed))
+WINDOW, LEAD = 3, 9
+START = fingerprint(build_model(RUN.model, RUN.seed))
+CUTOFF = manifest_cutoff_block(RUN, WINDOW)
+
+
+@pytest.fixture(autouse=True)
+def _fast_polls(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(consensus, "MANIFEST_POLL_S", 0.0)
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Keypair]:
+    root = tmp_path_factory.mktemp("wallets")
+    return {u: create_hotkey("c", f"k{u}", root=root) for u in (0, 1, LEAD)}
+
+
+def _roster(keys: dict[int, Keypair], store: object) -> Roster:
+    neurons = [
+        Neuron(uid=u, hotkey=k.ss58_address, stake=10.0 if u == LEAD else 0.0,
+               validator_permit=u == LEAD)
+        for u, k in keys.items()
+    ]  # fmt: skip
+    lead = PeerBucket(LEAD, keys[LEAD].ss58_address, store)  # type: ignore[arg-type]
+    meta = Metagraph(netuid=1, block=WINDOW * 60, neurons=neurons)
+    return Roster(WINDOW, WINDOW * 60, meta, {LEAD: lead}, {}, [0, 1], lead)
+
+
+def _manifest(keys: dict[int, Keypair]) -> WindowManifest:
+    return WindowManifest(
+        run_id=RUN.run_id, window=WINDOW, roster_block=WINDOW * 60, validator_uid=LEAD,
+        validator_hotkey=keys[LEAD].ss58_address, fingerprint_start=START, entries=(),
+        rejected={"0": "copy", "1": "late"},
+    )  # fmt: skip
+
+
+def _clock(first: int, on: dict[int, Callable[[], None]] | None = None) -> Callable[[], int]:
+    """A chain that moves one block per look, from `first`; `on[b]` runs when block b is seen."""
+    seen = iter(range(first, 1 << 30))
+    hooks = dict(on or {})
+
+    def block_now() -> int:
+        b = next(seen)
+        if b in hooks:
+            hooks.pop(b)()
+        return b
+
+    return block_now
+
+
+def _views(keys: dict[int, Keypair]) -> tuple[dict[int, Fetched], dict[int, Upload], dict]:
+    fetched, uploads, checks = {}, {}, {}
+    for u in (0, 1):
+        update = noise_update(SPEC, RUN, 0.01, torch.Generator().manual_seed(u))
+        data = encode_signed(update, RUN, SPEC, WINDOW, u, keys[u])
+        decoded = check_update(data, u, keys[u].ss58_address, RUN, SPEC, WINDOW)
+        fetched[u] = Fetched(u, decoded, "ok", InMemory.of(data), None, len(data))
+        uploads[u] = Upload(u, keys[u].ss58_address, fetched[u], None)
+        checks[u] = PeerCheck(u, keys[u].ss58_address, uploads[u], Verdict.OK, "ok")
+    return fetched, uploads, checks
+
+
+def test_a_prompt_and_a_loaded_node_see_the_same_manifest(
+    tmp_path: Path, keys: dict[int, Keypair]
+) -> None:
+    store = open_store(f"file://{tmp_path}?bucket=lead")
+    roster = _roster(keys, store)
+    publish_at = CUTOFF - 3
+    assert may_publish(RUN, WINDOW, publish_at - 1)
+
+    def publish() -> None:
+        publish_manifest(store, _manifest(keys), keys[LEAD])  # type: ignore[arg-type]
+
+    gather = CUTOFF - 40
+    prompt = wait_for_manifest(roster, RUN, WINDOW, _clock(gather, {publish_at: publish}))
+    loaded = wait_for_manifest(roster, RUN, WINDOW, _clock(CUTOFF + 500))
+    assert prompt == loaded == _manifest(keys)
+
+
+def test_without_a_manifest_a_node_reads_until_the_cutoff_then_applies_nothing(
+    tmp_path: Path, keys: dict[int, Keypair]
+) -> None:
+    store = open_store(f"file://{tmp_path}?bucket=lead")
+    roster = _roster(keys, store)
+    looked: list[int] = []
+    clock = _clock(CUTOFF - 5)
+
+    def block_now() -> int:
+        looked.append(clock())
+        return looked[-1]
+
+    assert wait_for_manifest(roster, RUN, WINDOW, block_now) is None
+    assert looked[-1] == CUTOFF  # not a block less
+    fetched, _, _ = _views(keys)
+    agreed = agree(roster, fetched, None, START, RUN, SPEC)
+    assert agreed.updates == {} and not agreed.forked  # every node alike, not its own copies
+    assert agreed.note == f"no manifest by block {CUTOFF}: nothing applied"
+
+
+def test_a_lead_too_late_for_the_cutoff_publishes_no_manifest_and_an_empty_history(
+    tmp_path: Path, keys: dict[int, Keypair]
+) -> None:
+    store = open_store(f"file://{tmp_path}?bucket=lead")
+    roster = _roster(keys, store)
+    _, uploads, checks = _views(keys)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    late = CUTOFF - 1  # inside the margin: a PUT now could land after some node's last read
+    assert not may_publish(RUN, WINDOW, late)
+    agreed = lead_decision(
+        store, RUN, SPEC, keys[LEAD], roster, checks, uploads, START, scratch, lambda: late  # type: ignore[arg-type]
+    )  # fmt: skip
+    assert agreed.updates == {} and agreed.manifest is None
+    assert not store.exists(applied_key(RUN.run_id, WINDOW, LEAD, keys[LEAD].ss58_address))
+    history = read_aggregate_bytes(store, RUN, SPEC, WINDOW, LEAD, keys[LEAD].ss58_address)  # type: ignore[arg-type]
+    assert history == {}
+    on_time = lead_decision(
+        store, RUN, SPEC, keys[LEAD], roster, checks, uploads, START, scratch, lambda: late - 10  # type: ignore[arg-type]
+    )  # fmt: skip
+    assert on_time.manifest is not None and sorted(on_time.updates) == [0, 1]
+
+
+def test_a_lead_whose_manifest_cannot_be_stored_applies_nothing(
+    tmp_path: Path, keys: dict[int, Keypair]
+) -> None:
+    store = open_store(f"file://{tmp_path}?bucket=lead")
+    roster = _roster(keys, store)
+    _, uploads, checks = _views(keys)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    key = applied_key(RUN.run_id, WINDOW, LEAD, keys[LEAD].ss58_address)
+    (tmp_path / "lead" / key / "blocker").mkdir(parents=True)  # its PUT fails
+    agreed = lead_decision(
+        store, RUN, SPEC, keys[LEAD], roster, checks, uploads, START, scratch, lambda: 0  # type: ignore[arg-type]
+    )  # fmt: skip
+    assert agreed.updates == {} and agreed.manifest is None
+    history = read_aggregate_bytes(store, RUN, SPEC, WINDOW, LEAD, keys[LEAD].ss58_address)  # type: ignore[arg-type]
+    assert history == {}  # not the set the manifest would have applied

@@ -22,11 +22,14 @@ import argparse
 import os
 import stat
 import sys
+import time
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from codec.errors import TesseraError
 
@@ -42,6 +45,8 @@ __all__ = [
 ]
 
 ACTIONS = ("miner", "validator", "setup-local", "health")
+STUCK_WINDOWS = 3  # windows without a finished one before the health check fails
+STUCK_GRACE_S = 600.0  # on top: a start-up (model load, catch-up) may take this long
 STATE_ROOT = Path("/data/state")
 """The state volume of a node container; each run and hotkey gets its own folder under it."""
 SHM_PER_RANK = 512 << 20
@@ -307,16 +312,28 @@ def prepare(
 
 
 def health(environ: dict[str, str], timeout: float = 5.0) -> str | None:
-    """None when the metrics endpoint answers, else why not (the HEALTHCHECK's verdict)."""
+    """None when the metrics endpoint answers and the node finished a window within
+    `STUCK_WINDOWS` windows (plus `STUCK_GRACE_S`), else why not (the HEALTHCHECK's verdict): a
+    live thread serving metrics is not enough, the window loop must move."""
     port = int(environ.get("TESSERA_METRICS_PORT", "0") or 0)
     if port <= 0:
         return "TESSERA_METRICS_PORT is not set: nothing to check"
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as r:
-            body = r.read(1 << 20)
+            body = r.read(1 << 20).decode("utf-8", "replace")
     except OSError as exc:
         return f"metrics on port {port} do not answer: {exc}"
-    return None if b"tessera_window" in body else f"port {port} does not serve Tessera metrics"
+    values = {s.name: s.value for f in text_string_to_metric_families(body) for s in f.samples}
+    progress, window_s = (
+        values.get("tessera_last_progress_unixtime"),
+        values.get("tessera_window_seconds"),
+    )
+    if progress is None or window_s is None:
+        return f"port {port} does not serve Tessera metrics"
+    idle = time.time() - progress
+    if window_s > 0 and idle > STUCK_WINDOWS * window_s + STUCK_GRACE_S:
+        return f"no window finished in {idle:.0f} s (a window lasts {window_s:.0f} s): stuck"
+    return None
 
 
 def _exec(command: list[str]) -> NoReturn:

@@ -1,6 +1,9 @@
-"""Prometheus metrics of a peer: loss, throughput, bytes moved, gather success, window lag."""
+"""Prometheus metrics of a peer: loss, throughput, bytes moved, gather success, window lag, and
+when it last finished a window (what the container health check reads)."""
 
 from __future__ import annotations
+
+import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
@@ -23,6 +26,15 @@ class PeerMetrics:
         )
         self.window_lag = Gauge(
             "tessera_window_lag", "chain window minus the window just finished", registry=r
+        )
+        self.progress = Gauge(
+            "tessera_last_progress_unixtime",
+            "when the node last finished a window (or started)",
+            registry=r,
+        )
+        self.progress.set(time.time())
+        self.window_seconds = Gauge(
+            "tessera_window_seconds", "the run's window length in seconds", registry=r
         )
 
     def serve(self, port: int) -> None:

@@ -124,6 +124,7 @@ class Peer:
         _, self.dataset = open_run_dataset(run)
         self.uid = self._registered_uid()
         self.metrics = PeerMetrics()
+        self.metrics.window_seconds.set(run.timing.blocks_per_window * run.timing.block_time_s)
         self.delay = run.outer.delay
         self._flight: Flight | None = None  # the exchange in the air (`miner.flight`)
         self._exchanged: Flight | None = None  # the one this window landed (for its report)
@@ -205,8 +206,8 @@ class Peer:
         self, from_window: int, to_window: int, model: torch.nn.Module, strategy: Strategy
     ) -> int:
         """Rank 0 replays the validators' history (`Weights.replay` shares the result)."""
-        sources, peers = history_sources(self.chain, self.local_root)
-        return catch_up_any(model, strategy, sources, peers, from_window, to_window)
+        sources = history_sources(self.chain, self.local_root)
+        return catch_up_any(model, strategy, sources, from_window, to_window)
 
     def _record(self, r: WindowReport) -> None:
         m = self.metrics
@@ -218,6 +219,7 @@ class Peer:
         total = len(r.gathered) + len(r.dropped)
         m.gather_ok.set(len(r.gathered) / total if total else 0.0)
         m.window_lag.set(self.current_window() - r.window)
+        m.progress.set(time.time())
 
     def current_window(self) -> int:
         return self.clock.current_window()
@@ -351,7 +353,10 @@ class Peer:
         try:
             if resume and self.store.exists(key):
                 return len(data), float("nan")
-            done = publish(self.store, data, self.cfg, window, self.uid, self.keypair.ss58_address)
+            done = publish(
+                self.store, data, self.cfg, window, self.uid, self.keypair.ss58_address,
+                until=self.clock.deadline_s(window),
+            )  # fmt: skip
         except StoreError as exc:  # keep training: a missed upload costs us one window's score
             log.error("window %d: upload failed: %s", window, exc)
             return len(data), float("nan")
@@ -371,8 +376,8 @@ class Peer:
 
         def rebuild(model: torch.nn.Module, strategy: Strategy) -> None:  # on rank 0
             log.warning("window %d: forked from the validator: resyncing", flight.window)
-            sources, peers = history_sources(self.chain, self.local_root)
-            if not resync(model, strategy, sources, peers, flight.window, target):
+            sources = history_sources(self.chain, self.local_root)
+            if not resync(model, strategy, sources, flight.window, target):
                 log.error(
                     "window %d: still forked from the validator (no published history rebuilds "
                     "its model); retrying at the next window", flight.window,

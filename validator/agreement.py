@@ -85,6 +85,7 @@ def publish_decision(
     aggregate is written in `scratch`, one update read back from the spool at a time. Whether
     both were stored."""
     applied = {u: uploads[u].body for u in manifest.uids}
+    hotkeys = {e.uid: e.hotkey for e in manifest.entries}
     try:
         publish_aggregate(
             store,
@@ -93,6 +94,7 @@ def publish_decision(
             manifest.validator_uid,
             keypair,
             applied,  # type: ignore[arg-type]
+            hotkeys,
             scratch,
         )
         publish_manifest(store, manifest, keypair)
@@ -155,7 +157,7 @@ def nothing_applied(
     history says so (an empty aggregate)."""
     log.warning("window %d: no manifest (%s): the window applies nothing", window, why)
     try:
-        publish_aggregate(store, run, window, uid, keypair, {})
+        publish_aggregate(store, run, window, uid, keypair, {}, {})
     except StoreError as exc:
         log.error("window %d: publishing the empty aggregate failed: %s", window, exc)
     return Agreement({}, None, False, f"no manifest ({why}): nothing applied")

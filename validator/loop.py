@@ -92,6 +92,11 @@ def run_manifest_key(run_id: str) -> str:
     return f"{run_prefix(run_id)}run.json"
 
 
+WRAP_UP_MARGIN = 2.0
+"""How much slower than last time the work after scoring (outer step, weights, publishing, state)
+may turn out: scoring stops that much before the next gather block."""
+
+
 class Validator:
     """A validator bound to one run, one hotkey (with a validator permit), one chain and bucket."""
 
@@ -120,6 +125,7 @@ class Validator:
             raise NotRegistered(keypair.ss58_address, chain.netuid, "register it as a validator")
         self.uid = uid
         self._reveal: SampleReveal | None = None  # the secret of the window being scored
+        self._wrap_up_s: float | None = None  # the last window's work after scoring
         clear_spool(state_dir)  # a crashed run's spool files
         self._restore()
 
@@ -138,6 +144,7 @@ class Validator:
             )  # fmt: skip
             agreed = self._agree(window, roster, uploads, checks, spool)
             losses = self._score(window, checks, self._scoring_deadline(window)) if live else {}
+            scored = time.monotonic()
             self.book.update(_outcomes(checks, losses))
             sketches = [c.sketch for c in checks.values() if c.sketch is not None]
             self.history.add(window, [*sketches, self._aggregate_sketch(window, agreed, checks)])
@@ -151,6 +158,7 @@ class Validator:
         )  # fmt: skip
         self._publish(window, report)
         self._save(window + 1)
+        self._wrap_up_s = time.monotonic() - scored
         return report
 
     def run_windows(self, windows: int) -> list[ScoreReport]:
@@ -214,7 +222,10 @@ class Validator:
             self._resync(window, agreed.lead_fingerprint)
         try:  # our own history: the exact bytes we applied
             applied = {u: b for u in agreed.updates if (b := uploads[u].body) is not None}
-            publish_aggregate(self.store, self.run, window, self.uid, self.keypair, applied, spool)
+            hotkeys = {u: uploads[u].hotkey for u in applied}
+            publish_aggregate(
+                self.store, self.run, window, self.uid, self.keypair, applied, hotkeys, spool
+            )
         except StoreError as exc:
             log.error("window %d: publishing the aggregate failed: %s", window, exc)
         return agreed
@@ -223,9 +234,8 @@ class Validator:
         """Our start of `window` differs from the lead's: rebuild it from the other validators'
         history; a failure is reported, and the next window's manifest retries it."""
         log.warning("window %d: forked from the lead validator: resyncing", window)
-        sources, peers = history_sources(self.chain, self.local_root)
-        others = [s for s in sources if s.uid != self.uid]
-        if not resync(self.model, self.strategy, others, peers, window, lead_fingerprint):
+        others = [s for s in history_sources(self.chain, self.local_root) if s.uid != self.uid]
+        if not resync(self.model, self.strategy, others, window, lead_fingerprint):
             log.error(
                 "window %d: still forked from the lead validator (no published history "
                 "rebuilds its model); retrying at the next window", window,
@@ -303,10 +313,14 @@ class Validator:
         return aggregate_sketch(window, members, [f / len(uids) for f in factors])
 
     def _scoring_deadline(self, window: int) -> float:
-        """When scoring `window` must stop (monotonic seconds): at the next window's gather
-        block, so that its agreement, which every peer waits for, never waits for our scores."""
+        """When scoring `window` must stop (monotonic seconds): before the next window's gather
+        block by `WRAP_UP_MARGIN` times the last window's work after scoring (the first time:
+        ``manifest_wait_s``), so that the next agreement, which every node waits for until its
+        cutoff block, never waits for our scores."""
         blocks = self.clock.gather_block(window + 1) - self.chain.block()
-        return time.monotonic() + blocks * self.run.timing.block_time_s
+        last = self._wrap_up_s
+        reserve = self.run.consensus.manifest_wait_s if last is None else WRAP_UP_MARGIN * last
+        return time.monotonic() + blocks * self.run.timing.block_time_s - reserve
 
     def _outer_step(self, agreed: Agreement) -> None:
         """The window's one outer step (`node.strategy`), as every peer takes it."""
@@ -394,8 +408,8 @@ class Validator:
         it reached (it processes the rest itself)."""
         if window == 0:
             return 0
-        sources, peers = history_sources(self.chain, self.local_root)
-        reached = catch_up_any(self.model, self.strategy, sources, peers, 0, window)
+        sources = history_sources(self.chain, self.local_root)
+        reached = catch_up_any(self.model, self.strategy, sources, 0, window)
         log.info("started mid-run: model rebuilt from published history up to window %d", reached)
         return reached
 

@@ -154,10 +154,9 @@ def _published_mean(adv: Adversary, window: int) -> dict[str, torch.Tensor] | No
     from node.strategy import make_strategy
     from node.window.history import HistoryError, history_sources, read_aggregate
 
-    sources, peers = history_sources(adv.chain, adv.local_root)
-    for source in sources:
+    for source in history_sources(adv.chain, adv.local_root):
         try:
-            updates = read_aggregate(source, adv.run, adv.spec, window, peers)
+            updates = read_aggregate(source, adv.run, adv.spec, window)
         except (HistoryError, StoreError):
             continue
         return make_strategy(adv.run, adv.spec).mean(updates)

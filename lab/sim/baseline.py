@@ -54,13 +54,12 @@ def synced_losses(world: World, windows: list[int]) -> dict[int, float]:
     run = world.run
     validator = world.of_kind("validator")[0]
     source = Source(validator.uid, validator.hotkey, open_store(validator.store_url))
-    hotkeys = {m.uid: m.hotkey for m in world.members}
     model = build_model(run.model, run.seed)
     strategy = make_strategy(run, ModelSpec.from_module(model))
     heldout, out = _heldout(world), {}
     for w in sorted(windows):
         try:
-            if catch_up(model, strategy, source, hotkeys, w, w + 1) != w + 1:
+            if catch_up(model, strategy, source, w, w + 1) != w + 1:
                 break  # not published: later windows cannot be replayed either
         except HistoryError as exc:
             log.warning("replaying the validator's window %d failed: %s", w, exc)

@@ -1,7 +1,9 @@
 """A window's aggregate object, written to a file one update at a time.
 
-The object is ``msgpack({"body": msgpack({"window", "updates": {uid: bytes}}), "sig"})`` with
-the signature over the BLAKE2b-256 of ``body`` (`node.window.history` reads it). A validator may
+The object is ``msgpack({"body": msgpack({"window", "hotkeys": {uid: ss58}, "updates": {uid:
+bytes}}), "sig"})`` with the signature over the BLAKE2b-256 of ``body`` (`node.window.history`
+reads it). ``hotkeys`` names the hotkey each update was verified under at the window's pinned
+roster, so the history replays after a uid has been registered again under another hotkey. A validator may
 apply hundreds of updates in a window, kept in spool files (`protocol.stores.spool`); packing
 them with `msgpack.packb` would hold all of them, twice. Every length is known in advance (each
 `Body` knows its size), so the file is written front to back, each update read back, hashed and
@@ -44,13 +46,19 @@ def write_aggregate(
     uid: int,
     keypair: Keypair,
     updates: Mapping[int, Body],
+    hotkeys: Mapping[int, str],
 ) -> None:
-    """Write the signed aggregate of `updates` (by peer uid) to `out`, one update at a time."""
+    """Write the signed aggregate of `updates` (by peer uid, each verified under `hotkeys[uid]`)
+    to `out`, one update at a time."""
     pack = msgpack.Packer()
     items = sorted((int(k), v) for k, v in updates.items())
+    if missing := sorted(set(updates) - set(hotkeys)):
+        raise ValueError(f"no hotkey for uids {missing}")
+    named = {int(k): hotkeys[k] for k in sorted(updates)}
     head = b"".join(
-        [pack.pack_map_header(2), pack.pack("window"), pack.pack(window), pack.pack("updates")]
+        [pack.pack_map_header(3), pack.pack("window"), pack.pack(window), pack.pack("hotkeys")]
     )
+    head += pack.pack(named) + pack.pack("updates")
     head += pack.pack_map_header(len(items))
     entries = [(pack.pack(k) + bin_header(body.size), body) for k, body in items]
     size = len(head) + sum(len(h) + body.size for h, body in entries)

@@ -19,9 +19,23 @@ from node.strategy.base import Decoded
 from protocol.naming import update_key
 from protocol.runconfig import RunConfig
 from protocol.signing import sign_update, verify_update
-from protocol.stores import ObjectStore
+from protocol.stores import (
+    AccessDenied,
+    InvalidKey,
+    ObjectNotFound,
+    ObjectStore,
+    ReadOnlyStoreError,
+    StoreError,
+)
 
 log = logging.getLogger(f"tessera.{__name__}")
+
+UPLOAD_RETRY_S = 1.0
+"""The pause between two tries of an upload that failed for a reason that may pass (a 503, a
+throttle, a dropped connection), while the window's deadline is ahead."""
+
+FINAL = (AccessDenied, ReadOnlyStoreError, InvalidKey, ObjectNotFound)
+"""Upload failures that another try does not mend (a refused key, a missing bucket)."""
 
 
 @dataclass(frozen=True)
@@ -52,12 +66,43 @@ def encode_signed(
 
 
 def publish(
-    store: ObjectStore, data: bytes, run: RunConfig, window: int, uid: int, hotkey: str
+    store: ObjectStore,
+    data: bytes,
+    run: RunConfig,
+    window: int,
+    uid: int,
+    hotkey: str,
+    until: float | None = None,
 ) -> Published:
+    """Upload our update of `window`. A failure that may pass is tried again every
+    `UPLOAD_RETRY_S` until `until` (epoch seconds, the upload deadline; None: one try), and
+    before each retry the key is looked up: an earlier try stored though its answer was lost is
+    not uploaded again (that would move its Last-Modified, perhaps past the deadline).
+    `StoreError` once the deadline has passed or for a `FINAL` failure."""
     key = update_key(run.run_id, window, uid, hotkey)
     start = time.perf_counter()
-    store.put(key, data)
+    while True:
+        try:
+            store.put(key, data)
+            break
+        except FINAL:
+            raise
+        except StoreError as exc:
+            if until is None or time.time() + UPLOAD_RETRY_S >= until:
+                raise
+            log.warning("window %d: upload failed (%s): trying again", window, exc)
+        time.sleep(UPLOAD_RETRY_S)
+        if _stored(store, key, len(data)):
+            break
     return Published(key=key, n_bytes=len(data), seconds=time.perf_counter() - start)
+
+
+def _stored(store: ObjectStore, key: str, size: int) -> bool:
+    """Whether `key` holds an object of `size` bytes (ours: only we write our update's key)."""
+    try:
+        return store.head(key).size == size
+    except StoreError:
+        return False
 
 
 def check_update(

@@ -100,16 +100,19 @@ def publish_aggregate(
     uid: int,
     keypair: Keypair,
     updates: Mapping[int, bytes | Body],
+    hotkeys: Mapping[int, str],
     scratch: Path | None = None,
 ) -> str:
-    """Publish the exact update bytes a window applied, keyed by peer uid, signed by us.
+    """Publish the exact update bytes a window applied, keyed by peer uid, with the hotkey each
+    was verified under at the window's roster (`hotkeys`: at least every uid of `updates`),
+    signed by us.
 
     The object is written to a temporary file in `scratch` (default: the system's) one update
     at a time (`node.window.aggregate_writer`), and uploaded from there."""
     bodies = {k: InMemory.of(v) if isinstance(v, bytes) else v for k, v in updates.items()}
     key = aggregate_key(run.run_id, window, uid, keypair.ss58_address)
     with tempfile.NamedTemporaryFile(dir=scratch, prefix="aggregate-") as out:
-        write_aggregate(out, run, window, uid, keypair, bodies)
+        write_aggregate(out, run, window, uid, keypair, bodies, hotkeys)
         out.flush()
         store.put_file(key, out.name)
     return key
@@ -158,6 +161,14 @@ def read_aggregate_bytes(
     """The exact update bytes a validator published for `window` (its signature verified).
 
     `ObjectNotFound` when it is not published (yet); `HistoryError` for anything else wrong."""
+    return read_aggregate_object(store, run, spec, window, uid, hotkey)[0]
+
+
+def read_aggregate_object(
+    store: ReadableStore, run: RunConfig, spec: ModelSpec, window: int, uid: int, hotkey: str
+) -> tuple[dict[int, bytes], dict[int, str]]:
+    """(update bytes, the hotkey each was verified under) of a validator's aggregate of
+    `window`, its signature verified; errors as `read_aggregate_bytes`."""
     cap = HistoryCaps.of(run, spec).aggregate
     try:
         raw = store.get(aggregate_key(run.run_id, window, uid, hotkey), cap)
@@ -177,19 +188,19 @@ def read_aggregate_bytes(
         )
     except SignatureError as exc:
         raise HistoryError(f"aggregate of window {window}: {exc}") from exc
-    inner = _unpack(body, cap, max_map=max(2, run.gather_size))
-    updates = inner.get("updates") if isinstance(inner, dict) else None
-    if (
-        not isinstance(inner, dict)
-        or inner.get("window") != window
-        or not isinstance(updates, dict)
-    ):
+    inner = _unpack(body, cap, max_map=max(3, run.gather_size))
+    if not isinstance(inner, dict) or set(inner) != {"window", "hotkeys", "updates"}:
+        raise HistoryError(f"aggregate of window {window} is not {{window, hotkeys, updates}}")
+    updates, hotkeys = inner["updates"], inner["hotkeys"]
+    if inner["window"] != window or not isinstance(updates, dict) or not isinstance(hotkeys, dict):
         raise HistoryError(f"aggregate body does not match window {window}")
     if not all(
         isinstance(k, int) and 0 <= k <= 65535 and isinstance(v, bytes) for k, v in updates.items()
     ):
         raise HistoryError(f"aggregate of window {window}: entries must be uid -> bytes")
-    return dict(sorted(updates.items()))
+    if set(hotkeys) != set(updates) or not all(isinstance(v, str) for v in hotkeys.values()):
+        raise HistoryError(f"aggregate of window {window}: hotkeys must name every entry's")
+    return dict(sorted(updates.items())), hotkeys
 
 
 def _unpack(data: bytes, cap: int, max_map: int) -> object:
@@ -208,17 +219,17 @@ def _unpack(data: bytes, cap: int, max_map: int) -> object:
         raise HistoryError(f"not a valid history object: {type(exc).__name__}") from None
 
 
-def read_aggregate(
-    source: Source, run: RunConfig, spec: ModelSpec, window: int, peers: Mapping[int, str]
-) -> dict[int, list]:
-    """The verified, decoded updates a validator published for `window`."""
+def read_aggregate(source: Source, run: RunConfig, spec: ModelSpec, window: int) -> dict[int, list]:
+    """The verified, decoded updates a validator published for `window`, each verified under
+    the hotkey the validator recorded for it at that window's roster (a uid registered again
+    since has another hotkey today)."""
     out = {}
-    raw = read_aggregate_bytes(source.store, run, spec, window, source.uid, source.hotkey)
+    raw, hotkeys = read_aggregate_object(source.store, run, spec, window, source.uid, source.hotkey)
     for peer_uid, data in raw.items():
-        if peer_uid not in peers:
-            raise HistoryError(f"aggregate names uid {peer_uid}, which has no known hotkey")
         try:
-            out[peer_uid] = check_update(data, peer_uid, peers[peer_uid], run, spec, window).tensors
+            out[peer_uid] = check_update(
+                data, peer_uid, hotkeys[peer_uid], run, spec, window
+            ).tensors
         except (DecodeError, SignatureError) as exc:
             raise HistoryError(f"window {window}, uid {peer_uid}: {exc}") from exc
     return out
@@ -334,7 +345,6 @@ def catch_up(
     model: torch.nn.Module,
     strategy: Strategy,
     source: Source,
-    peers: Mapping[int, str],
     from_window: int,
     to_window: int,
 ) -> int:
@@ -357,7 +367,7 @@ def catch_up(
             except ValueError as exc:
                 raise HistoryError(f"checkpoint of window {window}: {exc}") from exc
             log.info("loaded checkpoint of window %d", window)
-        return _replay(model, strategy, source, peers, window, to_window)
+        return _replay(model, strategy, source, window, to_window)
     except StoreError as exc:
         raise HistoryError(f"history of validator uid {source.uid}: {exc}") from exc
 
@@ -366,13 +376,12 @@ def _replay(
     model: torch.nn.Module,
     strategy: Strategy,
     source: Source,
-    peers: Mapping[int, str],
     window: int,
     to_window: int,
 ) -> int:
     while window < to_window:
         try:
-            updates = read_aggregate(source, strategy.run, strategy.spec, window, peers)
+            updates = read_aggregate(source, strategy.run, strategy.spec, window)
         except ObjectNotFound:
             break  # not published (yet): the model is consistently at `window`
         try:
@@ -387,7 +396,6 @@ def catch_up_any(
     model: torch.nn.Module,
     strategy: Strategy,
     sources: Sequence[Source],
-    peers: Mapping[int, str],
     from_window: int,
     to_window: int,
 ) -> int:
@@ -397,7 +405,7 @@ def catch_up_any(
     best = from_window
     for source in sources:
         try:
-            reached = catch_up(model, strategy, source, peers, from_window, to_window)
+            reached = catch_up(model, strategy, source, from_window, to_window)
         except HistoryError as exc:
             log.warning("history of validator uid %d unusable: %s", source.uid, exc)
             saved.restore(model, strategy)
@@ -416,7 +424,6 @@ def resync(
     model: torch.nn.Module,
     strategy: Strategy,
     sources: Sequence[Source],
-    peers: Mapping[int, str],
     target_window: int,
     expected_fingerprint: str | None,
 ) -> bool:
@@ -431,7 +438,7 @@ def resync(
         _load(model, {n: p.detach() for n, p in initial.items()})
         strategy.load_outer_state_dict({})
         try:
-            reached = catch_up(model, strategy, source, peers, 0, target_window)
+            reached = catch_up(model, strategy, source, 0, target_window)
         except HistoryError as exc:
             log.warning("resync from validator uid %d failed: %s", source.uid, exc)
             continue
@@ -447,14 +454,11 @@ def resync(
     return False
 
 
-def history_sources(
-    chain: Chain, local_root: Path | None = None
-) -> tuple[list[Source], dict[int, str]]:
-    """Every validator with a readable bucket, most stake first; and every uid's hotkey."""
+def history_sources(chain: Chain, local_root: Path | None = None) -> list[Source]:
+    """Every validator with a readable bucket, most stake first."""
     buckets, _ = peer_buckets(chain, local_root)
     metagraph = chain.metagraph()
     validators = sorted(
         (n for n in metagraph.validators if n.uid in buckets), key=lambda n: (-n.stake, n.uid)
     )
-    sources = [Source(n.uid, n.hotkey, buckets[n.uid].store) for n in validators]
-    return sources, {n.uid: n.hotkey for n in metagraph.neurons}
+    return [Source(n.uid, n.hotkey, buckets[n.uid].store) for n in validators]

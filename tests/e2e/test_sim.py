@@ -185,7 +185,15 @@ def test_the_report_scores_the_validators_replayed_model_and_ddp(tmp_path: Path)
             }
             updates[m.uid] = make_strategy(run, spec).encode(grads, 10)
             raw[m.uid] = encode_signed(updates[m.uid], run, spec, w, m.uid, keys[m.uid])
-        publish_aggregate(store, run, w, validator.uid, keys[validator.uid], raw)
+        publish_aggregate(
+            store,
+            run,
+            w,
+            validator.uid,
+            keys[validator.uid],
+            raw,
+            {u: keys[u].ss58_address for u in raw},
+        )
         strategy.step(live, updates)
         expected[w] = heldout_loss(live, heldout)
     assert synced_losses(world, [0, 1, 2]) == expected  # window 2 is not published: left out

@@ -200,7 +200,7 @@ def test_recycler_uploads_the_last_aggregate(world: World) -> None:
               for t in SPEC.tensors}  # fmt: skip
     ups = {u: _compressed(common, 0.1, 20 + u) for u in (0, 1)}
     data = {u: encode_signed(up, RUN, SPEC, 3, u, keys[u]) for u, up in ups.items()}
-    publish_aggregate(stores[2], RUN, 3, 2, keys[2], data)
+    publish_aggregate(stores[2], RUN, 3, 2, keys[2], data, {u: keys[u].ss58_address for u in data})
     recycled = adv_mod._recycled(make("recycler"), 4)
     assert recycled is not None
     mean = make_strategy(RUN, SPEC).mean(ups)
@@ -212,7 +212,7 @@ def test_recycler_of_unrelated_updates_keeps_what_top_k_can(world: World) -> Non
     keys, _, stores, make = world
     ups = {0: _honest(5), 1: _honest(6)}
     data = {u: encode_signed(up, RUN, SPEC, 5, u, keys[u]) for u, up in ups.items()}
-    publish_aggregate(stores[2], RUN, 5, 2, keys[2], data)
+    publish_aggregate(stores[2], RUN, 5, 2, keys[2], data, {u: keys[u].ss58_address for u in data})
     recycled = adv_mod._recycled(make("recycler"), 6)
     assert recycled is not None
     # Top-k of the mean keeps about half of its ~2k entries per chunk: cosine ~ sqrt(energy kept)

@@ -27,6 +27,7 @@ KEY = Keypair.create_from_uri("//aggregate-writer")
 WINDOW, UID = 7, 3
 # every msgpack bin header (bin8, bin16, bin32) for entries, and a body over 64 KiB (bin32)
 SIZES = {0: 0, 1: 1, 2: 255, 3: 256, 5: 65535, 8: 65536, 13: 70_000}
+HOTKEYS = {u: f"hotkey-{u}" for u in SIZES}
 
 
 def _updates() -> dict[int, bytes]:
@@ -51,10 +52,13 @@ def test_the_streamed_object_is_what_packb_gives(tmp_path: Path) -> None:
         _spooled(tmp_path, updates),
     ):
         out = io.BytesIO()
-        write_aggregate(out, RUN, WINDOW, UID, KEY, dict(reversed(bodies.items())))
+        hotkeys = {u: f"hotkey-{u}" for u in reversed(updates)}
+        write_aggregate(out, RUN, WINDOW, UID, KEY, dict(reversed(bodies.items())), hotkeys)
         outer = msgpack.unpackb(out.getvalue())
         body, sig = outer["body"], outer["sig"]
-        assert body == msgpack.packb({"window": WINDOW, "updates": dict(sorted(updates.items()))})
+        named = {u: f"hotkey-{u}" for u in sorted(updates)}
+        expected = {"window": WINDOW, "hotkeys": named, "updates": dict(sorted(updates.items()))}
+        assert body == msgpack.packb(expected)
         assert out.getvalue() == msgpack.packb({"body": body, "sig": sig})
         verify_object(
             KEY.ss58_address, sig, ObjectKind.AGGREGATE, RUN.run_id, WINDOW, UID,
@@ -67,12 +71,12 @@ def test_published_from_the_spool_and_read_back(tmp_path: Path) -> None:
     updates = _updates()
     bodies = _spooled(tmp_path, updates)
     store = FileStore(tmp_path / "bucket")
-    publish_aggregate(store, RUN, WINDOW, UID, KEY, bodies, scratch=tmp_path)
+    publish_aggregate(store, RUN, WINDOW, UID, KEY, bodies, HOTKEYS, scratch=tmp_path)
     assert read_aggregate_bytes(store, RUN, spec, WINDOW, UID, KEY.ss58_address) == updates
     assert not list(tmp_path.glob("aggregate-*"))  # the scratch file is gone
 
     bodies[5].path.write_bytes(b"\0" * SIZES[5])  # changed in the spool since it was fetched
     with pytest.raises(SpoolError):
-        publish_aggregate(store, RUN, WINDOW + 1, UID, KEY, bodies, scratch=tmp_path)
+        publish_aggregate(store, RUN, WINDOW + 1, UID, KEY, bodies, HOTKEYS, scratch=tmp_path)
     assert len(store.list()) == 1  # window 7's object only
     assert not list(tmp_path.glob("aggregate-*"))

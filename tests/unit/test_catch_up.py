@@ -49,30 +49,29 @@ def test_late_peer_replays_checkpoint_and_aggregates(tmp_path: Path) -> None:
                 for n, p in live.named_parameters()
             ]
             raw[uid] = encode_signed(sparse, run, spec, window, uid, keys[uid])
-        publish_aggregate(store, run, window, 2, validator, raw)
+        publish_aggregate(store, run, window, 2, validator, raw, hotkeys)
         # what the live peers did: the same replay of the same bytes
-        catch_up(live, make_strategy(run, spec), source, hotkeys, window, window + 1)
+        catch_up(live, make_strategy(run, spec), source, window, window + 1)
         fingerprints[window + 1] = fingerprint(live)
 
     late = build_model(run.model, run.seed)
-    assert catch_up(late, make_strategy(run, spec), source, hotkeys, 0, 4) == 4
+    assert catch_up(late, make_strategy(run, spec), source, 0, 4) == 4
     assert fingerprint(late) == fingerprints[4]
 
     # a publisher with no history replays nothing
     other = build_model(run.model, run.seed)
     stranger = Source(2, keys[0].ss58_address, store)
-    assert catch_up(other, make_strategy(run, spec), stranger, hotkeys, 0, 4) == 0
+    assert catch_up(other, make_strategy(run, spec), stranger, 0, 4) == 0
 
     # a history signed by someone else is refused
     forged = open_store(f"file://{tmp_path}?bucket=forged")
-    fake = publish_aggregate(forged, run, 0, 2, keys[0], {0: raw[0]})
+    fake = publish_aggregate(forged, run, 0, 2, keys[0], {0: raw[0]}, hotkeys)
     forged.put(aggregate_key(run.run_id, 0, 2, validator.ss58_address), forged.get(fake, 1 << 24))
     with pytest.raises(HistoryError, match="signature"):
         catch_up(
             other,
             make_strategy(run, spec),
             Source(2, validator.ss58_address, forged),
-            hotkeys,
             0,
             1,
         )
@@ -111,12 +110,12 @@ def test_a_late_peer_restores_nesterov_momentum_from_a_checkpoint(tmp_path: Path
             }
             strategy.step(live, updates)
         else:
-            publish_aggregate(store, run, window, 2, keys[2], raw)
-            catch_up(live, strategy, source, hotkeys, window, window + 1)
+            publish_aggregate(store, run, window, 2, keys[2], raw, hotkeys)
+            catch_up(live, strategy, source, window, window + 1)
 
     late = build_model(run.model, run.seed)
     late_strategy = make_strategy(run, spec)
-    assert catch_up(late, late_strategy, source, hotkeys, 0, 4) == 4
+    assert catch_up(late, late_strategy, source, 0, 4) == 4
     assert fingerprint(late) == fingerprint(live)
     theirs, ours = late_strategy.outer_state_dict(), strategy.outer_state_dict()
     assert theirs.keys() == ours.keys() and all(torch.equal(theirs[k], ours[k]) for k in ours)

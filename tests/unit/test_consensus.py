@@ -87,7 +87,9 @@ def _roster(keys: dict, lead_store: object, selected: list[int]) -> Roster:
 def _decide(store: object, keys: dict, applied: dict[int, bytes], start_fp: str) -> WindowManifest:
     """What the lead validator publishes: the aggregate bytes, then the signed manifest."""
     lead = keys[LEAD]
-    publish_aggregate(store, RUN, WINDOW, LEAD, lead, applied)  # type: ignore[arg-type]
+    publish_aggregate(
+        store, RUN, WINDOW, LEAD, lead, applied, {u: keys[u].ss58_address for u in applied}
+    )  # type: ignore[arg-type]
     manifest = WindowManifest(
         run_id=RUN.run_id, window=WINDOW, roster_block=40, validator_uid=LEAD,
         validator_hotkey=lead.ss58_address, fingerprint_start=start_fp,

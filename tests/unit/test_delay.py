@@ -167,15 +167,15 @@ def test_a_late_peer_replays_a_delayed_run_from_a_checkpoint(tmp_path: Path) -> 
             }
             update = make_strategy(run, spec).encode(deltas, window)
             raw[uid] = encode_signed(update, run, spec, window, uid, keys[uid])
-        publish_aggregate(store, run, window, 2, keys[2], raw)
-        assert catch_up(live, strategy, source, hotkeys, window, window + 1) == window + 1
+        publish_aggregate(store, run, window, 2, keys[2], raw, hotkeys)
+        assert catch_up(live, strategy, source, window, window + 1) == window + 1
     store.delete(
         next(i.key for i in store.list() if "/w0000000000/" in i.key and "aggregate" in i.key)
     )
 
     late = build_model(run.model, run.seed)
     late_strategy = make_strategy(run, spec)
-    assert catch_up(late, late_strategy, source, hotkeys, 0, 5) == 5
+    assert catch_up(late, late_strategy, source, 0, 5) == 5
     assert fingerprint(late) == fingerprint(live)
     theirs, ours = late_strategy.outer_state_dict(), strategy.outer_state_dict()
     assert theirs.keys() == ours.keys() and all(torch.equal(theirs[k], ours[k]) for k in ours)
@@ -209,7 +209,7 @@ def test_a_checkpoint_with_part_of_the_held_mean_is_refused_when_loaded(tmp_path
     name, shape = next(iter(strategy.outer_shapes().items()))
     publish_checkpoint(store, run, 1, 0, key, model, outer={name: torch.zeros(shape)})
     with pytest.raises(HistoryError, match="checkpoint of window 1: outer state 'held' covers 1"):
-        catch_up(model, strategy, Source(0, key.ss58_address, store), {}, 0, 5)
+        catch_up(model, strategy, Source(0, key.ss58_address, store), 0, 5)
 
 
 def test_a_step_that_lands_before_training_is_delay_zero_one_window_later() -> None:

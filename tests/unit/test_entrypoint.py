@@ -16,6 +16,8 @@ import torch
 
 from commands.entrypoint import (
     STATE_ROOT,
+    STUCK_GRACE_S,
+    STUCK_WINDOWS,
     EntrypointError,
     data_problems,
     health,
@@ -166,11 +168,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_health_is_the_metrics_endpoint_answering() -> None:
+def test_health_is_the_metrics_endpoint_answering_and_the_windows_moving() -> None:
     port = _free_port()
-    assert "do not answer" in (health({"TESSERA_METRICS_PORT": str(port)}, timeout=2) or "")
-    PeerMetrics().serve(port)
-    assert health({"TESSERA_METRICS_PORT": str(port)}) is None
+    env = {"TESSERA_METRICS_PORT": str(port)}
+    assert "do not answer" in (health(env, timeout=2) or "")
+    metrics = PeerMetrics()
+    metrics.window_seconds.set(60.0)
+    metrics.serve(port)
+    assert health(env) is None  # just started
+    stuck_for = STUCK_WINDOWS * 60.0 + STUCK_GRACE_S + 5
+    metrics.progress.set(time.time() - stuck_for)  # a window loop that stopped moving
+    assert "stuck" in (health(env) or "")
+    metrics.progress.set(time.time() - 100.0)
+    assert health(env) is None
     assert health({}) is not None
 
 

@@ -76,8 +76,8 @@ class World:
                     for n, p in model.named_parameters()
                 ]
                 self.raw[w][uid] = encode_signed(sparse, RUN, self.spec, w, uid, self.keys[uid])
-            publish_aggregate(self.good.store, RUN, w, 2, self.keys[2], self.raw[w])  # type: ignore[arg-type]
-            catch_up(model, self.strategy(), self.good, self.peers, w, w + 1)
+            publish_aggregate(self.good.store, RUN, w, 2, self.keys[2], self.raw[w], self.peers)  # type: ignore[arg-type]
+            catch_up(model, self.strategy(), self.good, w, w + 1)
             self.fingerprints[w + 1] = fingerprint(model)
 
     def strategy(self) -> Strategy:
@@ -118,6 +118,11 @@ class World:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     return World(tmp_path_factory.mktemp("history"))
+
+
+def _body(window: object, updates: object, hotkeys: object) -> bytes:
+    """An aggregate body as the writer lays it out, with any values."""
+    return msgpack.packb({"window": window, "hotkeys": hotkeys, "updates": updates})
 
 
 def _read(world: World, source: Source, window: int = 0) -> dict[int, bytes]:
@@ -174,26 +179,32 @@ def test_malformed_aggregates_are_one_typed_error(world: World, outer: bytes, ru
 def test_a_signed_body_with_wrong_types_is_refused(world: World) -> None:
     """The publisher's own valid signature over nonsense proves nothing: the body is checked."""
     evil = world.evil("wrong-types")
+    hk = {0: world.peers[0]}
     for body, rule in (
-        (msgpack.packb({"window": 0, "updates": {0: "not bytes"}}), "uid -> bytes"),
-        (msgpack.packb({"window": "0", "updates": {0: world.raw[0][0]}}), "does not match"),
-        (msgpack.packb({"window": 0, "updates": {-1: world.raw[0][0]}}), "uid -> bytes"),
-        (msgpack.packb({"window": 0, "updates": [world.raw[0][0]]}), "does not match"),
-        (msgpack.packb({"window": 1, "updates": {0: world.raw[0][0]}}), "does not match"),
+        (msgpack.packb({"window": 0, "hotkeys": hk, "updates": {0: "not bytes"}}), "uid -> bytes"),
+        (_body("0", {0: world.raw[0][0]}, hk), "does not match"),
+        (_body(0, {-1: world.raw[0][0]}, {-1: world.peers[0]}), "uid -> bytes"),
+        (
+            msgpack.packb({"window": 0, "hotkeys": hk, "updates": [world.raw[0][0]]}),
+            "does not match",
+        ),
+        (_body(1, {0: world.raw[0][0]}, hk), "does not match"),
+        (msgpack.packb({"window": 0, "updates": {0: world.raw[0][0]}}), "window, hotkeys, updates"),
+        (_body(0, {0: world.raw[0][0]}, {0: 5}), "hotkeys must name"),
     ):
         world.put_aggregate(evil, 0, world.signed_body(0, body))
         with pytest.raises(HistoryError, match=rule):
             _read(world, evil)
 
 
-def test_an_aggregate_naming_an_unknown_uid_is_refused(world: World) -> None:
-    """An entry for a uid the pinned roster does not know has no hotkey to verify it against."""
+def test_an_aggregate_entry_without_its_hotkey_is_refused(world: World) -> None:
+    """Every entry is verified under the hotkey the validator recorded for it at the window's
+    roster: an entry without one is refused, not verified under today's metagraph."""
     evil = world.evil("unknown-uid")
-    body = msgpack.packb({"window": 0, "updates": {7: world.raw[0][0]}})
+    body = _body(0, {0: world.raw[0][0], 7: world.raw[0][1]}, {0: world.peers[0]})
     world.put_aggregate(evil, 0, world.signed_body(0, body))
-    assert 7 not in world.peers
-    with pytest.raises(HistoryError, match="uid 7, which has no known hotkey"):
-        catch_up(build_model(RUN.model, RUN.seed), world.strategy(), evil, world.peers, 0, 1)
+    with pytest.raises(HistoryError, match="hotkeys must name every entry"):
+        catch_up(build_model(RUN.model, RUN.seed), world.strategy(), evil, 0, 1)
 
 
 def test_an_aggregate_over_the_run_cap_is_not_downloaded(world: World) -> None:
@@ -209,11 +220,11 @@ def test_an_update_signed_by_someone_else_inside_a_signed_aggregate_is_refused(
 ) -> None:
     """A validator cannot put in bytes the peer did not sign: uid 1's update claimed for uid 0."""
     evil = world.evil("forged-entry")
-    body = msgpack.packb({"window": 0, "updates": {0: world.raw[0][1]}})
+    body = _body(0, {0: world.raw[0][1]}, {0: world.peers[0]})
     world.put_aggregate(evil, 0, world.signed_body(0, body))
     model = build_model(RUN.model, RUN.seed)
     with pytest.raises(HistoryError, match="uid 0"):
-        catch_up(model, world.strategy(), evil, world.peers, 0, 1)
+        catch_up(model, world.strategy(), evil, 0, 1)
 
 
 # -- checkpoints and their manifests ---------------------------------------------------------------
@@ -309,10 +320,10 @@ def test_catch_up_falls_through_bad_validators_to_a_good_one(world: World) -> No
     garbage = world.evil("fallthrough-garbage")
     world.put_aggregate(garbage, 0, msgpack.packb({"body": 10**9, "sig": b""}))
     forged = world.evil("fallthrough-forged")
-    only_one = {"window": 0, "updates": {0: world.raw[0][0]}}  # valid, but not what was applied
-    world.put_aggregate(forged, 0, world.signed_body(0, msgpack.packb(only_one)))
+    only_one = _body(0, {0: world.raw[0][0]}, {0: world.peers[0]})  # valid, not what was applied
+    world.put_aggregate(forged, 0, world.signed_body(0, only_one))
     world.put_aggregate(
-        forged, 1, world.signed_body(1, msgpack.packb({"window": 1, "updates": {0: b"junk"}}))
+        forged, 1, world.signed_body(1, _body(1, {0: b"junk"}, {0: world.peers[0]}))
     )
     with SlowStore(world.root, "deny") as endpoint:
         refusing = world.refusing(endpoint)
@@ -322,7 +333,6 @@ def test_catch_up_falls_through_bad_validators_to_a_good_one(world: World) -> No
             model,
             world.strategy(),
             [garbage, refusing, forged, world.good],
-            world.peers,
             0,
             WINDOWS,
         )
@@ -337,21 +347,19 @@ def test_a_refused_listing_is_a_history_error_not_a_crash(world: World) -> None:
         refusing = world.refusing(endpoint)
         model = build_model(RUN.model, RUN.seed)
         with pytest.raises(HistoryError):
-            catch_up(model, world.strategy(), refusing, world.peers, 0, WINDOWS)
+            catch_up(model, world.strategy(), refusing, 0, WINDOWS)
 
 
 def test_resync_skips_a_source_whose_result_is_not_the_expected_model(world: World) -> None:
     """A forked node rebuilds from history and checks the result against the fingerprint it
     expects: a validator publishing a different (validly signed) history is skipped."""
     other = world.evil("other-history")
-    publish_aggregate(other.store, RUN, 0, 3, world.evil_key, {0: world.raw[0][0]})  # type: ignore[arg-type]
+    publish_aggregate(other.store, RUN, 0, 3, world.evil_key, {0: world.raw[0][0]}, world.peers)  # type: ignore[arg-type]
     model = build_model(RUN.model, RUN.seed)
     with torch.no_grad():
         next(iter(model.parameters())).add_(1.0)  # forked
     forked = fingerprint(model)
-    assert not resync(model, world.strategy(), [other], world.peers, 1, world.fingerprints[1])
+    assert not resync(model, world.strategy(), [other], 1, world.fingerprints[1])
     assert fingerprint(model) == forked  # a failed resync leaves the model as it was
-    assert resync(
-        model, world.strategy(), [other, world.good], world.peers, 1, world.fingerprints[1]
-    )
+    assert resync(model, world.strategy(), [other, world.good], 1, world.fingerprints[1])
     assert fingerprint(model) == world.fingerprints[1]

@@ -117,7 +117,9 @@ def test_a_peer_serving_two_signed_updates_is_marked_by_the_follower(
     honest = _signed(0, 3, keys)
     store = open_store(f"file://{tmp_path}?bucket=lead")
     applied = {0: honest, 1: leads}
-    publish_aggregate(store, RUN, WINDOW, LEAD, keys[LEAD], applied)  # type: ignore[arg-type]
+    publish_aggregate(
+        store, RUN, WINDOW, LEAD, keys[LEAD], applied, {u: keys[u].ss58_address for u in applied}
+    )  # type: ignore[arg-type]
     publish_manifest(
         store,  # type: ignore[arg-type]
         WindowManifest(

@@ -66,7 +66,7 @@ def test_a_peer_waits_for_a_late_lead_until_the_cutoff_block(tmp_path: Path) -> 
     def late_lead() -> None:
         ChainClock(chain, run).wait_for_block(ChainClock(chain, run).gather_block(0))
         time.sleep(LATE_S)
-        publish_aggregate(lead_store, run, 0, lead_uid, lead_key, {})
+        publish_aggregate(lead_store, run, 0, lead_uid, lead_key, {}, {})
         manifest = WindowManifest(
             run_id=run.run_id, window=0, roster_block=roster_block(run, 0),
             validator_uid=lead_uid, validator_hotkey=lead_key.ss58_address,

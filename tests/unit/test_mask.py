@@ -234,10 +234,10 @@ def test_a_replayed_window_made_for_another_support_is_a_history_error(tmp_path:
     forked.advance(_model())
     update = encode_signed(forked.encode(_deltas(1), 0), run, SPEC, 0, 0, peer_key)
     store = open_store(f"file://{tmp_path}?bucket=validator")
-    publish_aggregate(store, run, 0, 2, validator_key, {0: update})
+    publish_aggregate(store, run, 0, 2, validator_key, {0: update}, {0: peer_key.ss58_address})
     source = Source(2, validator_key.ss58_address, store)
     with pytest.raises(HistoryError, match=r"window 0: .*another shared support"):
-        catch_up(_model(), make_strategy(run, SPEC), source, {0: peer_key.ss58_address}, 0, 1)
+        catch_up(_model(), make_strategy(run, SPEC), source, 0, 1)
 
 
 def test_a_masked_piece_is_checked_field_by_field() -> None:

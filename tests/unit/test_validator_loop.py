@@ -70,8 +70,8 @@ def _history(root: Path) -> dict[int, str]:
                 for n, p in model.named_parameters()
             ]
             raw[uid] = encode_signed(sparse, RUN, spec, w, uid, KEYS[uid])
-        publish_aggregate(store, RUN, w, 0, KEYS[0], raw)
-        catch_up(model, strategy, source, hotkeys, w, w + 1)
+        publish_aggregate(store, RUN, w, 0, KEYS[0], raw, {u: KEYS[u].ss58_address for u in raw})
+        catch_up(model, strategy, source, w, w + 1)
         fps[w + 1] = fingerprint(model)
     return fps
 

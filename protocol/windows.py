@@ -10,7 +10,7 @@ Conventions (B = blocks_per_window, D = upload_deadline_blocks, all integers >= 
 - Wall-clock times are POSIX seconds (UTC). The chain stamps each block (``Timestamp.Now``, in
   ms). The time of a block we have not seen is estimated from an anchor block's timestamp plus
   ``block_time_s`` per block; once the deadline block exists, its own timestamp is
-  authoritative (`deadline_time` with the deadline block as the anchor gives exactly that).
+  authoritative (`estimate_block_time` with the deadline block as the anchor gives exactly that).
 - Whether a stored update was late (its ``LastModified`` after the deadline time plus the run's
   ``clock_skew_tolerance_s``) is decided where it is fetched, in `node.window.gather`.
 
@@ -81,35 +81,6 @@ def estimate_block_time(
     if not math.isfinite(anchor_timestamp_s):
         raise ValueError("anchor_timestamp_s must be finite")
     return anchor_timestamp_s + (block - anchor_block) * block_time_s
-
-
-def open_time(
-    window: int,
-    blocks_per_window: int,
-    anchor_block: int,
-    anchor_timestamp_s: float,
-    block_time_s: float,
-) -> float:
-    """Wall-clock start of `window` (start of its first block)."""
-    start = first_block(window, blocks_per_window)
-    return estimate_block_time(start, anchor_block, anchor_timestamp_s, block_time_s)
-
-
-def deadline_time(
-    window: int,
-    blocks_per_window: int,
-    upload_deadline_blocks: int,
-    anchor_block: int,
-    anchor_timestamp_s: float,
-    block_time_s: float,
-) -> float:
-    """Wall-clock deadline of `window`: start of its deadline block.
-
-    With the window's first block as anchor this is ``ts(first) + (B + D) * block_time_s``; with
-    the deadline block itself as anchor it is that block's chain timestamp.
-    """
-    dl = deadline_block(window, blocks_per_window, upload_deadline_blocks)
-    return estimate_block_time(dl, anchor_block, anchor_timestamp_s, block_time_s)
 
 
 def to_epoch_seconds(value: datetime | float | int) -> float:
@@ -185,22 +156,3 @@ class WindowSchedule:
     def gather_block(self, window: int) -> int:
         """The block at which peers and validators read a window's uploads."""
         return self.deadline_block(window) + self.gather_grace_blocks
-
-    def open_time(self, window: int, anchor_block: int, anchor_timestamp_s: float) -> float:
-        return open_time(
-            window,
-            self.blocks_per_window,
-            anchor_block - self.start_block,
-            anchor_timestamp_s,
-            self.block_time_s,
-        )
-
-    def deadline_time(self, window: int, anchor_block: int, anchor_timestamp_s: float) -> float:
-        return deadline_time(
-            window,
-            self.blocks_per_window,
-            self.upload_deadline_blocks,
-            anchor_block - self.start_block,
-            anchor_timestamp_s,
-            self.block_time_s,
-        )

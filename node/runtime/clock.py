@@ -6,7 +6,7 @@ import time
 
 from protocol.chain.base import Chain
 from protocol.runconfig import RunConfig
-from protocol.windows import WindowSchedule
+from protocol.windows import WindowSchedule, estimate_block_time
 
 
 class ChainClock:
@@ -25,10 +25,15 @@ class ChainClock:
             time.sleep(min(1.0, self.timing.block_time_s / 4))
 
     def deadline_s(self, window: int) -> float:
-        """The window's upload deadline in epoch seconds, from the chain's timestamps."""
-        anchor = self.schedule.first_block(window)
-        return self.schedule.deadline_time(
-            window, anchor, self.chain.block_timestamp(anchor).timestamp()
+        """The window's upload deadline in epoch seconds, from the chain's timestamps: anchored
+        at the window's first block, or at the head while that block does not exist yet (a
+        window trained before the run's start block, or ahead of the chain)."""
+        anchor = min(self.schedule.first_block(window), self.chain.block())
+        return estimate_block_time(
+            self.schedule.deadline_block(window),
+            anchor,
+            self.chain.block_timestamp(anchor).timestamp(),
+            self.timing.block_time_s,
         )
 
     def gather_block(self, window: int) -> int:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from substrateinterface import Keypair
 
+from node.runtime.clock import ChainClock
 from node.runtime.commit import commitment_for
 from node.window.consensus import roster_block, window_roster
 from node.window.selection import probation_slots, select_peers
@@ -122,3 +123,24 @@ def test_bootstrap_draws_the_first_gather_size() -> None:
 def test_probation_bound_follows_the_run(fraction: float, slots: int) -> None:
     run = RunConfig.preset("tiny", name="probation", consensus={"probation_fraction": fraction})
     assert probation_slots(run) == slots
+
+
+def test_a_deadline_before_its_window_begins_is_estimated_from_the_head(tmp_path: Path) -> None:
+    """A peer that trains a window before the chain reaches its first block (window 0 before the
+    run's start block, or a fast peer) still knows its upload deadline: the head's timestamp plus
+    a block time per block; once the first block exists its own timestamp anchors it."""
+    clock = Clock(GENESIS, BLOCK_TIME)
+    path = tmp_path / "chain.db"
+    create_local_chain(path, NETUID, block_time=BLOCK_TIME, clock=clock)
+    run = RunConfig.preset(
+        "tiny", name="early", timing={"blocks_per_window": 10, "upload_deadline_blocks": 2,
+                                      "start_block": 30, "block_time_s": BLOCK_TIME},
+    )  # fmt: skip
+    times = ChainClock(LocalChain(path, NETUID, clock=clock), run)
+    clock.at(5)  # window 0 begins at block 30, its deadline is block 42
+    head = times.chain.block()
+    expected = times.chain.block_timestamp(head).timestamp() + (42 - head) * BLOCK_TIME
+    assert times.deadline_s(0) == pytest.approx(expected)
+    clock.at(31)
+    first = times.chain.block_timestamp(30).timestamp()
+    assert times.deadline_s(0) == pytest.approx(first + 12 * BLOCK_TIME)

@@ -14,11 +14,9 @@ from protocol.windows import (
     blocks_until_deadline,
     chain_timestamp_to_s,
     deadline_block,
-    deadline_time,
     estimate_block_time,
     first_block,
     last_block,
-    open_time,
     to_epoch_seconds,
     window_of_block,
 )
@@ -64,10 +62,10 @@ def test_bad_inputs_raise_value_error(call: object) -> None:
 def test_wall_clock_deadline_from_window_start() -> None:
     # window 5 starts at block 50, stamped t0; deadline block 52 + 10 = 62 -> 12 blocks later
     t0 = 1_700_000_000.0
-    assert open_time(5, 10, 50, t0, 12.0) == t0
-    assert deadline_time(5, 10, 2, 50, t0, 12.0) == t0 + 12 * 12.0
+    assert deadline_block(5, 10, 2) == 62
+    assert estimate_block_time(62, 50, t0, 12.0) == t0 + 12 * 12.0
     # with the deadline block itself as anchor, its own timestamp is the deadline
-    assert deadline_time(5, 10, 2, 62, t0 + 150.0, 12.0) == t0 + 150.0
+    assert estimate_block_time(62, 62, t0 + 150.0, 12.0) == t0 + 150.0
     # anchors after the target block extrapolate backwards
     assert estimate_block_time(50, 60, t0 + 120.0, 12.0) == t0
 
@@ -80,11 +78,6 @@ def test_schedule_from_run_config() -> None:
     assert s.first_block(7) == 7 * bpw
     assert s.last_block(7) == 8 * bpw - 1
     assert s.deadline_block(7) == 8 * bpw + dl
-    t0 = 1_000.0
-    start = s.first_block(7)
-    deadline = s.deadline_time(7, start, t0)
-    assert deadline == t0 + (bpw + dl) * run.timing.block_time_s
-    assert s.open_time(7, start, t0) == t0
 
 
 def test_time_conversions() -> None:

@@ -1,7 +1,7 @@
 """`tessera sim`: chain, storage, N honest peers, adversaries and a validator on one machine.
 
 The whole run, top to bottom: build the world (run config, embedded chain, wallets, buckets),
-start one process per member, supervise them, replay the validator's published history to score
+start one process per member, supervise them (injecting the ``--faults``, `lab.sim.faults`), replay the validator's published history to score
 its synchronised model on held-out data, train a DDP baseline on the same tokens, then write
 `report.json` and `report.html` and print a summary. Exits non-zero when an honest model
 becomes non-finite, when honest peers (or the validator) end up with different models, or when
@@ -35,6 +35,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--adversaries", default="", help=f"comma-separated kinds: {','.join(ADVERSARY_KINDS)}"
     )
     parser.add_argument(
+        "--faults",
+        default="",
+        help="comma-separated ordinary faults to inject: lead-restart,lead-down,load "
+        "(lab/sim/faults.py)",
+    )
+    parser.add_argument(
         "--strategy",
         default="sparseloco",
         choices=get_args(RunConfig.model_fields["strategy"].annotation),
@@ -56,6 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from lab.sim.buckets import SimKeyError
+    from lab.sim.faults import parse_faults
     from lab.sim.layout import build_world
 
     console = Console()
@@ -64,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
     unknown = set(kinds) - set(ADVERSARY_KINDS)
     if unknown:
         raise SystemExit(f"unknown adversaries: {', '.join(sorted(unknown))}")
+    args.faults = parse_faults(args.faults)
     if kinds and args.strategy != "sparseloco":  # the forgers write SparseLoCo updates
         raise SystemExit("--adversaries need --strategy sparseloco")
     if args.out.exists() and any(args.out.iterdir()):
@@ -87,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     run_cfg = world.run
     console.print(
         f"run {run_cfg.run_id} ({run_cfg.strategy}): {args.peers} peers, "
-        f"adversaries {kinds or 'none'}, "
+        f"adversaries {kinds or 'none'}, faults {args.faults or 'none'}, "
         f"{args.windows} windows of {args.blocks_per_window * args.block_time:.0f}s → {args.out}"
     )
     exit_codes = _run_processes(world, args, console)
@@ -97,20 +105,26 @@ def run(args: argparse.Namespace) -> int:
 def _run_processes(
     world: World, args: argparse.Namespace, console: Console
 ) -> dict[str, int | None]:
+    from lab.sim.faults import Injector
     from lab.sim.processes import start, supervise
 
     # the validator needs one more window: it scores window w while the peers train w + 1
     running = [start(world, m, args.windows + (m.kind == "validator")) for m in world.members]
+    faults = Injector(world, args.faults, args.windows + 1)
     started = time.monotonic()
     with console.status("simulating…") as status:
 
         def tick() -> None:
+            faults.tick(running)
             done = sum(r.proc.poll() is not None for r in running)
             status.update(
                 f"simulating… {time.monotonic() - started:.0f}s, {done}/{len(running)} done"
             )
 
-        return supervise(running, args.timeout, tick)
+        try:
+            return supervise(running, args.timeout, tick)
+        finally:
+            faults.stop()
 
 
 def _report(

@@ -48,6 +48,22 @@ def test_simulation_with_every_adversary(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 @pytest.mark.slow
+def test_simulation_with_ordinary_faults(tmp_path: Path) -> None:
+    """The lead validator killed mid-decision and restarted at once, then killed again and down
+    for two windows: every honest model and the validator's stay identical after every window
+    and every process exits 0."""
+    out = tmp_path / "faults"
+    argv = ["sim", "--peers", "2", "--windows", "6", "--out", str(out), "--no-baseline"]
+    code = main([*argv, "--faults", "lead-restart,lead-down", *FAST])
+    assert code == 0, sorted(p.name for p in (out / "logs").iterdir())
+    report = json.loads((out / "report.json").read_text())
+    assert report["diverged"] == [] and report["non_finite"] == []
+    log = (out / "logs" / "validator.log").read_text()
+    assert log.count("starting at window") == 3  # started, restarted, back after the outage
+    assert "no manifest" in log  # the windows it missed: nothing applied, everywhere
+
+
+@pytest.mark.slow
 def test_simulation_on_an_s3_server(
     tmp_path: Path, s3_server: str, enforced_iam: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

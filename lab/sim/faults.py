@@ -1,0 +1,88 @@
+"""`tessera sim --faults …`: ordinary faults injected into a running simulation.
+
+The simulation's invariants then still hold: the honest models and the validator's are identical
+after every window, and every process exits 0. The faults, each at a fixed point of the chain so
+that a run is reproducible:
+
+- ``lead-restart``: the lead validator is killed (SIGKILL, no clean shutdown) a few blocks after
+  window 1's gather block, in the middle of its decision, and started again at once; it resumes
+  from its saved state and must not publish a second decision for a window;
+- ``lead-down``: the lead validator is killed after window 2's gather block and started again
+  two windows later; meanwhile no manifest is published and every node applies nothing, and the
+  restarted lead catches up on the windows it missed without publishing late decisions;
+- ``load``: two busy loops at normal priority for the whole run, so the machine is full and every
+  node (the lead first) is slowed down.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass, field
+
+from lab.sim.layout import NETUID, World
+from lab.sim.processes import Running, start
+from node.runtime.report_log import REPORTS, read_json_lines
+from protocol.chain import open_chain
+from protocol.chain.base import Chain
+from protocol.windows import WindowSchedule
+
+FAULT_KINDS = ("lead-restart", "lead-down", "load")
+RESTART_AFTER_GATHER = 3  # blocks after window 1's gather block: the lead is deciding
+DOWN_WINDOWS = 2  # how long the lead stays down
+
+
+def parse_faults(text: str) -> list[str]:
+    """The fault kinds of a ``--faults`` value; `SystemExit` with the known ones otherwise."""
+    kinds = [k for k in text.split(",") if k]
+    unknown = sorted(set(kinds) - set(FAULT_KINDS))
+    if unknown:
+        raise SystemExit(f"unknown faults: {', '.join(unknown)} (known: {', '.join(FAULT_KINDS)})")
+    return kinds
+
+
+@dataclass
+class Injector:
+    """Injects the faults of `kinds` while `supervise` ticks (`tick` every second)."""
+
+    world: World
+    kinds: list[str]
+    validator_windows: int  # windows the validator must process in all
+    chain: Chain = field(init=False)
+    _due: list[tuple[int, str]] = field(init=False)  # (block, action), in block order
+    _hogs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.chain = open_chain(self.world.chain_url, netuid=NETUID)
+        sched = WindowSchedule.from_run(self.world.run)
+        due = []
+        if "lead-restart" in self.kinds:
+            at = sched.gather_block(1) + RESTART_AFTER_GATHER
+            due += [(at, "kill"), (at, "start")]
+        if "lead-down" in self.kinds:
+            down = sched.gather_block(2) + RESTART_AFTER_GATHER
+            due += [(down, "kill"), (down + DOWN_WINDOWS * sched.blocks_per_window, "start")]
+        self._due = sorted(due, key=lambda d: d[0])
+        if "load" in self.kinds:
+            self._hogs = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(2)]
+
+    def tick(self, running: list[Running]) -> None:
+        """Run every action whose block the chain has reached (the validator is replaced in
+        `running` when it is started again)."""
+        block = self.chain.block()
+        while self._due and self._due[0][0] <= block:
+            _, action = self._due.pop(0)
+            i = next(i for i, r in enumerate(running) if r.member.kind == "validator")
+            if action == "kill":
+                running[i].proc.kill()
+                running[i].proc.wait()
+            else:
+                running[i] = start(self.world, running[i].member, self._windows_left(running[i]))
+
+    def _windows_left(self, r: Running) -> int:
+        done = len(read_json_lines(r.member.state_dir / REPORTS))
+        return max(1, self.validator_windows - done)
+
+    def stop(self) -> None:
+        for hog in self._hogs:
+            hog.kill()
+            hog.wait()

@@ -31,6 +31,7 @@ import torch
 from substrateinterface import Keypair
 
 from codec.aggregate import clip_factors
+from codec.errors import TesseraError
 from codec.spec import ModelSpec
 from node.data.batches import open_run_dataset
 from node.model.fingerprint import fingerprint
@@ -56,7 +57,7 @@ from node.window.history import (
     resync,
 )
 from protocol.chain.base import Chain
-from protocol.chain.errors import NotRegistered
+from protocol.chain.errors import BlockPruned, NotRegistered
 from protocol.naming import fingerprint_key, run_prefix, scores_key
 from protocol.runconfig import RunConfig
 from protocol.stores import ObjectStore, StoreError
@@ -90,6 +91,10 @@ SCORABLE = {Verdict.OK, Verdict.COPY, Verdict.REPLAY}
 def run_manifest_key(run_id: str) -> str:
     """Where the validator publishes the run config whose hash is the run id."""
     return f"{run_prefix(run_id)}run.json"
+
+
+class ValidatorError(TesseraError, RuntimeError):
+    """The validator cannot go on (the reason says what the operator can do)."""
 
 
 WRAP_UP_MARGIN = 2.0
@@ -166,7 +171,11 @@ class Validator:
         model must replay every aggregate; windows already past are fetched without waiting)."""
         reports = []
         for _ in range(windows):
-            report = self.run_window(self.next_window)
+            try:
+                report = self.run_window(self.next_window)
+            except BlockPruned as exc:  # down too long for a non-archive node: replay, go on
+                self._skip_pruned(exc)
+                continue
             reports.append(report)
             append_line(self.state_dir / REPORTS, report.model_dump_json())
             prune_own_bucket(
@@ -401,6 +410,26 @@ class Validator:
                 outer=self.strategy.outer_state_dict(),
             ),
         )
+
+    def _skip_pruned(self, exc: BlockPruned) -> None:
+        """The chain node no longer keeps the roster block of our next window (we were down
+        longer than it keeps state): replay the windows since from the other validators'
+        published history, up to the current one. `ValidatorError` if nothing replays them."""
+        target = self.current_window()
+        log.warning(
+            "window %d: the chain no longer keeps its roster (%s): catching up to window %d "
+            "from published history", self.next_window, exc, target,
+        )  # fmt: skip
+        others = [s for s in history_sources(self.chain, self.local_root) if s.uid != self.uid]
+        reached = catch_up_any(self.model, self.strategy, others, self.next_window, target)
+        if reached <= self.next_window:
+            raise ValidatorError(
+                f"window {self.next_window}'s roster block is pruned on this chain node and no "
+                "validator's published history replays it: point --chain at an archive node "
+                "(`--chain archive`)"
+            ) from exc
+        self.fingerprint = fingerprint(self.model)
+        self._save(reached)
 
     def _catch_up(self, window: int) -> int:
         """A validator started mid-run rebuilds the model from published history (its own or

@@ -21,6 +21,7 @@ from node.window.buckets import PeerBucket
 from node.window.exchange import check_update, encode_signed
 from node.window.gather import Fetched, StoredUpdate
 from node.window.history import Source, catch_up, publish_aggregate
+from protocol.chain import BlockPruned
 from protocol.chain.local import LocalChain
 from protocol.chain.local_db import LocalChainDB, create_local_chain
 from protocol.commitment import render_commitment
@@ -147,9 +148,13 @@ def test_scoring_stops_when_its_time_is_up(tmp_path: Path) -> None:
     checks = _scorable(v, tmp_path)  # kept as spool files, as the validator keeps them
     assert set(v._score(0, checks, time.monotonic() + 600)) == {2, 3}
     assert v._score(0, checks, time.monotonic() - 1) == {}
-    # the deadline is the next window's gather block
-    blocks = v.clock.gather_block(1) - chain.block()
-    assert v._scoring_deadline(0) - time.monotonic() == pytest.approx(blocks * BLOCK_TIME, abs=5)
+    # the deadline is the next window's gather block, less room for the work after scoring
+    # (the first time: manifest_wait_s; then twice what it took last time)
+    left = (v.clock.gather_block(1) - chain.block()) * BLOCK_TIME
+    wait = RUN.consensus.manifest_wait_s
+    assert v._scoring_deadline(0) - time.monotonic() == pytest.approx(left - wait, abs=5)
+    v._wrap_up_s = 40.0
+    assert v._scoring_deadline(0) - time.monotonic() == pytest.approx(left - 80.0, abs=5)
     checks[3].verdict = Verdict.COPY  # scored, but outside the reference direction
     (tmp_path / "3").unlink()
     with pytest.raises(SpoolError):
@@ -197,5 +202,46 @@ def test_the_lead_decodes_each_update_once_before_its_manifest(
     again = {u: measure(u, up.fetched.update, 0, v.spec, RUN, v.cfg, v.salt, v.strategy)
              for u, up in uploads.items()}  # fmt: skip
     assert {u: c.norm for u, c in checks.items()} == {u: m.norm for u, m in again.items()}
+    chain.close()
+    admin.close()
+
+
+class PrunedBelow:
+    """The real chain as a non-archive subtensor node shows it: the state of blocks below
+    `first_kept` is gone."""
+
+    def __init__(self, chain: LocalChain, first_kept: int) -> None:
+        self._chain, self.first_kept = chain, first_kept
+
+    def snapshot(self, block: int):  # noqa: ANN201 - the real chain's snapshot
+        if block < self.first_kept:
+            raise BlockPruned(f"state of block {block} already discarded")
+        return self._chain.snapshot(block)
+
+    def __getattr__(self, name: str):  # noqa: ANN204 - everything else is the real chain's
+        return getattr(self._chain, name)
+
+
+def test_a_validator_down_past_the_pruning_horizon_catches_up_instead_of_crash_looping(
+    tmp_path: Path,
+) -> None:
+    """Its next window's roster block is pruned on the chain node: it replays the windows since
+    from the other validator's history and goes on from there, where it used to raise on every
+    restart."""
+    clock, admin, chain = _chain(tmp_path, validators=2)
+    for i, key in enumerate(KEYS):
+        chain.commit(key, render_commitment(commitment_for(f"file://{tmp_path}?bucket=bucket{i}")))
+    store = open_store(f"file://{tmp_path}?bucket=bucket1")
+    down = Validator(RUN, KEYS[1], chain, store, tmp_path / "state1", local_root=tmp_path)
+    assert down.next_window == 0  # saved at window 0, then down
+    fps = _history(tmp_path)
+    clock.at(PUBLISHED * RUN.timing.blocks_per_window + 5)  # in the middle of window 3
+    pruned = PrunedBelow(chain, first_kept=PUBLISHED * RUN.timing.blocks_per_window)
+    back = Validator(RUN, KEYS[1], pruned, store, tmp_path / "state1", local_root=tmp_path)  # type: ignore[arg-type]
+    assert back.next_window == 0
+    assert back.run_windows(1) == []  # no window processed: it caught up instead
+    assert (back.next_window, back.fingerprint) == (PUBLISHED, fps[PUBLISHED])
+    again = Validator(RUN, KEYS[1], pruned, store, tmp_path / "state1", local_root=tmp_path)  # type: ignore[arg-type]
+    assert again.next_window == PUBLISHED  # saved: a restart goes on from there
     chain.close()
     admin.close()

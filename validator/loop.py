@@ -143,14 +143,18 @@ class Validator:
         hotkeys, buckets, no_bucket = _members(roster)
         with window_spool(self.state_dir, window) as spool:  # the updates' bytes, until stepped
             uploads = self._fetch(window, list(buckets.values()), spool, roster.selected)
+            rated = uploads is not None  # else our disk failed: nobody is judged on it
+            uploads = uploads or {}
             checks = check_window(
                 window, hotkeys, uploads, no_bucket, self.fingerprint if window > 0 else None,
                 self.history, self.run, self.spec, self.cfg, self.salt, self.strategy,
             )  # fmt: skip
             agreed = self._agree(window, roster, uploads, checks, spool)
-            losses = self._score(window, checks, self._scoring_deadline(window)) if live else {}
+            scoring = live and rated
+            losses = self._score(window, checks, self._scoring_deadline(window)) if scoring else {}
             scored = time.monotonic()
-            self.book.update(_outcomes(checks, losses))
+            if rated:
+                self.book.update(_outcomes(checks, losses))
             sketches = [c.sketch for c in checks.values() if c.sketch is not None]
             self.history.add(window, [*sketches, self._aggregate_sketch(window, agreed, checks)])
             start_fp = self.fingerprint
@@ -194,17 +198,26 @@ class Validator:
 
     def _fetch(
         self, window: int, buckets: list[PeerBucket], spool: Path, selected: Collection[int]
-    ) -> dict[int, Upload]:
+    ) -> dict[int, Upload] | None:
         """Every peer's upload (bodies in `spool`; the `selected` updates in a pool of their own),
         each measured for the checks while the fetch has it decoded: the manifest the peers wait
-        for then costs one decode per update."""
+        for then costs one decode per update. None when our spool failed (a full disk): the lead
+        then decides that the window applies nothing, a follower takes the lead's copies, and
+        nobody is scored or rated on it."""
         run, spec, cfg, salt, strategy = self.run, self.spec, self.cfg, self.salt, self.strategy
 
         def take(uid: int, update: Decoded) -> Measured:
             return measure(uid, update, window, spec, run, cfg, salt, strategy)
 
         deadline_s = self.clock.deadline_s(window)
-        return fetch_uploads(buckets, run, spec, window, deadline_s, spool, take, selected)
+        try:
+            return fetch_uploads(buckets, run, spec, window, deadline_s, spool, take, selected)
+        except SpoolError as exc:
+            log.error(
+                "window %d: cannot keep the updates (%s): free space under %s; this window "
+                "applies nothing we decide and rates nobody", window, exc, self.state_dir,
+            )  # fmt: skip
+            return None
 
     def _agree(
         self,
@@ -230,8 +243,9 @@ class Validator:
         if agreed.forked:
             self._resync(window, agreed.lead_fingerprint)
         try:  # our own history: the exact bytes we applied
-            applied = {u: b for u in agreed.updates if (b := uploads[u].body) is not None}
-            hotkeys = {u: uploads[u].hotkey for u in applied}
+            ours = {u: uploads[u] for u in agreed.updates if u in uploads}
+            applied = {u: up.body for u, up in ours.items() if up.body is not None}
+            hotkeys = {u: ours[u].hotkey for u in applied}
             publish_aggregate(
                 self.store, self.run, window, self.uid, self.keypair, applied, hotkeys, spool
             )

@@ -191,3 +191,13 @@ def test_a_lead_whose_manifest_cannot_be_stored_applies_nothing(
     assert agreed.updates == {} and agreed.manifest is None
     history = read_aggregate_bytes(store, RUN, SPEC, WINDOW, LEAD, keys[LEAD].ss58_address)  # type: ignore[arg-type]
     assert history == {}  # not the set the manifest would have applied
+
+
+def test_a_run_without_validators_does_not_wait_for_a_manifest(keys: dict[int, Keypair]) -> None:
+    """Nobody publishes one: the node applies its own verified copies at once."""
+    roster = _roster(keys, None)
+    roster = Roster(WINDOW, roster.block, roster.metagraph, {}, {}, [0, 1], None)
+    assert wait_for_manifest(roster, RUN, WINDOW, lambda: 0) is None  # the chain never moves
+    fetched, _, _ = _views(keys)
+    agreed = agree(roster, fetched, None, START, RUN, SPEC)
+    assert sorted(agreed.updates) == [0, 1] and agreed.note == "no validator: own choice"

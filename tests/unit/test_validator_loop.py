@@ -3,7 +3,9 @@ published history instead of starting from the initial weights; its scoring keep
 
 from __future__ import annotations
 
+import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ from node.window.buckets import PeerBucket
 from node.window.exchange import check_update, encode_signed
 from node.window.gather import Fetched, StoredUpdate
 from node.window.history import Source, catch_up, publish_aggregate
+from node.window.manifest import read_manifest
 from protocol.chain import BlockPruned
 from protocol.chain.local import LocalChain
 from protocol.chain.local_db import LocalChainDB, create_local_chain
@@ -243,5 +246,52 @@ def test_a_validator_down_past_the_pruning_horizon_catches_up_instead_of_crash_l
     assert (back.next_window, back.fingerprint) == (PUBLISHED, fps[PUBLISHED])
     again = Validator(RUN, KEYS[1], pruned, store, tmp_path / "state1", local_root=tmp_path)  # type: ignore[arg-type]
     assert again.next_window == PUBLISHED  # saved: a restart goes on from there
+    chain.close()
+    admin.close()
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 64 KiB tmpfs: smaller than one update of the `tiny` model (skipped where mounting is
+    not allowed)."""
+    where = tmp_path / "small"
+    where.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], check=False)
+
+
+def test_a_lead_whose_spool_disk_is_full_decides_nothing_and_rates_nobody(
+    tmp_path: Path, full_disk: Path
+) -> None:
+    """The lead cannot keep the window's updates (its spool is on a full disk): it publishes a
+    manifest that applies nothing before the cutoff, rates nobody on a window it could not see,
+    and carries on, where it used to stop before its manifest."""
+    clock, admin, chain = _chain(tmp_path, validators=1)
+    for i, key in enumerate(KEYS):
+        chain.commit(key, render_commitment(commitment_for(f"file://{tmp_path}?bucket=bucket{i}")))
+    store = open_store(f"file://{tmp_path}?bucket=bucket0")
+    state = tmp_path / "state0"
+    v = Validator(RUN, KEYS[0], chain, store, state, local_root=tmp_path)
+    window = 1  # its roster (block 10) has every bucket commitment
+    for uid, check in _scorable(v, tmp_path).items():  # two peers' uploads, in their buckets
+        assert check.upload is not None and check.upload.body is not None
+        peer = open_store(f"file://{tmp_path}?bucket=bucket{uid}")
+        peer.put(update_key(RUN.run_id, window, uid, check.hotkey), check.upload.body.read())
+    (state / SPOOL).symlink_to(full_disk)  # the spool's disk is full
+    clock.at(v.clock.gather_block(window) + 1)
+    before = v.book.final_scores()
+    report = v.run_window(window)
+    assert report.aggregated == []
+    lead = KEYS[0].ss58_address
+    manifest = read_manifest(store, RUN.run_id, window, 0, lead, 1 << 20)  # type: ignore[arg-type]
+    assert manifest.entries == ()  # published in time: every node applies nothing, alike
+    assert v.book.final_scores() == before and v.next_window == window + 1
     chain.close()
     admin.close()

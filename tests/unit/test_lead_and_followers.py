@@ -19,9 +19,8 @@ from codec.spec import ModelSpec
 from lab.sim.forgeries import noise_update
 from node.model.fingerprint import fingerprint
 from node.model.llama import build_model
-from node.window.buckets import PeerBucket
 from node.window.consensus import Agreement, Roster, agree
-from node.window.exchange import check_update, encode_signed
+from node.window.exchange import encode_signed
 from node.window.gather import Fetched
 from node.window.history import publish_aggregate
 from node.window.manifest import (
@@ -31,11 +30,10 @@ from node.window.manifest import (
     publish_manifest,
     read_manifest,
 )
-from protocol.chain.models import Metagraph, Neuron
 from protocol.keys import create_hotkey
 from protocol.runconfig import RunConfig
 from protocol.stores import open_store
-from protocol.stores.spool import InMemory
+from tests.support.lead_views import checked_views, lead_roster
 from validator.agreement import lead_decision, mark_equivocations
 from validator.checks import Verdict
 from validator.classify import PeerCheck
@@ -61,28 +59,13 @@ def _signed(uid: int, seed: int, keys: dict[int, Keypair]) -> bytes:
 
 
 def _roster(keys: dict[int, Keypair], store: object, selected: list[int]) -> Roster:
-    neurons = [
-        Neuron(uid=u, hotkey=k.ss58_address, stake=10.0 if u == LEAD else 0.0,
-               validator_permit=u == LEAD)
-        for u, k in keys.items()
-    ]  # fmt: skip
-    lead = PeerBucket(LEAD, keys[LEAD].ss58_address, store)  # type: ignore[arg-type]
-    return Roster(
-        WINDOW, 40, Metagraph(netuid=1, block=40, neurons=neurons), {LEAD: lead}, {}, selected, lead
-    )
+    return lead_roster(keys, store, selected, WINDOW, LEAD)
 
 
 def _views(
     data: dict[int, bytes], keys: dict[int, Keypair]
 ) -> tuple[dict[int, Fetched], dict[int, Upload], dict[int, PeerCheck]]:
-    """What a validator fetched and checked (every update verified, verdict ok)."""
-    fetched, uploads, checks = {}, {}, {}
-    for u, d in data.items():
-        update = check_update(d, u, keys[u].ss58_address, RUN, SPEC, WINDOW)
-        fetched[u] = Fetched(u, update, "ok", InMemory.of(d), None, len(d))
-        uploads[u] = Upload(u, keys[u].ss58_address, fetched[u], None)
-        checks[u] = PeerCheck(u, keys[u].ss58_address, uploads[u], Verdict.OK, "ok")
-    return fetched, uploads, checks
+    return checked_views(data, keys, RUN, SPEC, WINDOW)
 
 
 def test_a_restarted_lead_adopts_the_manifest_it_published(

@@ -23,7 +23,6 @@ from lab.sim.forgeries import noise_update
 from node.model.fingerprint import fingerprint
 from node.model.llama import build_model
 from node.window import consensus
-from node.window.buckets import PeerBucket
 from node.window.consensus import (
     Roster,
     agree,
@@ -31,19 +30,16 @@ from node.window.consensus import (
     may_publish,
     wait_for_manifest,
 )
-from node.window.exchange import check_update, encode_signed
+from node.window.exchange import encode_signed
 from node.window.gather import Fetched
 from node.window.history import read_aggregate_bytes
 from node.window.manifest import WindowManifest, publish_manifest
-from protocol.chain.models import Metagraph, Neuron
 from protocol.keys import create_hotkey
 from protocol.naming import applied_key
 from protocol.runconfig import RunConfig
 from protocol.stores import open_store
-from protocol.stores.spool import InMemory
+from tests.support.lead_views import checked_views, lead_roster
 from validator.agreement import lead_decision
-from validator.checks import Verdict
-from validator.classify import PeerCheck
 from validator.fetching import Upload
 
 RUN = RunConfig.preset(
@@ -71,14 +67,7 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Keypair]:
 
 
 def _roster(keys: dict[int, Keypair], store: object) -> Roster:
-    neurons = [
-        Neuron(uid=u, hotkey=k.ss58_address, stake=10.0 if u == LEAD else 0.0,
-               validator_permit=u == LEAD)
-        for u, k in keys.items()
-    ]  # fmt: skip
-    lead = PeerBucket(LEAD, keys[LEAD].ss58_address, store)  # type: ignore[arg-type]
-    meta = Metagraph(netuid=1, block=WINDOW * 60, neurons=neurons)
-    return Roster(WINDOW, WINDOW * 60, meta, {LEAD: lead}, {}, [0, 1], lead)
+    return lead_roster(keys, store, [0, 1], WINDOW, LEAD)
 
 
 def _manifest(keys: dict[int, Keypair]) -> WindowManifest:
@@ -104,15 +93,24 @@ def _clock(first: int, on: dict[int, Callable[[], None]] | None = None) -> Calla
 
 
 def _views(keys: dict[int, Keypair]) -> tuple[dict[int, Fetched], dict[int, Upload], dict]:
-    fetched, uploads, checks = {}, {}, {}
-    for u in (0, 1):
-        update = noise_update(SPEC, RUN, 0.01, torch.Generator().manual_seed(u))
-        data = encode_signed(update, RUN, SPEC, WINDOW, u, keys[u])
-        decoded = check_update(data, u, keys[u].ss58_address, RUN, SPEC, WINDOW)
-        fetched[u] = Fetched(u, decoded, "ok", InMemory.of(data), None, len(data))
-        uploads[u] = Upload(u, keys[u].ss58_address, fetched[u], None)
-        checks[u] = PeerCheck(u, keys[u].ss58_address, uploads[u], Verdict.OK, "ok")
-    return fetched, uploads, checks
+    data = {
+        u: encode_signed(
+            noise_update(SPEC, RUN, 0.01, torch.Generator().manual_seed(u)), RUN, SPEC, WINDOW, u,
+            keys[u],
+        )
+        for u in (0, 1)
+    }  # fmt: skip
+    return checked_views(data, keys, RUN, SPEC, WINDOW)
+
+
+@pytest.fixture
+def lead_view(tmp_path: Path, keys: dict[int, Keypair]) -> tuple:
+    """The lead's bucket, roster, uploads, checks and scratch folder for the window."""
+    store = open_store(f"file://{tmp_path}?bucket=lead")
+    _, uploads, checks = _views(keys)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    return store, _roster(keys, store), uploads, checks, scratch
 
 
 def test_a_prompt_and_a_loaded_node_see_the_same_manifest(
@@ -153,13 +151,9 @@ def test_without_a_manifest_a_node_reads_until_the_cutoff_then_applies_nothing(
 
 
 def test_a_lead_too_late_for_the_cutoff_publishes_no_manifest_and_an_empty_history(
-    tmp_path: Path, keys: dict[int, Keypair]
+    keys: dict[int, Keypair], lead_view: tuple
 ) -> None:
-    store = open_store(f"file://{tmp_path}?bucket=lead")
-    roster = _roster(keys, store)
-    _, uploads, checks = _views(keys)
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
+    store, roster, uploads, checks, scratch = lead_view
     late = CUTOFF - 1  # inside the margin: a PUT now could land after some node's last read
     assert not may_publish(RUN, WINDOW, late)
     agreed = lead_decision(
@@ -176,13 +170,9 @@ def test_a_lead_too_late_for_the_cutoff_publishes_no_manifest_and_an_empty_histo
 
 
 def test_a_lead_whose_manifest_cannot_be_stored_applies_nothing(
-    tmp_path: Path, keys: dict[int, Keypair]
+    tmp_path: Path, keys: dict[int, Keypair], lead_view: tuple
 ) -> None:
-    store = open_store(f"file://{tmp_path}?bucket=lead")
-    roster = _roster(keys, store)
-    _, uploads, checks = _views(keys)
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
+    store, roster, uploads, checks, scratch = lead_view
     key = applied_key(RUN.run_id, WINDOW, LEAD, keys[LEAD].ss58_address)
     (tmp_path / "lead" / key / "blocker").mkdir(parents=True)  # its PUT fails
     agreed = lead_decision(

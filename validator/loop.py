@@ -210,14 +210,21 @@ class Validator:
             return measure(uid, update, window, spec, run, cfg, salt, strategy)
 
         deadline_s = self.clock.deadline_s(window)
+        begun = time.monotonic()
         try:
-            return fetch_uploads(buckets, run, spec, window, deadline_s, spool, take, selected)
+            uploads = fetch_uploads(buckets, run, spec, window, deadline_s, spool, take, selected)
         except SpoolError as exc:
             log.error(
                 "window %d: cannot keep the updates (%s): free space under %s; this window "
                 "applies nothing we decide and rates nobody", window, exc, self.state_dir,
             )  # fmt: skip
             return None
+        got = sum(up.fetched.ok for up in uploads.values())
+        log.info(
+            "window %d: fetched %d of %d peers' updates in %.1f s", window, got, len(buckets),
+            time.monotonic() - begun,
+        )  # fmt: skip
+        return uploads
 
     def _agree(
         self,

@@ -146,6 +146,8 @@ def wait_for_manifest(
     if roster.lead is None:  # a run without validators: nobody publishes one
         return None
     cutoff = manifest_cutoff_block(run, window)
+    begun = time.monotonic()
+    log.info("window %d: waiting for the lead's manifest until block %d", window, cutoff)
     give_up: float | None = None
     while True:
         past = block_now() >= cutoff  # before the read: a read begun after the cutoff is final
@@ -159,6 +161,9 @@ def wait_for_manifest(
                 return None
         else:
             if manifest is not None or past:
+                took = time.monotonic() - begun
+                found = "found" if manifest is not None else "none by the cutoff"
+                log.info("window %d: lead's manifest: %s after %.1f s", window, found, took)
                 return manifest
         time.sleep(MANIFEST_POLL_S)
 

@@ -58,7 +58,7 @@ from node.runtime.state import PeerState, load_error_feedback, load_state, save_
 from node.strategy import Strategy, make_strategy
 from node.strategy.outer import land_by_step
 from node.window.consensus import agree, wait_for_manifest, window_roster
-from node.window.exchange import encode_signed, publish
+from node.window.exchange import encode_signed, publish, put_until
 from node.window.gather import Pieces, gather
 from node.window.history import catch_up_any, history_sources, resync
 from protocol.chain.base import Chain
@@ -67,6 +67,9 @@ from protocol.runconfig import RunConfig
 from protocol.stores import ObjectStore, StoreError
 
 log = logging.getLogger(f"tessera.{__name__}")
+
+FINGERPRINT_RETRY_S = 30.0
+"""How long a fingerprint upload that failed for a reason that may pass is tried again."""
 
 
 @dataclass
@@ -412,8 +415,11 @@ class Peer:
             return fp
         body = {"run_id": self.cfg.run_id, "window": window, "uid": self.uid, "fingerprint": fp}
         key = fingerprint_key(self.cfg.run_id, window, self.uid, self.keypair.ss58_address)
+        # validators read it at the next gather: a blip must not make us out of sync, nor may a
+        # store that stays down hold up the next window's training for long
+        until = min(self.clock.deadline_s(window + 1), time.time() + FINGERPRINT_RETRY_S)
         try:
-            self.store.put(key, json.dumps(body).encode())
+            put_until(self.store, key, json.dumps(body).encode(), until)
         except StoreError as exc:
             log.error("window %d: fingerprint upload failed: %s", window, exc)
         return fp

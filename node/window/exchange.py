@@ -74,27 +74,32 @@ def publish(
     hotkey: str,
     until: float | None = None,
 ) -> Published:
-    """Upload our update of `window`. A failure that may pass is tried again every
-    `UPLOAD_RETRY_S` until `until` (epoch seconds, the upload deadline; None: one try), and
-    before each retry the key is looked up: an earlier try stored though its answer was lost is
-    not uploaded again (that would move its Last-Modified, perhaps past the deadline).
-    `StoreError` once the deadline has passed or for a `FINAL` failure."""
+    """Upload our update of `window`, tried again until `until` (`put_until`)."""
     key = update_key(run.run_id, window, uid, hotkey)
     start = time.perf_counter()
+    put_until(store, key, data, until)
+    return Published(key=key, n_bytes=len(data), seconds=time.perf_counter() - start)
+
+
+def put_until(store: ObjectStore, key: str, data: bytes, until: float | None) -> None:
+    """Store `data` at `key` (an object only we write). A failure that may pass is tried again
+    every `UPLOAD_RETRY_S` until `until` (epoch seconds, e.g. the upload deadline; None: one
+    try), and before each retry the key is looked up: an earlier try stored though its answer was
+    lost is not uploaded again (that would move its Last-Modified, perhaps past the deadline).
+    `StoreError` once `until` has passed or for a `FINAL` failure."""
     while True:
         try:
             store.put(key, data)
-            break
+            return
         except FINAL:
             raise
         except StoreError as exc:
             if until is None or time.time() + UPLOAD_RETRY_S >= until:
                 raise
-            log.warning("window %d: upload failed (%s): trying again", window, exc)
+            log.warning("upload of %s failed (%s): trying again", key, exc)
         time.sleep(UPLOAD_RETRY_S)
         if _stored(store, key, len(data)):
-            break
-    return Published(key=key, n_bytes=len(data), seconds=time.perf_counter() - start)
+            return
 
 
 def _stored(store: ObjectStore, key: str, size: int) -> bool:

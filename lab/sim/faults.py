@@ -86,3 +86,4 @@ class Injector:
         for hog in self._hogs:
             hog.kill()
             hog.wait()
+        self.chain.close()

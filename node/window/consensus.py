@@ -64,6 +64,9 @@ from protocol.windows import WindowSchedule
 log = logging.getLogger(f"tessera.{__name__}")
 
 MANIFEST_POLL_S = 0.5
+MANIFEST_POLL_MAX_S = 5.0
+"""How often a node looks for the lead's manifest: a quarter block, within these bounds (every
+peer polls the lead's bucket: on 12 s blocks that is one GET every 3 s, not two a second)."""
 
 
 def roster_block(run: RunConfig, window: int) -> int:
@@ -165,7 +168,7 @@ def wait_for_manifest(
                 found = "found" if manifest is not None else "none by the cutoff"
                 log.info("window %d: lead's manifest: %s after %.1f s", window, found, took)
                 return manifest
-        time.sleep(MANIFEST_POLL_S)
+        time.sleep(min(MANIFEST_POLL_MAX_S, max(MANIFEST_POLL_S, run.timing.block_time_s / 4)))
 
 
 def published_manifest(roster: Roster, run: RunConfig, window: int) -> WindowManifest | None:

@@ -58,6 +58,7 @@ CUTOFF = manifest_cutoff_block(RUN, WINDOW)
 @pytest.fixture(autouse=True)
 def _fast_polls(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(consensus, "MANIFEST_POLL_S", 0.0)
+    monkeypatch.setattr(consensus, "MANIFEST_POLL_MAX_S", 0.0)
 
 
 @pytest.fixture(scope="module")

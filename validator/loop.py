@@ -50,6 +50,7 @@ from node.window.consensus import (
 )
 from node.window.gather import Pieces
 from node.window.history import (
+    Source,
     catch_up_any,
     history_sources,
     publish_aggregate,
@@ -264,7 +265,7 @@ class Validator:
         """Our start of `window` differs from the lead's: rebuild it from the other validators'
         history; a failure is reported, and the next window's manifest retries it."""
         log.warning("window %d: forked from the lead validator: resyncing", window)
-        others = [s for s in history_sources(self.chain, self.local_root) if s.uid != self.uid]
+        others = self._other_sources()
         if not resync(self.model, self.strategy, others, window, lead_fingerprint):
             log.error(
                 "window %d: still forked from the lead validator (no published history "
@@ -432,6 +433,10 @@ class Validator:
             ),
         )
 
+    def _other_sources(self) -> list[Source]:
+        """Every other validator's published history, most stake first."""
+        return [s for s in history_sources(self.chain, self.local_root) if s.uid != self.uid]
+
     def _skip_pruned(self, exc: BlockPruned) -> None:
         """The chain node no longer keeps the roster block of our next window (we were down
         longer than it keeps state): replay the windows since from the other validators'
@@ -441,7 +446,7 @@ class Validator:
             "window %d: the chain no longer keeps its roster (%s): catching up to window %d "
             "from published history", self.next_window, exc, target,
         )  # fmt: skip
-        others = [s for s in history_sources(self.chain, self.local_root) if s.uid != self.uid]
+        others = self._other_sources()
         reached = catch_up_any(self.model, self.strategy, others, self.next_window, target)
         if reached <= self.next_window:
             raise ValidatorError(

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The checks only a CUDA machine can run, in one go: the codec's GPU path compiled for the device
+# and compared bit for bit with the CPU path, then the GPU benchmarks. Results go to OUT_DIR
+# (default runs/gpu-check): cuda_tests.txt and one JSON file per benchmark.
+#
+#   bash scripts/gpu-check.sh [OUT_DIR]
+#
+# Needs torch with CUDA and triton; the tests run without the suite's conftest (no S3 server).
+set -uo pipefail
+out=${1:-runs/gpu-check}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+py=${PYTHON:-python3}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+"$py" -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' \
+  | tee -a "$out/gpu.txt"
+status=0
+"$py" -m pytest -q -rs -p no:cacheprovider --noconftest tests/unit/test_cuda_codec.py 2>&1 \
+  | tee "$out/cuda_tests.txt" || status=1
+for bench in ${GPU_BENCHES:-codec}; do
+  echo "== tessera bench $bench --device cuda"
+  # the bench layer alone (the CLI's other commands import the chain and store clients)
+  "$py" -c 'import argparse, sys
+from lab.bench import cli
+parser = argparse.ArgumentParser(prog="tessera bench")
+cli.add_arguments(parser)
+sys.exit(cli.run(parser.parse_args(sys.argv[1:])))' "$bench" --device cuda --json \
+    > "$out/bench_$bench.json" || status=1
+  tail -c 2000 "$out/bench_$bench.json"
+done
+exit $status

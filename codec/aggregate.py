@@ -23,7 +23,14 @@ from codec.errors import DecodeError
 from codec.quantize import chunk_levels
 from codec.spec import CodecParams, ModelSpec
 
-__all__ = ["aggregate", "clip_bound", "clip_factors", "mean_divisor", "update_norm"]
+__all__ = [
+    "aggregate",
+    "clip_bound",
+    "clip_factors",
+    "divide_exactly",
+    "mean_divisor",
+    "update_norm",
+]
 
 Update = Sequence[SparseTensor]
 
@@ -67,6 +74,13 @@ def mean_divisor(norms: Sequence[float]) -> float:
     if bound <= 0:
         return 0.0
     return math.fsum(min(n, bound) / bound for n in norms)
+
+
+def divide_exactly(t: torch.Tensor, divisor: float) -> None:
+    """``t /= divisor`` in place, one correctly rounded float32 division per element on any
+    device. The divisor goes in as a float32 tensor on ``t``'s device: with a Python number CUDA
+    multiplies by its reciprocal instead, which rounds differently from the CPU's division."""
+    t.div_(torch.tensor(divisor, dtype=torch.float32, device=t.device))
 
 
 def _by_name(update: Update, by_shape: Mapping[str, tuple[int, ...]]) -> dict[str, SparseTensor]:
@@ -120,5 +134,5 @@ def aggregate(
             scatter_add(out[name], sparse, params, factor, triton)
     if divisor > 0:
         for t in out.values():
-            t.div_(divisor)
+            divide_exactly(t, divisor)
     return out

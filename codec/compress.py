@@ -163,8 +163,8 @@ def scatter_add(
     for gi, (g, vals) in enumerate(zip(sparse.groups, sparse.values(), strict=True)):
         flat = layout.flat_positions(gi, g.idx.to(out.device)).view(-1)
         v = vals.to(out.device).view(-1)
-        # positions are unique, so gather + add + put is one rounding each, on any device
-        flat_out[flat] = flat_out[flat] + (v if factor == 1.0 else v * scale)
+        # positions are unique, so each element gets one float32 sum: out + (v · factor)
+        flat_out.index_add_(0, flat, v if factor == 1.0 else v * scale)
 
 
 def densify(

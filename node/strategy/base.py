@@ -34,7 +34,7 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
-from codec.aggregate import clip_factors, mean_divisor
+from codec.aggregate import clip_factors, divide_exactly, mean_divisor
 from codec.errors import DecodeError
 from codec.spec import ModelSpec
 from node.strategy.outer import OuterOptimizer
@@ -181,7 +181,7 @@ class Strategy(ABC):
                 self._accumulate(sums, name, piece, factor)
         if divisor > 0:
             for t in sums.values():
-                t.div_(divisor)
+                divide_exactly(t, divisor)
         return self._finish_mean(sums)
 
     def _zeros(self) -> dict[str, torch.Tensor]:

@@ -108,3 +108,34 @@ def _to(sparse: SparseTensor, device: torch.device) -> SparseTensor:
                         scales=g.scales.to(device)) for g in sparse.groups],
         codebook=sparse.codebook.to(device),
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "nesterov"])
+def test_a_window_on_the_gpu_lands_on_the_cpu_model(optimizer: str) -> None:
+    """The whole outer step of a window: strict decode, the strategy's clipped mean and the outer
+    optimizer (α not a power of two, momentum), over three windows, on each device."""
+    from node.strategy import make_strategy
+    from protocol.runconfig import RunConfig
+
+    run = RunConfig.preset("tiny", outer={"optimizer": optimizer, "alpha": 0.7, "total_windows": 9})
+    spec = ModelSpec.from_shapes({"w": (512, 384), "b": (384,)})
+    cpu, dev = make_strategy(run, spec), make_strategy(run, spec, device=CUDA)
+    gen = torch.Generator().manual_seed(3)
+    start = {t.name: torch.randn(t.shape, generator=gen) for t in spec.tensors}
+    weights = {"cpu": start, "cuda": {n: w.to(CUDA) for n, w in start.items()}}
+    for window in range(3):
+        datas = []
+        for uid in range(5):
+            peer = make_strategy(run, spec)
+            deltas = {t.name: student_t3(t.shape, gen) * 10.0 ** (uid - 2) for t in spec.tensors}
+            meta = {"run_id": run.run_id, "window": window, "uid": uid, "hotkey": "5" * 48}
+            datas.append(peer.to_bytes(peer.encode(deltas, window), meta, lambda _d: bytes(64)))
+        for label, strategy in (("cpu", cpu), ("cuda", dev)):
+            cap = strategy.max_update_bytes()
+            updates = {uid: strategy.decode(d, cap).tensors for uid, d in enumerate(datas)}
+            if label == "cuda":
+                updates = {u: [_to(s, CUDA) for s in ts] for u, ts in updates.items()}
+            strategy.outer.hold(strategy.mean(updates))
+            weights[label] = strategy.outer.next_weights(weights[label])
+        for name, want in weights["cpu"].items():
+            assert torch.equal(want, weights["cuda"][name].cpu()), (window, name)

@@ -29,14 +29,18 @@ __all__ = [
     "clip_factors",
     "divide_exactly",
     "mean_divisor",
+    "norm_partials",
     "update_norm",
 ]
 
 Update = Sequence[SparseTensor]
 
 
-def update_norm(update: Update) -> float:
-    """L2 norm of a peer's decoded update over all its tensors (order-free, exactly rounded sum)."""
+def norm_partials(update: Update) -> list[float]:
+    """Each chunk's squared L2 norm (float64, elementwise exact squares) over the given pieces.
+    `math.fsum` of the partials of all of an update's pieces, split any way, is its squared norm
+    exactly rounded: workers that each hold a share of the tensors (`codec.pool`) get the same
+    norm as `update_norm`."""
     partials: list[float] = []
     for sparse in update:
         for g in sparse.groups:
@@ -44,7 +48,12 @@ def update_norm(update: Update) -> float:
             n_high = (g.codes >> 1).sum(1, dtype=torch.int64).double()
             n_low = g.codes.shape[1] - n_high
             partials.extend((n_low * levels[:, 0] + n_high * levels[:, 1]).tolist())
-    return math.sqrt(math.fsum(partials))
+    return partials
+
+
+def update_norm(update: Update) -> float:
+    """L2 norm of a peer's decoded update over all its tensors (order-free, exactly rounded sum)."""
+    return math.sqrt(math.fsum(norm_partials(update)))
 
 
 def clip_bound(norms: Sequence[float]) -> float:

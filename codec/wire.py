@@ -36,7 +36,7 @@ header, verifies the signature over `header_digest`, and only then calls `decode
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import msgpack
@@ -314,11 +314,15 @@ def decode_update(
     max_bytes: int = DEFAULT_MAX_UPDATE_BYTES,
     fmt: WireFormat = SPARSE,
     shared_k: int = 0,
+    only: Collection[str] | None = None,
 ) -> DecodedUpdate:
     """Decode untrusted bytes in container ``fmt`` into one piece per tensor of `expected_spec`
     (`SparseTensor`, or `MaskedTensor` for ``MASKED`` with ``shared_k`` shared values per full
     chunk). Raises `DecodeError` for anything malformed, oversized or not made for this spec,
     codec and container. A masked update's support is checked later, by whoever holds it.
+    With ``only``, just the named tensors are decoded and returned (the header, digest and
+    section lengths are checked all the same): workers that own a share of the tensors each
+    decode their share (`codec.pool`).
     """
     header, payload = read_header(data, max_bytes, fmt.frame, len(expected_spec.tensors))
     _check_against(header, expected_spec, expected_params)
@@ -354,7 +358,7 @@ def decode_update(
     scales = torch.frombuffer(bytearray(payload[pos : pos + n_chunks]), dtype=torch.uint8)
     pos += n_chunks
     books = np.frombuffer(bytes(payload[pos:]), dtype="<f4").astype(np.float32)
-    tensors = _assemble(header, payload, layouts, shared, codes, scales, books)
+    tensors = _assemble(header, payload, layouts, shared, codes, scales, books, only)
     for t in tensors:
         t.validate(expected_params)
     return DecodedUpdate(header=header, tensors=tensors, frame=fmt.frame)
@@ -399,10 +403,17 @@ def _assemble(
     codes: torch.Tensor,
     scales: torch.Tensor,
     books: np.ndarray,
+    only: Collection[str] | None = None,
 ) -> list[Piece]:
     tensors: list[Piece] = []
     pos = vpos = cpos = bpos = 0
     for entry, layout, sh in zip(header.tensors, layouts, shared, strict=True):
+        if only is not None and entry.name not in only:
+            pos += sum(entry.index_bytes)
+            vpos += sum(g.n_chunks * (g.k + s) for g, s in zip(layout.groups, sh, strict=True))
+            cpos += sum(g.n_chunks for g in layout.groups)
+            bpos += 2 * entry.codebook_rows
+            continue
         groups: list[SparseGroup] = []
         for size, g, s in zip(entry.index_bytes, layout.groups, sh, strict=True):
             try:

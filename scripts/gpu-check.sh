@@ -17,15 +17,19 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 status=0
 "$py" -m pytest -q -rs -p no:cacheprovider --noconftest tests/unit/test_cuda_codec.py 2>&1 \
   | tee "$out/cuda_tests.txt" || status=1
-for bench in ${GPU_BENCHES:-codec}; do
+# GPU_BENCHES: the benches to run, separated by ';' (each a `tessera bench` command line)
+IFS=';' read -ra benches <<< "${GPU_BENCHES:-codec;exchange --preset 1B --peers 8}"
+for bench in "${benches[@]}"; do
+  read -ra words <<< "$bench"
+  name=${words[0]}
   echo "== tessera bench $bench --device cuda"
   # the bench layer alone (the CLI's other commands import the chain and store clients)
   "$py" -c 'import argparse, sys
 from lab.bench import cli
 parser = argparse.ArgumentParser(prog="tessera bench")
 cli.add_arguments(parser)
-sys.exit(cli.run(parser.parse_args(sys.argv[1:])))' "$bench" --device cuda --json \
-    > "$out/bench_$bench.json" || status=1
-  tail -c 2000 "$out/bench_$bench.json"
+sys.exit(cli.run(parser.parse_args(sys.argv[1:])))' "${words[@]}" --device cuda --json \
+    > "$out/bench_$name.json" || status=1
+  tail -c 3000 "$out/bench_$name.json"
 done
 exit $status

@@ -21,8 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument(
         "what",
-        choices=["codec", "train"],
-        help="codec: index coder, values, compression speed; train: strategies' held-out loss",
+        choices=["codec", "exchange", "train"],
+        help="codec: index coder, values, compression speed; exchange: decoding and aggregating "
+        "a window's updates at a preset's shapes; train: strategies' held-out loss",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument(
@@ -40,6 +41,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="cpu",
         help="cuda: the Triton path on the first GPU, plus its copy reference and a 1B model",
     )
+    exchange = parser.add_argument_group("exchange")
+    exchange.add_argument("--peers", type=int, default=8, help="updates gathered (default 8)")
+    exchange.add_argument(
+        "--layers",
+        type=int,
+        default=4,
+        help="decoder layers of the preset's model whose tensors are sent (default 4; 0: all)",
+    )
+    exchange.add_argument(
+        "--workers",
+        default=None,
+        help="comma-separated worker counts (default: 1 and every core, e.g. 1,2)",
+    )
+    exchange.add_argument(
+        "--repeats", type=int, default=5, help="timed runs per row, the best kept (default 5)"
+    )
     train.add_arguments(parser)
 
 
@@ -48,6 +65,10 @@ def run(args: argparse.Namespace) -> int:
         from lab.bench.train import cli as train
 
         return train.run(args)
+    if args.what == "exchange":
+        from lab.bench import exchange_cli
+
+        return exchange_cli.run(args)
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -1,0 +1,196 @@
+"""Decode and aggregate a window's updates over worker processes, each owning a share of the
+model's tensors, with the same mean bit for bit for any number of workers and any arrival order.
+
+`AggregatePool.add` hands an update to every worker as soon as it lands; each decodes its own
+tensors of it at once (`codec.wire.decode_update` with ``only``), so the gather ends about one
+decode after its last byte. `AggregatePool.mean` then combines the workers' exact norm partials
+into each update's norm (`codec.aggregate.norm_partials`), derives the clip factors and divisor
+once, and every worker adds the updates into its tensors **in ascending uid order** and divides
+them, in shared float32 buffers that are reused from window to window. A tensor's sum never
+depends on which worker owns it nor on when its updates arrived: the result is
+`codec.aggregate.aggregate` (``clip_to_median=True``) bit for bit.
+
+Tensors are dealt to workers largest first onto the least loaded (by kept entries), so the
+workers' shares of the decode and scatter are even. Every worker runs one torch thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import multiprocessing.connection as mpc
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+import torch.multiprocessing as tmp
+
+from codec.aggregate import clip_factors, divide_exactly, mean_divisor, norm_partials
+from codec.chunking import ChunkLayout
+from codec.compress import SparseTensor, scatter_add
+from codec.errors import DecodeError
+from codec.spec import CodecParams, ModelSpec
+from codec.wire import decode_update
+
+__all__ = ["AggregatePool", "deal"]
+
+
+def deal(spec: ModelSpec, params: CodecParams, workers: int) -> list[list[str]]:
+    """The tensors of each worker: largest (kept entries) first, onto the least loaded."""
+    load = [0] * workers
+    shares: list[list[str]] = [[] for _ in range(workers)]
+    sizes = {t.name: ChunkLayout.for_shape(t.shape, params).n_values for t in spec.tensors}
+    for name in sorted(sizes, key=lambda n: (-sizes[n], n)):
+        w = load.index(min(load))
+        shares[w].append(name)
+        load[w] += sizes[name]
+    return shares
+
+
+class AggregatePool:
+    """``workers`` processes that decode and sum their share of every update (module docstring).
+
+    Use: `add` each update as it arrives, `mean` once all are in (its tensors stay valid until
+    the next `mean` or `reset`), `reset` before the next window, `close` at the end (or use the
+    pool as a context manager)."""
+
+    def __init__(
+        self, spec: ModelSpec, params: CodecParams, workers: int, max_update_bytes: int
+    ) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        self.spec, self.params = spec, params
+        self.shares = deal(spec, params, workers)
+        self._out = {
+            t.name: torch.zeros(t.shape, dtype=torch.float32).share_memory_() for t in spec.tensors
+        }
+        ctx = tmp.get_context("spawn")
+        self._conns: list[mpc.Connection] = []
+        self._procs = []
+        for share in self.shares:
+            here, there = ctx.Pipe()
+            buffers = {name: self._out[name] for name in share}
+            proc = ctx.Process(
+                target=_serve,
+                args=(there, spec, params, share, buffers, max_update_bytes),
+                daemon=True,
+            )
+            proc.start()
+            there.close()
+            self._conns.append(here)
+            self._procs.append(proc)
+        self._uids: list[int] = []
+
+    def add(self, uid: int, data: bytes) -> None:
+        """Start decoding ``uid``'s update in every worker (returns at once)."""
+        if uid in self._uids:
+            raise ValueError(f"uid {uid} was already added this window")
+        self._uids.append(uid)
+        for conn in self._conns:
+            conn.send(("add", uid, data))
+
+    def mean(self) -> tuple[dict[str, torch.Tensor], dict[int, DecodeError]]:
+        """The median-clipped mean of every update added that decodes, and why the others did
+        not (those count as not sent). Waits for the workers' decodes."""
+        partials: dict[int, list[np.ndarray]] = {}
+        rejected: dict[int, DecodeError] = {}
+        for conn in self._conns:
+            conn.send(("norms",))
+        for conn in self._conns:
+            part, errors = _reply(conn)
+            for uid, arr in part.items():
+                partials.setdefault(uid, []).append(arr)
+            rejected.update({uid: DecodeError(msg) for uid, msg in errors.items()})
+        keys = sorted(uid for uid in self._uids if uid not in rejected)
+        norms = [math.sqrt(math.fsum(np.concatenate(partials[uid]).tolist())) for uid in keys]
+        factors = dict(zip(keys, clip_factors(norms), strict=True))
+        divisor = mean_divisor(norms)
+        for conn in self._conns:
+            conn.send(("sum", factors, divisor))
+        for conn in self._conns:
+            _reply(conn)
+        return self._out, rejected
+
+    def reset(self) -> None:
+        """Forget this window's updates (the buffers are zeroed by the next `mean`)."""
+        self._uids = []
+        for conn in self._conns:
+            conn.send(("reset",))
+
+    def close(self) -> None:
+        for conn in self._conns:
+            with contextlib.suppress(BrokenPipeError, OSError):
+                conn.send(("stop",))
+        for proc in self._procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+
+    def __enter__(self) -> AggregatePool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _reply(conn: mpc.Connection) -> Any:
+    kind, payload = conn.recv()
+    if kind == "error":
+        raise RuntimeError(f"an aggregation worker failed: {payload}")
+    return payload
+
+
+def _serve(
+    conn: mpc.Connection,
+    spec: ModelSpec,
+    params: CodecParams,
+    share: list[str],
+    out: Mapping[str, torch.Tensor],
+    max_bytes: int,
+) -> None:
+    """A worker: decode its tensors of each update as it comes, sum them when asked."""
+    torch.set_num_threads(1)
+    only = frozenset(share)
+    pieces: dict[int, list[SparseTensor]] = {}
+    errors: dict[int, str] = {}
+    while True:
+        msg = conn.recv()
+        try:
+            if msg[0] == "add":
+                _, uid, data = msg
+                try:
+                    decoded = decode_update(data, spec, params, max_bytes, only=only)
+                    pieces[uid] = [t for t in decoded.tensors if isinstance(t, SparseTensor)]
+                except DecodeError as exc:
+                    errors[uid] = str(exc)
+            elif msg[0] == "norms":
+                part = {uid: np.asarray(norm_partials(p), np.float64) for uid, p in pieces.items()}
+                conn.send(("ok", (part, errors)))
+            elif msg[0] == "sum":
+                _, factors, divisor = msg
+                _sum_into(out, pieces, factors, divisor, params)
+                conn.send(("ok", None))
+            elif msg[0] == "reset":
+                pieces, errors = {}, {}
+            else:
+                return
+        except Exception as exc:  # reported to the pool, which raises it
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def _sum_into(
+    out: Mapping[str, torch.Tensor],
+    pieces: Mapping[int, list[SparseTensor]],
+    factors: Mapping[int, float],
+    divisor: float,
+    params: CodecParams,
+) -> None:
+    for t in out.values():
+        t.zero_()
+    for uid in sorted(factors):
+        for piece in pieces[uid]:
+            scatter_add(out[piece.name], piece, params, factors[uid])
+    if divisor > 0:
+        for t in out.values():
+            divide_exactly(t, divisor)

@@ -1,0 +1,120 @@
+"""`codec.pool.AggregatePool`: real worker processes decode their share of the tensors of each
+update as it lands; the mean is `codec.aggregate.aggregate` (median-clipped) bit for bit for any
+number of workers and any arrival order, malformed updates are reported and left out, and the
+reused buffers carry nothing from one window into the next."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from codec import wire
+from codec.aggregate import aggregate
+from codec.compress import Compressor
+from codec.pool import AggregatePool, deal
+from codec.spec import CodecParams, ModelSpec
+from lab.bench.compress import student_t3
+
+SPEC = ModelSpec.from_shapes(
+    {"q": (96, 80), "up": (200, 96), "down": (96, 200), "norm": (80,), "conv": (3, 5, 7)}
+)
+PARAMS = CodecParams(tile=16, k=8, max_abs_value=2.0**64)
+CAP = 1 << 22
+
+
+def _updates(seed: int, peers: int = 6) -> dict[int, bytes]:
+    """Wire bytes per uid; scales far apart, so float32 sums in another order round otherwise."""
+    comp = Compressor(SPEC, PARAMS)
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for uid in range(peers):
+        sparse = [
+            comp.compress(t.name, student_t3(t.shape, gen) * 10.0 ** (uid % 4 - 2), 0.9)
+            for t in SPEC.tensors
+        ]
+        out[uid * 3 + 1] = wire.encode_update(sparse, PARAMS, SPEC, sign=lambda _d: bytes(64))
+    return out
+
+
+def _want(datas: dict[int, bytes]) -> dict[str, torch.Tensor]:
+    decoded = {u: wire.decode_update(d, SPEC, PARAMS, CAP).tensors for u, d in datas.items()}
+    return aggregate(decoded, SPEC, PARAMS, clip_to_median=True)
+
+
+def _mean(pool: AggregatePool, datas: dict[int, bytes], order: list[int]) -> dict:
+    pool.reset()
+    for uid in order:
+        pool.add(uid, datas[uid])
+    mean, rejected = pool.mean()
+    return {"mean": {n: t.clone() for n, t in mean.items()}, "rejected": rejected}
+
+
+@pytest.fixture(scope="module")
+def pools() -> dict[int, AggregatePool]:
+    made = {w: AggregatePool(SPEC, PARAMS, w, CAP) for w in (1, 2, 3)}
+    yield made
+    for pool in made.values():
+        pool.close()
+
+
+def test_any_worker_count_and_arrival_order_gives_the_aggregate(pools: dict) -> None:
+    datas = _updates(0)
+    want = _want(datas)
+    # the test can fail: summed in arrival order, the mean's bits differ
+    decoded = {u: wire.decode_update(d, SPEC, PARAMS, CAP).tensors for u, d in datas.items()}
+    arrival = list(datas)[::-1]
+    renamed = {rank: decoded[uid] for rank, uid in enumerate(arrival)}
+    other = aggregate(renamed, SPEC, PARAMS, clip_to_median=True)
+    assert any(not torch.equal(other[n], want[n]) for n in want)
+    for workers, pool in pools.items():
+        for seed in range(2):
+            order = list(datas)
+            random.Random(seed).shuffle(order)
+            got = _mean(pool, datas, order)
+            assert got["rejected"] == {}
+            for name in want:
+                assert torch.equal(got["mean"][name], want[name]), (workers, seed, name)
+
+
+def test_a_malformed_update_is_reported_and_left_out(pools: dict) -> None:
+    datas = _updates(1, peers=4)
+    bad = bytearray(datas[4])
+    bad[-40] ^= 0x10  # inside the payload: its digest no longer matches
+    datas[4] = bytes(bad)
+    want = _want({u: d for u, d in datas.items() if u != 4})
+    for pool in pools.values():
+        got = _mean(pool, datas, list(datas))
+        assert list(got["rejected"]) == [4]
+        assert "digest" in str(got["rejected"][4])
+        for name in want:
+            assert torch.equal(got["mean"][name], want[name]), name
+
+
+def test_a_window_starts_from_zero_and_uids_are_not_added_twice(pools: dict) -> None:
+    pool = pools[2]
+    _mean(pool, _updates(2), list(_updates(2)))
+    datas = _updates(3, peers=2)
+    got = _mean(pool, datas, list(datas))
+    want = _want(datas)
+    for name in want:
+        assert torch.equal(got["mean"][name], want[name]), name
+    with pytest.raises(ValueError, match="already added"):
+        pool.add(1, datas[1])
+    pool.reset()
+    empty, rejected = pool.mean()
+    assert rejected == {} and all(not t.any() for t in empty.values())
+
+
+def test_tensors_are_dealt_evenly_and_once() -> None:
+    from codec.chunking import ChunkLayout
+
+    size = {t.name: ChunkLayout.for_shape(t.shape, PARAMS).n_values for t in SPEC.tensors}
+    shares = deal(SPEC, PARAMS, 3)
+    assert sorted(n for share in shares for n in share) == sorted(size)
+    loads = [sum(size[n] for n in share) for share in shares]
+    assert max(loads) - min(loads) <= max(size.values())  # greedy: within one tensor
+    assert deal(SPEC, PARAMS, 8)[7] == []  # more workers than tensors: some idle
+    with pytest.raises(ValueError, match="workers"):
+        AggregatePool(SPEC, PARAMS, 0, CAP)

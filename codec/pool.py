@@ -87,8 +87,10 @@ class AggregatePool:
         if uid in self._uids:
             raise ValueError(f"uid {uid} was already added this window")
         self._uids.append(uid)
+        shared = torch.empty(len(data), dtype=torch.uint8).share_memory_()
+        shared.numpy()[:] = np.frombuffer(data, dtype=np.uint8)  # one copy, read by every worker
         for conn in self._conns:
-            conn.send(("add", uid, data))
+            conn.send(("add", uid, shared))
 
     def mean(self) -> tuple[dict[str, torch.Tensor], dict[int, DecodeError]]:
         """The median-clipped mean of every update added that decodes, and why the others did
@@ -158,9 +160,10 @@ def _serve(
         msg = conn.recv()
         try:
             if msg[0] == "add":
-                _, uid, data = msg
+                _, uid, shared = msg
                 try:
-                    decoded = decode_update(data, spec, params, max_bytes, only=only)
+                    view = memoryview(shared.numpy())
+                    decoded = decode_update(view, spec, params, max_bytes, only=only)
                     pieces[uid] = [t for t in decoded.tensors if isinstance(t, SparseTensor)]
                 except DecodeError as exc:
                     errors[uid] = str(exc)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import math
 import multiprocessing.connection as mpc
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import numpy as np
@@ -51,9 +51,10 @@ def deal(spec: ModelSpec, params: CodecParams, workers: int) -> list[list[str]]:
 class AggregatePool:
     """``workers`` processes that decode and sum their share of every update (module docstring).
 
-    Use: `add` each update as it arrives, `mean` once all are in (its tensors stay valid until
-    the next `mean` or `reset`), `reset` before the next window, `close` at the end (or use the
-    pool as a context manager)."""
+    Use: `add` each update as it arrives, `rejected` to learn which do not decode, `mean` of all
+    or some of them (its tensors stay valid until the next `mean` or `reset`), `reset` before
+    the next window, `close` at the end (or use the pool as a context manager). Not thread-safe:
+    one caller at a time."""
 
     def __init__(
         self, spec: ModelSpec, params: CodecParams, workers: int, max_update_bytes: int
@@ -81,42 +82,56 @@ class AggregatePool:
             self._conns.append(here)
             self._procs.append(proc)
         self._uids: list[int] = []
+        self._partials: dict[int, list[np.ndarray]] | None = None  # per uid, from each worker
+        self._rejected: dict[int, DecodeError] = {}
 
     def add(self, uid: int, data: bytes) -> None:
         """Start decoding ``uid``'s update in every worker (returns at once)."""
         if uid in self._uids:
             raise ValueError(f"uid {uid} was already added this window")
         self._uids.append(uid)
+        self._partials = None
         shared = torch.empty(len(data), dtype=torch.uint8).share_memory_()
         shared.numpy()[:] = np.frombuffer(data, dtype=np.uint8)  # one copy, read by every worker
         for conn in self._conns:
             conn.send(("add", uid, shared))
 
-    def mean(self) -> tuple[dict[str, torch.Tensor], dict[int, DecodeError]]:
-        """The median-clipped mean of every update added that decodes, and why the others did
-        not (those count as not sent). Waits for the workers' decodes."""
-        partials: dict[int, list[np.ndarray]] = {}
-        rejected: dict[int, DecodeError] = {}
-        for conn in self._conns:
-            conn.send(("norms",))
-        for conn in self._conns:
-            part, errors = _reply(conn)
-            for uid, arr in part.items():
-                partials.setdefault(uid, []).append(arr)
-            rejected.update({uid: DecodeError(msg) for uid, msg in errors.items()})
-        keys = sorted(uid for uid in self._uids if uid not in rejected)
-        norms = [math.sqrt(math.fsum(np.concatenate(partials[uid]).tolist())) for uid in keys]
+    def rejected(self) -> dict[int, DecodeError]:
+        """The updates added this window that do not decode, and why (waits for the decodes)."""
+        if self._partials is None:
+            self._partials, self._rejected = {}, {}
+            for conn in self._conns:
+                conn.send(("norms",))
+            for conn in self._conns:
+                part, errors = _reply(conn)
+                for uid, arr in part.items():
+                    self._partials.setdefault(uid, []).append(arr)
+                self._rejected.update({uid: DecodeError(msg) for uid, msg in errors.items()})
+        return dict(self._rejected)
+
+    def mean(
+        self, keys: Collection[int] | None = None
+    ) -> tuple[dict[str, torch.Tensor], dict[int, DecodeError]]:
+        """The median-clipped mean of the updates added this window (or of those in ``keys``,
+        each added) that decode, and why the others did not (those count as not sent)."""
+        rejected = self.rejected()
+        assert self._partials is not None
+        wanted = set(self._uids) if keys is None else set(keys)
+        if not wanted <= set(self._uids):
+            raise ValueError(f"uids {sorted(wanted - set(self._uids))} were not added")
+        keys = sorted(uid for uid in wanted if uid not in rejected)
+        norms = [math.sqrt(math.fsum(np.concatenate(self._partials[u]).tolist())) for u in keys]
         factors = dict(zip(keys, clip_factors(norms), strict=True))
         divisor = mean_divisor(norms)
         for conn in self._conns:
             conn.send(("sum", factors, divisor))
         for conn in self._conns:
             _reply(conn)
-        return self._out, rejected
+        return self._out, {u: e for u, e in rejected.items() if u in wanted}
 
     def reset(self) -> None:
         """Forget this window's updates (the buffers are zeroed by the next `mean`)."""
-        self._uids = []
+        self._uids, self._partials, self._rejected = [], None, {}
         for conn in self._conns:
             conn.send(("reset",))
 

@@ -34,12 +34,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "micro-batch never exist at once; 0: all at once [env TESSERA_LOSS_CHUNK_TOKENS]",
     )
     parser.add_argument(
+        "--exchange-workers",
+        type=_workers,
+        default=os.environ.get("TESSERA_EXCHANGE_WORKERS", "auto"),
+        help="processes that decode and sum the gathered updates; 0: the peer's own thread; "
+        "auto: half the cores, at most 16, none below 8 cores [env TESSERA_EXCHANGE_WORKERS]",
+    )
+    parser.add_argument(
         "--sharding",
         choices=SHARDINGS,
         default=os.environ.get("TESSERA_SHARDING", "auto"),
         help="under torchrun: DDP replicas, FSDP2 shards, or auto (FSDP2 when the memory plan "
         "says DDP does not fit the GPU; DDP on the CPU). A single process is never sharded.",
     )
+
+
+def _workers(text: str) -> int:
+    from node.window.pooled import auto_workers
+
+    if text == "auto":
+        return auto_workers()
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of processes (0: none) or auto")
+    return int(text)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     memory = MemoryOptions(args.activation_checkpointing, max(0, args.loss_chunk_tokens))
     peer = Peer(
         run_cfg, keypair, chain, store, state, local_root=local_root(args), device=str(device),
-        ranks=ranks, memory=memory,
+        ranks=ranks, memory=memory, exchange_workers=args.exchange_workers,
     )  # fmt: skip
     if args.metrics_port and ranks.is_main:
         peer.metrics.serve(args.metrics_port)

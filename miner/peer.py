@@ -61,6 +61,7 @@ from node.window.consensus import agree, wait_for_manifest, window_roster
 from node.window.exchange import encode_signed, publish, put_until
 from node.window.gather import Pieces, gather
 from node.window.history import catch_up_any, history_sources, resync
+from node.window.pooled import PooledExchange
 from protocol.chain.base import Chain
 from protocol.naming import fingerprint_key, update_key
 from protocol.runconfig import RunConfig
@@ -104,6 +105,7 @@ class Peer:
         device: str = "cpu",
         ranks: Ranks | None = None,
         memory: MemoryOptions = PLAIN,
+        exchange_workers: int = 0,
     ) -> None:
         self.cfg, self.keypair, self.chain, self.store = run, keypair, chain, store
         self.memory = memory  # how the inner loop trades compute for memory
@@ -126,6 +128,14 @@ class Peer:
         )
         _, self.dataset = open_run_dataset(run)
         self.uid = self._registered_uid()
+        # worker processes that decode and sum the gathered updates (`node.window.pooled`)
+        self.pooled = (
+            PooledExchange(run, self.spec, exchange_workers)
+            if exchange_workers > 0
+            and self.ranks.is_main
+            and PooledExchange.supports(run, self.spec)
+            else None
+        )
         self.metrics = PeerMetrics()
         self.metrics.window_seconds.set(run.timing.blocks_per_window * run.timing.block_time_s)
         self.delay = run.outer.delay
@@ -314,8 +324,14 @@ class Peer:
     def _take_in(self, flight: Flight) -> None:
         """Hold the mean of the window's agreed updates (computed on rank 0, sent to all)."""
         done = flight.result()
-        updates = Pieces(done.agreed.updates if done else {})
-        mean = self.weights.aggregator.mean(updates) if self.ranks.is_main else None
+        agreed = done.agreed.updates if done else {}
+        mean = None
+        if self.ranks.is_main:
+            aggregator = self.weights.aggregator
+            if self.pooled is not None:
+                mean = self.pooled.mean(agreed, aggregator.device)
+            if mean is None:
+                mean = aggregator.mean(Pieces(agreed))
         self.strategy.receive(self.weights.share(mean))
 
     def _land_and_hold(self) -> None:
@@ -345,7 +361,8 @@ class Peer:
         self.clock.wait_for_block(self.clock.gather_block(window))
         roster = window_roster(self.chain, self.cfg, window, self.local_root)
         peers = [roster.buckets[u] for u in roster.selected if u in roster.buckets]
-        fetched = gather(peers, self.cfg, self.spec, window, self.clock.deadline_s(window))
+        deadline = self.clock.deadline_s(window)
+        fetched = gather(peers, self.cfg, self.spec, window, deadline, self.pooled)
         manifest = wait_for_manifest(roster, self.cfg, window, self.chain.block)
         agreed = agree(roster, fetched, manifest, start_fp, self.cfg, self.spec)
         return Exchanged(upload_bytes, upload_s, fetched, agreed)

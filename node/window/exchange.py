@@ -120,9 +120,18 @@ def check_update(
     for an update its peer really signed for this run, window and uid. The wire format is the
     run's strategy's (`node.strategy`): another strategy's bytes fail at the frame.
     """
+    verified_header(data, peer_uid, peer_hotkey, run, spec, window)
     strategy = make_strategy(run, spec)
-    cap = strategy.max_update_bytes()
-    header = strategy.read_header(data, cap)
+    return strategy.decode(data, strategy.max_update_bytes())
+
+
+def verified_header(
+    data: bytes, peer_uid: int, peer_hotkey: str, run: RunConfig, spec: ModelSpec, window: int
+) -> Any:
+    """The header of one peer's bytes once its meta and signature are verified (the payload is
+    not decoded: `check_update` or a decoding pool does that)."""
+    strategy = make_strategy(run, spec)
+    header = strategy.read_header(data, strategy.max_update_bytes())
     expected = {"run_id": run.run_id, "window": window, "uid": peer_uid, "hotkey": peer_hotkey}
     for field, value in expected.items():
         if header.meta.get(field) != value:
@@ -130,7 +139,7 @@ def check_update(
     verify_update(
         peer_hotkey, header.sig, run.run_id, window, peer_uid, strategy.signed_digest(header)
     )
-    return strategy.decode(data, cap)
+    return header
 
 
 def decode_verified(data: bytes, run: RunConfig, spec: ModelSpec) -> Decoded:

@@ -16,7 +16,7 @@ needs it (`protocol.stores.spool`, `update_request(..., spool=...)`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -27,6 +27,7 @@ from codec.spec import ModelSpec
 from node.strategy.base import Decoded
 from node.window.buckets import PeerBucket
 from node.window.exchange import check_update, decode_verified, max_update_bytes
+from node.window.pooled import PooledExchange
 from protocol.naming import update_key
 from protocol.runconfig import RunConfig
 from protocol.signing import SignatureError
@@ -166,6 +167,10 @@ def late_reason(stamp: datetime | None, run: RunConfig, deadline_s: float) -> st
     return None
 
 
+Checker = Callable[[bytes, int, str, int], Decoded]
+"""(bytes, uid, hotkey, window) -> the verified update, or `DecodeError`/`SignatureError`."""
+
+
 def checked(
     uid: int,
     hotkey: str,
@@ -174,9 +179,10 @@ def checked(
     spec: ModelSpec,
     window: int,
     deadline_s: float,
+    check: Checker | None = None,
 ) -> Fetched:
     """What one fetch result is worth: a verified, decoded update, or the reason it is dropped
-    (a spooled body is read back here)."""
+    (a spooled body is read back here). ``check`` replaces `check_update` (a decoding pool's)."""
     if isinstance(got, StoreError):
         log.info("window %d: fetching uid %d failed: %s", window, uid, got)
         return Fetched(uid, None, fetch_reason(got))
@@ -185,7 +191,10 @@ def checked(
         return Fetched(uid, None, late)
     n, data = got.body.size, got.data  # read back if spooled (a `SpoolError` is ours: raised)
     try:
-        update = check_update(data, uid, hotkey, run, spec, window)
+        if check is None:
+            update = check_update(data, uid, hotkey, run, spec, window)
+        else:
+            update = check(data, uid, hotkey, window)
     except DecodeError as exc:
         return Fetched(uid, None, f"malformed: {exc}", n_bytes=n)
     except SignatureError as exc:
@@ -197,14 +206,27 @@ def checked(
 
 
 def gather(
-    peers: Sequence[PeerBucket], run: RunConfig, spec: ModelSpec, window: int, deadline_s: float
+    peers: Sequence[PeerBucket],
+    run: RunConfig,
+    spec: ModelSpec,
+    window: int,
+    deadline_s: float,
+    pooled: PooledExchange | None = None,
 ) -> dict[int, Fetched]:
-    """The peers' updates for `window`, fetched concurrently within the run's budget, by uid."""
+    """The peers' updates for `window`, fetched concurrently within the run's budget, by uid.
+    With ``pooled`` their payloads are decoded by its workers (`node.window.pooled`)."""
     got = fetch_all({p.uid: update_request(p, run, spec, window) for p in peers}, run)
+    check = None
+    if pooled is not None:
+        pooled.begin(window)
+        check = pooled.check
     out = {
-        p.uid: checked(p.uid, p.hotkey, got[p.uid], run, spec, window, deadline_s)
+        p.uid: checked(p.uid, p.hotkey, got[p.uid], run, spec, window, deadline_s, check)
         for p in sorted(peers, key=lambda p: p.uid)
     }
+    if pooled is not None:
+        for uid, exc in pooled.rejected().items():
+            out[uid] = Fetched(uid, None, f"malformed: {exc}", n_bytes=out[uid].n_bytes)
     for f in out.values():
         if not f.ok:
             log.warning("window %d: dropping uid %d: %s", window, f.uid, f.reason)

@@ -1,4 +1,5 @@
-"""Two real peer processes on the embedded chain and storage: bit-identical, learning, resumable."""
+"""Two real peer processes on the embedded chain and storage: bit-identical, learning, resumable.
+One decodes and sums the gathered updates in worker processes, the other on its own thread."""
 
 from __future__ import annotations
 
@@ -60,7 +61,8 @@ def start_peer(tmp: Path, i: int, windows: int) -> subprocess.Popen[bytes]:
         "--wallet", "sim", "--hotkey", f"peer{i}", "--wallet-path", str(tmp / "wallets"),
         "--state-dir", str(tmp / f"state{i}"), "--windows", str(windows), "--commit",
     ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # peer 0 decodes and sums in two worker processes, peer 1 on its own thread: same models
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TESSERA_EXCHANGE_WORKERS": "2" if i == 0 else "0"}
     log = (tmp / f"peer{i}.log").open("ab")
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
 
@@ -107,6 +109,7 @@ def test_two_peers_stay_identical_learn_and_resume_after_kill(tmp_path: Path, de
     assert all(sorted(r["gathered"]) == [0, 1] for r in a if (r["exchanged"] or 0) >= 1)
     assert any(r["applied"] == [0, 1] for r in a)
     assert a[-1]["loss"] < a[0]["loss"]
+    assert "summed by 2 decode workers" in (tmp_path / "peer0.log").read_text()
 
     # kill -9 peer 1 while it trains its next window, restart it: it resumes from its state
     procs = [start_peer(tmp_path, 0, windows=3), start_peer(tmp_path, 1, windows=3)]

@@ -118,3 +118,23 @@ def test_tensors_are_dealt_evenly_and_once() -> None:
     assert deal(SPEC, PARAMS, 8)[7] == []  # more workers than tensors: some idle
     with pytest.raises(ValueError, match="workers"):
         AggregatePool(SPEC, PARAMS, 0, CAP)
+
+
+def test_the_mean_of_some_of_the_updates_and_rejections_before_it(pools: dict) -> None:
+    datas = _updates(4, peers=5)
+    bad = bytearray(datas[7])
+    bad[-40] ^= 0x10
+    datas[7] = bytes(bad)
+    pool = pools[3]
+    pool.reset()
+    for uid in datas:
+        pool.add(uid, datas[uid])
+    assert list(pool.rejected()) == [7]  # known before any mean, from the workers' decodes
+    some = [13, 4, 7]
+    mean, rejected = pool.mean(some)
+    assert list(rejected) == [7]
+    want = _want({u: datas[u] for u in (4, 13)})
+    for name in want:
+        assert torch.equal(mean[name], want[name]), name
+    with pytest.raises(ValueError, match="not added"):
+        pool.mean([4, 99])

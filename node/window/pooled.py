@@ -1,0 +1,134 @@
+"""A node's exchange decoded by worker processes as its updates land (`codec.pool`).
+
+With `PooledExchange`, the gather (`node.window.gather.gather`) verifies each update's header
+and signature on its own thread and hands the bytes to the pool, whose workers decode their
+share of the tensors at once; an update that does not decode is dropped as ``malformed`` when
+the gather ends, as the strict decode would drop it. The window's mean is then the pool's, bit
+for bit the strategy's own (`Strategy.mean`), when every agreed update is one the pool holds
+for that window; otherwise (the lead's copy of an update replaced ours, or the pool has moved on
+to a later window) the caller computes it the usual way.
+
+Only runs whose updates travel in the sparse wire container take this path (`supports`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from codec.errors import DecodeError
+from codec.pool import AggregatePool
+from codec.spec import ModelSpec
+from codec.wire import SPARSE
+from node.strategy import make_strategy
+from node.strategy.base import Decoded
+from node.window.exchange import decode_verified, verified_header
+from protocol.runconfig import RunConfig
+
+__all__ = ["Handed", "PooledExchange", "auto_workers"]
+
+log = logging.getLogger(f"tessera.{__name__}")
+
+AUTO_MIN_CORES = 8
+AUTO_MAX_WORKERS = 16
+
+
+def auto_workers(cores: int | None = None) -> int:
+    """Decode workers for a machine of ``cores`` cores (default: this one's): half of them, at
+    most `AUTO_MAX_WORKERS`, and none (decode on the node's own thread) below `AUTO_MIN_CORES`,
+    where the training and the node's threads need what few there are."""
+    cores = cores if cores is not None else (os.cpu_count() or 1)
+    return 0 if cores < AUTO_MIN_CORES else min(AUTO_MAX_WORKERS, cores // 2)
+
+
+@dataclass(eq=False)
+class Handed:
+    """A verified update whose bytes went to the pool; `tensors` decodes them when asked."""
+
+    header: Any
+    signed_digest: bytes
+    data: bytes = field(repr=False)
+    run: RunConfig = field(repr=False)
+    spec: ModelSpec = field(repr=False)
+    epoch: int = 0
+
+    @property
+    def digest(self) -> bytes:
+        return bytes(self.header.digest)
+
+    @property
+    def tensors(self) -> Any:
+        return decode_verified(self.data, self.run, self.spec).tensors
+
+
+class PooledExchange:
+    """One pool per node, used by one window's gather and mean at a time (a lock keeps the
+    flight thread's gather and the main thread's mean apart)."""
+
+    def __init__(self, run: RunConfig, spec: ModelSpec, workers: int) -> None:
+        self.run, self.spec = run, spec
+        strategy = make_strategy(run, spec)
+        self.pool = AggregatePool(spec, run.codec, workers, strategy.max_update_bytes())
+        self._lock = threading.Lock()
+        self._epoch = 0
+        self._window: int | None = None
+
+    @staticmethod
+    def supports(run: RunConfig, spec: ModelSpec) -> bool:
+        strategy = make_strategy(run, spec)
+        return not strategy.dense and getattr(strategy, "wire", None) == SPARSE
+
+    def begin(self, window: int) -> None:
+        """A new window's gather: forget the last one's updates."""
+        with self._lock:
+            self.pool.reset()
+            self._epoch += 1
+            self._window = window
+
+    def check(self, data: bytes, uid: int, hotkey: str, window: int) -> Handed:
+        """Verify the header and signature (`SignatureError`/`DecodeError` if not) and start
+        the decode in the workers."""
+        header = verified_header(data, uid, hotkey, self.run, self.spec, window)
+        strategy = make_strategy(self.run, self.spec)
+        with self._lock:
+            if window != self._window:
+                raise RuntimeError(f"the pool is gathering window {self._window}, not {window}")
+            self.pool.add(uid, data)
+            epoch = self._epoch
+        return Handed(header, strategy.signed_digest(header), data, self.run, self.spec, epoch)
+
+    def rejected(self) -> dict[int, DecodeError]:
+        """The handed updates of this window that do not decode (waits for the workers)."""
+        with self._lock:
+            return self.pool.rejected()
+
+    def mean(
+        self, updates: Mapping[int, Decoded], device: torch.device
+    ) -> dict[str, torch.Tensor] | None:
+        """The window's mean of ``updates`` on ``device`` (a copy: the pool's buffers are
+        reused), or None when the pool does not hold exactly these updates."""
+        with self._lock:
+            held = all(isinstance(u, Handed) and u.epoch == self._epoch for u in updates.values())
+            if not held:
+                return None
+            begun = time.perf_counter()
+            mean, rejected = self.pool.mean(updates.keys())
+            if rejected:  # agreed updates that do not decode: the usual path says why
+                return None
+            out = {name: t.to(device, copy=True) for name, t in mean.items()}
+        log.info(
+            "window %s: mean of %d updates summed by %d decode workers in %.2f s",
+            self._window, len(updates), len(self.pool.shares), time.perf_counter() - begun,
+        )  # fmt: skip
+        return out
+
+    def close(self) -> None:
+        with self._lock:
+            self.pool.close()

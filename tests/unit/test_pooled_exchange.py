@@ -1,0 +1,102 @@
+"""A node's gather and mean through decode workers (`node.window.pooled`), against the strict
+in-process path on the same stored updates: the same verdicts (a payload that fails its digest
+is ``malformed`` either way, after a header and signature that verify), the same mean bit for
+bit, and the usual path whenever the pool does not hold exactly the agreed updates."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from substrateinterface import Keypair
+
+from codec.compress import Compressor
+from lab.bench.compress import student_t3
+from node.runtime.plan import model_spec
+from node.strategy import make_strategy
+from node.window.buckets import PeerBucket
+from node.window.exchange import encode_signed
+from node.window.gather import Pieces, gather
+from node.window.pooled import PooledExchange, auto_workers
+from protocol.naming import update_key
+from protocol.runconfig import RunConfig
+from protocol.stores import open_store
+
+RUN = RunConfig.preset("tiny", name="pooled")
+SPEC = model_spec(RUN.model)
+WINDOW = 3
+
+
+def _peers(tmp_path: Path, n: int = 5, tampered: int = 2) -> list[PeerBucket]:
+    """n peers' signed updates in their own buckets; peer `tampered` flips a payload byte after
+    signing (its header and signature still verify, its payload digest does not)."""
+    peers = []
+    gen = torch.Generator().manual_seed(0)
+    for uid in range(n):
+        key = Keypair.create_from_uri(f"//pooled{uid}")
+        comp = Compressor(SPEC, RUN.codec)
+        scale = 1e-3 * 4.0 ** (uid % 3)  # far apart: another summing order rounds otherwise
+        update = [
+            comp.compress(t.name, student_t3(t.shape, gen) * scale, 0.9) for t in SPEC.tensors
+        ]
+        data = bytearray(encode_signed(update, RUN, SPEC, WINDOW, uid, key))
+        if uid == tampered:
+            data[-100] ^= 0x01
+        store = open_store(f"file://{tmp_path}?bucket=peer{uid}")
+        store.put(update_key(RUN.run_id, WINDOW, uid, key.ss58_address), bytes(data))
+        peers.append(PeerBucket(uid, key.ss58_address, store, keeps_clock=True))
+    return peers
+
+
+@pytest.fixture(scope="module")
+def pooled() -> PooledExchange:
+    made = PooledExchange(RUN, SPEC, 2)
+    yield made
+    made.close()
+
+
+def test_same_verdicts_and_the_same_mean_as_the_strict_path(
+    tmp_path: Path, pooled: PooledExchange
+) -> None:
+    peers = _peers(tmp_path)
+    deadline = time.time() + 60
+    strict = gather(peers, RUN, SPEC, WINDOW, deadline)
+    fast = gather(peers, RUN, SPEC, WINDOW, deadline, pooled)
+    assert {u: f.reason for u, f in fast.items()} == {u: f.reason for u, f in strict.items()}
+    assert fast[2].reason.startswith("malformed") and "digest" in fast[2].reason
+    assert [u for u, f in fast.items() if f.ok] == [0, 1, 3, 4]
+
+    strategy = make_strategy(RUN, SPEC)
+    for agreed_uids in ([0, 1, 3, 4], [4, 1]):
+        agreed = {u: fast[u].update for u in agreed_uids}
+        want = strategy.mean(Pieces({u: strict[u].update for u in agreed_uids}))
+        got = pooled.mean(agreed, torch.device("cpu"))
+        assert got is not None
+        for name in want:
+            assert torch.equal(got[name], want[name]), name
+        # the pooled tensors are lazily decodable too (the usual path, when it is needed)
+        assert torch.equal(
+            agreed[4].tensors[0].groups[0].idx, strict[4].update.tensors[0].groups[0].idx
+        )
+
+
+def test_the_usual_path_when_the_pool_does_not_hold_the_agreed_updates(
+    tmp_path: Path, pooled: PooledExchange
+) -> None:
+    peers = _peers(tmp_path, n=3, tampered=-1)
+    deadline = time.time() + 60
+    strict = gather(peers, RUN, SPEC, WINDOW, deadline)
+    fast = gather(peers, RUN, SPEC, WINDOW, deadline, pooled)
+    mixed = {0: fast[0].update, 1: strict[1].update}  # e.g. the lead's copy replaced ours
+    assert pooled.mean(mixed, torch.device("cpu")) is None
+    held = {u: f.update for u, f in fast.items()}
+    gather(peers, RUN, SPEC, WINDOW + 1, deadline, pooled)  # the pool moved on: all missing
+    assert pooled.mean(held, torch.device("cpu")) is None
+
+
+def test_only_sparse_runs_use_workers_and_small_machines_none() -> None:
+    assert PooledExchange.supports(RUN, SPEC)
+    assert not PooledExchange.supports(RunConfig.preset("tiny", strategy="diloco"), SPEC)
+    assert auto_workers(2) == 0 and auto_workers(8) == 4 and auto_workers(192) == 16

@@ -7,7 +7,14 @@ import argparse
 import logging
 import os
 
-from commands.node_args import add_node_arguments, connect, load_run, local_root, state_dir
+from commands.node_args import (
+    add_node_arguments,
+    connect,
+    exchange_workers,
+    load_run,
+    local_root,
+    state_dir,
+)
 from node.runtime.memory import SHARDINGS
 
 
@@ -35,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--exchange-workers",
-        type=_workers,
+        type=exchange_workers,
         default=os.environ.get("TESSERA_EXCHANGE_WORKERS", "auto"),
         help="processes that decode and sum the gathered updates; 0: the peer's own thread; "
         "auto: half the cores, at most 16, none below 8 cores [env TESSERA_EXCHANGE_WORKERS]",
@@ -47,16 +54,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="under torchrun: DDP replicas, FSDP2 shards, or auto (FSDP2 when the memory plan "
         "says DDP does not fit the GPU; DDP on the CPU). A single process is never sharded.",
     )
-
-
-def _workers(text: str) -> int:
-    from node.window.pooled import auto_workers
-
-    if text == "auto":
-        return auto_workers()
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r}: give a number of processes (0: none) or auto")
-    return int(text)
 
 
 def run(args: argparse.Namespace) -> int:

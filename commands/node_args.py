@@ -169,3 +169,14 @@ def state_dir(args: argparse.Namespace, role: str, run: RunConfig, hotkey: str) 
 
 def local_root(args: argparse.Namespace) -> Path | None:
     return Path(args.local_root) if args.local_root else None
+
+
+def exchange_workers(text: str) -> int:
+    """``--exchange-workers``: a number of processes (0: none) or ``auto`` (`auto_workers`)."""
+    from node.window.pooled import auto_workers
+
+    if text == "auto":
+        return auto_workers()
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of processes (0: none) or auto")
+    return int(text)

@@ -3,7 +3,7 @@ and the memory per GPU a peer needs under DDP and FSDP2 (`node.runtime.memory`).
 
     tessera plan                                   # every preset on its reference box
     tessera plan --preset 8B --gpus 8 --gpu h100 --link-gbps 1
-    tessera plan --preset 1B --measure --suggest   # this CPU's decode rate; blocks and H to fit
+    tessera plan --preset 1B --measure --suggest   # this host's exchange rate; blocks and H to fit
 
 Prints compute time, communication time (upload, gather wait, download, decode) and each one's
 share of the window, then the memory per GPU of the box's GPUs (``--gpu-memory``, default the
@@ -23,9 +23,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from commands.node_args import exchange_workers
 from node.runtime.memory import GIB, plan_memory
 from node.runtime.plan import (
-    DECODE_ENTRIES_PER_S,
     HARDWARE,
     REFERENCE,
     TARGET_BUSY,
@@ -57,10 +57,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--decode-m-per-s",
         type=_positive,
         default=None,
-        help=f"decode rate, M entries/s (default {DECODE_ENTRIES_PER_S / 1e6:g}, stated)",
+        help="the host's exchange rate, M entries/s decoded and summed (default: the reference "
+        "box's, measured)",
     )
     parser.add_argument(
-        "--measure", action="store_true", help="measure the decode rate on this CPU instead"
+        "--measure",
+        action="store_true",
+        help="measure the exchange rate on this machine instead, with --exchange-workers",
+    )
+    parser.add_argument(
+        "--exchange-workers",
+        type=exchange_workers,
+        default="auto",
+        help="decode workers for --measure (0: one thread; auto: as `tessera miner` picks)",
     )
     parser.add_argument(
         "--suggest",
@@ -88,6 +97,9 @@ def figures(run: RunConfig, box: Box, p: Plan) -> dict[str, Any]:
         "params": p.params,
         "tokens_per_window": p.tokens,
         "flops_per_window": p.flops,
+        "inner_steps": run.inner_steps,
+        "blocks_per_window": run.timing.blocks_per_window,
+        "outer_delay": run.outer.delay,
         "window_s": p.window_s,
         "compute_s": p.compute_s,
         "update_bytes": p.update.bytes,
@@ -126,9 +138,9 @@ def run(args: argparse.Namespace) -> int:
     rows = []
     for r in runs:
         box = box_for(r, args)
-        rate = args.decode_m_per_s * 1e6 if args.decode_m_per_s else DECODE_ENTRIES_PER_S
+        rate = args.decode_m_per_s * 1e6 if args.decode_m_per_s else box.exchange_rate
         if args.measure:
-            rate = measure_decode_rate(r)
+            rate = measure_decode_rate(r, args.exchange_workers)
         row = figures(r, box, plan(r, box, rate))
         row["decode_entries_per_s"] = rate
         row["memory"] = memory(r, box, args.gpu_memory)
@@ -150,12 +162,13 @@ def run(args: argparse.Namespace) -> int:
 
 ROWS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("box", "box", str),
+    ("inner steps (H)", "inner_steps", str),
     ("tokens per window", "tokens_per_window", lambda v: f"{v:,}"),
     ("compute", "compute_s", lambda v: f"{v:,.1f} s"),
     ("upload", "upload_s", lambda v: f"{v:,.2f} s"),
     ("gather wait (skew grace)", "gather_wait_s", lambda v: f"{v:,.0f} s"),
     ("download (gather)", "download_s", lambda v: f"{v:,.1f} s"),
-    ("decode (one thread)", "decode_s", lambda v: f"{v:,.1f} s"),
+    ("decode and sum", "decode_s", lambda v: f"{v:,.1f} s"),
     ("communication", "comm_s", lambda v: f"{v:,.1f} s"),
     ("window", "window_s", lambda v: f"{v:,.0f} s"),
     ("busy: training", "busy", lambda v: f"{v:.1%}"),
@@ -165,7 +178,7 @@ ROWS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("fits (delay 1)", "fits_with_delay_1", lambda v: "yes" if v else "[red]no[/]"),
     ("update", "update_bytes", lambda v: f"{v / 1e6:,.2f} MB"),
     ("bits per entry (encoded)", "bits_per_entry", lambda v: f"{v:.2f}"),
-    ("decode rate", "decode_entries_per_s", lambda v: f"{v / 1e6:.2f} M/s"),
+    ("exchange rate (decode and sum)", "decode_entries_per_s", lambda v: f"{v / 1e6:.2f} M/s"),
 )
 
 

@@ -8,7 +8,7 @@ everything in sequence)::
     upload  = U / link                                   U: bytes of one update
     gather wait = the gather grace after the deadline    (`WindowSchedule.gather_grace_blocks`)
     download = G · U / link                              G: run.gather_size
-    decode  = G · E / decode rate                        E: entries of one update
+    decode  = G · E / exchange rate                      E: entries of one update
     busy    = compute / window;  fits when compute + comm <= window
     budgets: download <= consensus.fetch_budget_s, decode <= consensus.manifest_wait_s
 
@@ -18,8 +18,9 @@ one window later: hence ``compute + comm <= window``. With ``outer.delay = 1`` (
 the communication of ``w`` runs while ``w + 1`` trains, so it only has to fit in a window.
 
 Stated figures (each a constant below): peak bf16 dense FLOP/s from the vendors' datasheets, the
-MFU assumption (40 % on GPUs), the link speed of the reference box, and the decode rate (measured
-on one CPU thread, see `DECODE_ENTRIES_PER_S`). The update size is measured: an update of the
+MFU assumption (40 % on GPUs), the link speed of the reference box, and the rate its host decodes
+and sums updates (measured with decode workers, `GPU_HOST_EXCHANGE_RATE`; `tessera plan --measure`
+measures this machine's). The update size is measured: an update of the
 run's strategy and codec is encoded from a fixed Gaussian sample (`update_size`). Not
 modelled: compression on the device, the outer step, the fingerprint and the state save.
 """
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
@@ -43,11 +45,17 @@ from protocol.windows import WindowSchedule
 MFU = 0.40
 """Model-FLOPs utilisation assumed on GPUs (the users' reference, issue 15)."""
 
-DECODE_ENTRIES_PER_S = 3.0e6
-"""Entries per second one CPU thread decodes and aggregates (strict decode, exact norm, clipped
-scatter-add), the way a peer handles its gathered updates: one after another on one thread.
-Measured under load on the 2-core development machine, process CPU time, best of 3:
-`tessera plan --measure --json` gave 2.9–3.5 M/s (sparseloco, k = 64 of 4096)."""
+GPU_HOST_EXCHANGE_RATE = 38.5e6
+"""Entries per second the host of a GPU box decodes and sums a window's updates with 16 decode
+workers (`--exchange-workers`, `codec.pool`): measured on the 16-core host of one H200 at the
+1B preset's shapes, the slower of two arrival orders, `tessera bench exchange --preset 1B
+--peers 8 --layers 4 --workers 16` (2026-11-26: 38.5 and 40.9 M/s; one worker 7.0 M/s). The
+reference boxes have at least as many cores."""
+
+CPU_EXCHANGE_RATE = 0.13e6
+"""Entries per second the `tiny` preset's exchange runs at on its reference (one thread of the
+2-core development machine, no workers): its tensors are small, so the index coder's fixed
+cost per tensor dominates (`tessera plan --preset tiny --measure`: 0.133–0.140 M/s, 2026-11-26)."""
 
 SAMPLE_SHAPES = {"w_in": (1024, 4096), "w_out": (4096, 1024), "norm": (1024,)}
 """The fixed sample an update's size and decode rate are measured on (8.4 M elements)."""
@@ -78,12 +86,14 @@ HARDWARE: dict[str, Hardware] = {
 
 @dataclass(frozen=True)
 class Box:
-    """A peer's machine: ``devices`` accelerators of one kind, a symmetric link, an MFU."""
+    """A peer's machine: ``devices`` accelerators of one kind, a symmetric link, an MFU, and
+    the rate its host decodes and sums gathered updates at (entries per second)."""
 
     gpu: str
     devices: int
     link_gbps: float
     mfu: float = MFU
+    exchange_rate: float = GPU_HOST_EXCHANGE_RATE
 
     @property
     def hardware(self) -> Hardware:
@@ -101,7 +111,7 @@ class Box:
 
 
 REFERENCE: dict[str, Box] = {
-    "tiny": Box("cpu", 1, 1.0, mfu=0.10),
+    "tiny": Box("cpu", 1, 1.0, mfu=0.10, exchange_rate=CPU_EXCHANGE_RATE),
     "150M": Box("h100", 1, 1.0),
     "1B": Box("h100", 8, 1.0),
     "8B": Box("h100", 8, 1.0),
@@ -219,33 +229,64 @@ def update_size(run: RunConfig, spec: ModelSpec | None = None) -> UpdateSize:
     return UpdateSize(entries(run, spec), _bits_per_entry(run))
 
 
-def measure_decode_rate(run: RunConfig, repeats: int = 3, updates: int = 4) -> float:
-    """Entries per second of CPU time one thread decodes and aggregates: ``updates`` copies of
-    the sample decoded strictly, then their median-clipped mean (best of ``repeats``)."""
-    spec, data, n = _sample(run)
+def measure_decode_rate(run: RunConfig, workers: int, repeats: int = 3, updates: int = 4) -> float:
+    """Entries per wall second this machine decodes and sums with ``workers`` decode workers
+    (0: on this thread, the strategy's own mean): ``updates`` updates of the run's first decoder
+    layer (its real shapes), best of ``repeats``."""
+    from codec.pool import AggregatePool
+
+    full = model_spec(run.model)
+    spec = ModelSpec(tensors=tuple(t for t in full.tensors if ".layers.0." in t.name))
     strategy = make_strategy(run, spec)
     cap = strategy.max_update_bytes()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        best = math.inf
-        for _ in range(repeats):
-            begun = time.process_time()
-            strategy.mean({u: strategy.decode(data, cap).tensors for u in range(updates)})
-            best = min(best, time.process_time() - begun)
-    finally:
-        torch.set_num_threads(threads)
-    return updates * n / max(best, 1e-9)
+    gen = torch.Generator().manual_seed(0)
+    datas = []
+    for uid in range(updates):
+        peer = make_strategy(run, spec)
+        deltas = {
+            t.name: torch.randn(t.shape, generator=gen) * 1e-3 * (uid + 1) for t in spec.tensors
+        }
+        meta = {"run_id": run.run_id, "window": 0, "uid": uid, "hotkey": "5" * 48}
+        with torch.no_grad():
+            datas.append(peer.to_bytes(peer.encode(deltas, 10**6), meta, lambda _d: bytes(64)))
+    n = updates * entries(run, spec)
+    if workers == 0:
+        return n / _best(
+            lambda: strategy.mean(
+                {u: strategy.decode(d, cap).tensors for u, d in enumerate(datas)}
+            ),
+            repeats,
+        )
+    with AggregatePool(spec, run.codec, workers, cap) as pool:
+
+        def once() -> None:
+            pool.reset()
+            for uid, data in enumerate(datas):
+                pool.add(uid, data)
+            pool.mean()
+
+        once()  # the workers' start
+        return n / _best(once, repeats)
+
+
+def _best(fn: Callable[[], object], repeats: int) -> float:
+    best = math.inf
+    for _ in range(repeats):
+        begun = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - begun)
+    return max(best, 1e-9)
 
 
 def plan(
     run: RunConfig,
     box: Box,
-    decode_rate: float = DECODE_ENTRIES_PER_S,
+    decode_rate: float | None = None,
     tokens_per_s: float | None = None,
 ) -> Plan:
-    """The window of ``run`` on ``box``; ``tokens_per_s`` replaces the FLOP model with a
-    measured training rate (`tessera doctor`)."""
+    """The window of ``run`` on ``box``; ``decode_rate`` replaces the box's exchange rate and
+    ``tokens_per_s`` the FLOP model with a measured training rate (`tessera doctor`)."""
+    decode_rate = decode_rate or box.exchange_rate
     params = run.param_count()
     tokens = run.inner_steps * run.batch_size * run.seq_len
     flops = 6.0 * params * tokens
@@ -279,7 +320,7 @@ class Sizing:
 
 
 def suggest(
-    run: RunConfig, box: Box, target: float = TARGET_BUSY, decode_rate: float = DECODE_ENTRIES_PER_S
+    run: RunConfig, box: Box, target: float = TARGET_BUSY, decode_rate: float | None = None
 ) -> Sizing:
     """The shortest window (whole blocks) whose exchange fits beside ``target`` of training, and
     the inner steps (at the run's batch) that fill that share of it."""

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+
+from lab.bench.output import emit, targets_table
 
 TARGETS = {"decode_M_per_s": 20.0, "encode_M_per_s": 10.0, "total_ratio": 4.0, "value_err": 0.08}
 GPU_TARGETS = {"decode_M_per_s": 1000.0, "encode_M_per_s": 500.0, "total_ratio": 3.0}
@@ -102,12 +103,7 @@ def run(args: argparse.Namespace) -> int:
         with console.status("compressing a 1B model's pseudo-gradient…"):
             result["model_1b"] = _model_1b(repeats=1 if quick else 3)
     result["checks"] = _checks(result)
-    if args.json:
-        json.dump(result, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        _print(result)
-    return 0
+    return emit(result, args.json, _print)
 
 
 def _model_1b(repeats: int) -> dict[str, float]:
@@ -213,9 +209,4 @@ def _print(r: dict[str, Any]) -> None:
             f"{m['compress_s'] + m['encode_s']:.3f} s",
         )
         console.print(t)
-    t = Table(title="Targets")
-    t.add_column("check")
-    t.add_column("met")
-    for name, ok in r["checks"].items():
-        t.add_row(name, "[green]yes[/]" if ok else "[red]no[/]")
-    console.print(t)
+    targets_table(console, r["checks"])

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+
+from lab.bench.output import emit, targets_table
 
 ONE_WORKER_M_PER_S = 25.0
 """Entries per second one worker must decode and aggregate (millions)."""
@@ -67,12 +68,7 @@ def run(args: argparse.Namespace) -> int:
         args.preset, args.peers, args.layers, workers, args.repeats, args.device, log=err.log
     )
     result["checks"] = checks(result)
-    if args.json:
-        json.dump(result, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        _print(result)
-    return 0
+    return emit(result, args.json, _print)
 
 
 def checks(r: dict[str, Any]) -> dict[str, bool]:
@@ -120,9 +116,4 @@ def _print(r: dict[str, Any]) -> None:
             row["digest"][:12],
         )  # fmt: skip
     console.print(t)
-    t = Table(title="Targets")
-    t.add_column("check")
-    t.add_column("met")
-    for name, ok in r["checks"].items():
-        t.add_row(name, "[green]yes[/]" if ok else "[red]no[/]")
-    console.print(t)
+    targets_table(console, r["checks"])

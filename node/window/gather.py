@@ -131,8 +131,10 @@ def fetch_all(
     requests: Mapping[Hashable, FetchRequest],
     run: RunConfig,
     pools: Mapping[Hashable, Hashable] | None = None,
+    on_done: Callable[[Any, Got | StoreError], None] | None = None,
 ) -> dict:
-    """`fetch_many` with the run's budget, minimum rate and grace (and the caller's pools)."""
+    """`fetch_many` with the run's budget, minimum rate and grace (and the caller's pools and
+    callback for each transfer as it ends)."""
     c = run.consensus
     return fetch_many(
         requests,
@@ -140,6 +142,7 @@ def fetch_all(
         min_rate_bytes_s=c.min_rate_bytes_s,
         grace_s=c.rate_grace_s,
         pools=pools,
+        on_done=on_done,
     )
 
 
@@ -214,15 +217,27 @@ def gather(
     pooled: PooledExchange | None = None,
 ) -> dict[int, Fetched]:
     """The peers' updates for `window`, fetched concurrently within the run's budget, by uid.
-    With ``pooled`` their payloads are decoded by its workers (`node.window.pooled`)."""
-    got = fetch_all({p.uid: update_request(p, run, spec, window) for p in peers}, run)
-    check = None
+    With ``pooled``, each payload goes to its workers (`node.window.pooled`) as soon as it has
+    arrived and verified, while the others still download."""
+    hotkeys = {p.uid: p.hotkey for p in peers}
+    landed: dict[int, Fetched] = {}
+    on_done: Callable[[int, Got | StoreError], None] | None = None
     if pooled is not None:
         pooled.begin(window)
-        check = pooled.check
+
+        def on_done(uid: int, got: Got | StoreError) -> None:
+            landed[uid] = checked(
+                uid, hotkeys[uid], got, run, spec, window, deadline_s, pooled.check
+            )
+
+    got = fetch_all(
+        {p.uid: update_request(p, run, spec, window) for p in peers}, run, None, on_done
+    )
+    check = pooled.check if pooled is not None else None
     out = {
-        p.uid: checked(p.uid, p.hotkey, got[p.uid], run, spec, window, deadline_s, check)
-        for p in sorted(peers, key=lambda p: p.uid)
+        uid: landed.get(uid)
+        or checked(uid, hotkeys[uid], got[uid], run, spec, window, deadline_s, check)
+        for uid in sorted(hotkeys)
     }
     if pooled is not None:
         for uid, exc in pooled.rejected().items():

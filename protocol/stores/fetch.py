@@ -63,8 +63,9 @@ import math
 import os
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Coroutine, Hashable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Hashable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -147,9 +148,14 @@ def fetch_many(
     grace_s: float,
     max_connections: int = MAX_CONNECTIONS,
     pools: Mapping[K, Hashable] | None = None,
+    on_done: Callable[[K, Got | StoreError], None] | None = None,
 ) -> dict[K, Got | StoreError]:
     """Every request's object or typed error, within ``budget_s + MARGIN_S`` (see module doc);
-    ``pools`` names each request's pool (all in one pool when None)."""
+    ``pools`` names each request's pool (all in one pool when None). ``on_done`` is called, on
+    the caller's thread, with each request's outcome as soon as its transfer ends, an object or
+    an error (a consumer can start on an object while the others still arrive; a transfer
+    cancelled at the end of the budget is only in the result); it must be quick and must not
+    raise."""
     _check_limits(budget_s, min_rate_bytes_s, grace_s, max_connections)
     for req in requests.values():
         check_max_bytes(req.max_bytes)
@@ -162,7 +168,7 @@ def fetch_many(
     resolver = DaemonResolver(threads, _policies(requests.values()))
     try:
         pool_of = {key: pools.get(key) if pools is not None else None for key in requests}
-        return _run_bounded(_fetch_all(requests, pool_of, limits, threads, resolver))
+        return _run_bounded(_fetch_all(requests, pool_of, limits, threads, resolver, on_done))
     finally:
         hard_end = started + budget_s + MARGIN_S - _RESERVE_S
         threads.join(min(hard_end, time.monotonic() + _JOIN_S))
@@ -243,6 +249,7 @@ async def _fetch_all(
     limits: _Limits,
     threads: DaemonThreads,
     resolver: DaemonResolver,
+    on_done: Callable[[K, Got | StoreError], None] | None = None,
 ) -> dict[K, Got | StoreError]:
     loop = asyncio.get_running_loop()
     budget_s = max(0.0, limits.deadline - time.monotonic())
@@ -255,6 +262,9 @@ async def _fetch_all(
             key: asyncio.create_task(_one(req, ctx, pools[pool_of[key]]))
             for key, req in requests.items()
         }
+        if on_done is not None:
+            for key, task in tasks.items():
+                task.add_done_callback(partial(_report, on_done, key, requests[key]))
         await asyncio.wait(tasks.values(), timeout=max(0.0, deadline - loop.time()) + TICK_S)
         for task in tasks.values():
             task.cancel()  # only a task that outstayed its own deadline is still running
@@ -283,6 +293,18 @@ async def _session(resolver: DaemonResolver) -> AsyncIterator[aiohttp.ClientSess
 async def _close(session: aiohttp.ClientSession, connector: aiohttp.TCPConnector) -> None:
     await connector.close(abort_ssl=True)
     await session.close()
+
+
+def _report(
+    on_done: Callable[[Any, Got | StoreError], None],
+    key: Any,
+    req: FetchRequest,
+    task: asyncio.Task[Got | StoreError],
+) -> None:
+    """A finished transfer's outcome to the caller's callback (a cancelled one is not reported:
+    it ran past the deadline and is in the final result)."""
+    if not task.cancelled():
+        on_done(key, _outcome(task, req))
 
 
 def _outcome(task: asyncio.Task[Got | StoreError], req: FetchRequest) -> Got | StoreError:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -31,6 +31,7 @@ class Exchanged:
     upload_s: float
     fetched: dict[int, Fetched]
     agreed: Agreement
+    seconds: dict[str, float] = field(default_factory=dict)  # each phase of the exchange
 
 
 class Flight:

@@ -50,6 +50,7 @@ from miner.train import PLAIN, InnerResult, MemoryOptions, make_optimizer, train
 from node.data.batches import assigned_batches, open_run_dataset
 from node.model.llama import build_model
 from node.runtime.clock import ChainClock
+from node.runtime.phases import Phases
 from node.runtime.preflight import explain_os_error
 from node.runtime.progress import tracked
 from node.runtime.report_log import REPORTS, append_line
@@ -89,6 +90,7 @@ class WindowReport:
     applied: list[int]
     agreed_by: str
     fingerprint: str
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # per phase, and in all
 
 
 class Peer:
@@ -148,20 +150,26 @@ class Peer:
     # -- the window --------------------------------------------------------------------------
 
     def run_window(self, window: int) -> WindowReport:
+        phases = Phases(window, log)  # each phase logged with its duration
         self._origin, start_fp = self.weights.start(), self.weights.fingerprint()
-        self._step_when_landed()  # delay 1: window - 1's step as soon as its exchange lands,
-        inner = self._train(window)  # here or between two inner steps
+        with phases("train", f"{self.cfg.inner_steps} inner steps"):
+            self._step_when_landed()  # delay 1: window - 1's step as soon as its exchange
+            inner = self._train(window)  # lands, here or between two inner steps
         if self._flight is not None:  # delay 1, still in the air: it lands before we encode
-            self._land_and_step(live=True)
-        sent = self._encode(self._origin, window)
+            with phases("wait for the exchange of the last window"):
+                self._land_and_step(live=True)
+        with phases("encode"):
+            sent = self._encode(self._origin, window)
         self._launch(window, sent, start_fp)
         if not self.delay:
-            self._land_and_step(live=False)
+            with phases("exchange and outer step"):
+                self._land_and_step(live=False)
         self._resync_forked()
         self.weights.advance(self._origin)
-        fp = self._publish_fingerprint(window)
-        self._save(window + 1, fp)
-        return self._report(window, inner, fp)
+        with phases("fingerprint and save"):
+            fp = self._publish_fingerprint(window)
+            self._save(window + 1, fp)
+        return self._report(window, inner, fp, phases)
 
     def run(self, windows: int) -> list[WindowReport]:
         """Train `windows` windows, starting at the current one, resuming from saved state."""
@@ -179,9 +187,11 @@ class Peer:
                 self.store, self.cfg, self.uid, self.keypair.ss58_address, reports[-1].window
             )
             log.info(
-                "window %d: loss %.4f, %.0f tok/s, %d B up in %.2fs, gathered %s, fingerprint %s",
+                "window %d: loss %.4f, %.0f tok/s, %d B up in %.2fs, gathered %s, fingerprint %s; "
+                "done in %.1f s, window %d opens in %.0f s",
                 window, reports[-1].loss, reports[-1].tokens_per_s, reports[-1].upload_bytes,
                 reports[-1].upload_s, reports[-1].gathered, reports[-1].fingerprint[:12],
+                reports[-1].seconds["window"], window + 1, self._opens_in(window + 1),
             )  # fmt: skip
         if self._flight is not None:  # finish the last exchange: the saved state holds its mean
             self._land_and_hold()
@@ -236,6 +246,11 @@ class Peer:
 
     def current_window(self) -> int:
         return self.clock.current_window()
+
+    def _opens_in(self, window: int) -> float:
+        """Seconds until `window`'s first block, by the chain's block time (0 if it is open)."""
+        blocks = self.clock.schedule.first_block(window) - self.chain.block()
+        return max(0.0, blocks * self.cfg.timing.block_time_s)
 
     # -- steps -------------------------------------------------------------------------------
 
@@ -357,15 +372,21 @@ class Peer:
     def _exchange(self, window: int, data: bytes, start_fp: str, resume: bool) -> Exchanged:
         """Rank 0: upload our update, then at the gather point fetch the selected updates and
         apply what the lead validator's manifest says (`node.window.consensus`)."""
-        upload_bytes, upload_s = self._publish(data, window, resume)
-        self.clock.wait_for_block(self.clock.gather_block(window))
+        phases = Phases(window, log, "exchange of window")
+        with phases("upload", f"{len(data):,} B"):
+            upload_bytes, upload_s = self._publish(data, window, resume)
+        gather_block = self.clock.gather_block(window)
+        with phases("wait for the gather block", f"block {gather_block}"):
+            self.clock.wait_for_block(gather_block)
         roster = window_roster(self.chain, self.cfg, window, self.local_root)
         peers = [roster.buckets[u] for u in roster.selected if u in roster.buckets]
         deadline = self.clock.deadline_s(window)
-        fetched = gather(peers, self.cfg, self.spec, window, deadline, self.pooled)
-        manifest = wait_for_manifest(roster, self.cfg, window, self.chain.block)
+        with phases("gather", f"{len(peers)} selected"):
+            fetched = gather(peers, self.cfg, self.spec, window, deadline, self.pooled)
+        with phases("wait for the manifest"):
+            manifest = wait_for_manifest(roster, self.cfg, window, self.chain.block)
         agreed = agree(roster, fetched, manifest, start_fp, self.cfg, self.spec)
-        return Exchanged(upload_bytes, upload_s, fetched, agreed)
+        return Exchanged(upload_bytes, upload_s, fetched, agreed, phases.seconds)
 
     def _publish(self, data: bytes, window: int, resume: bool) -> tuple[int, float]:
         """Upload our update (a resumed exchange only if it is not stored yet)."""
@@ -406,7 +427,7 @@ class Peer:
         self.weights.replay(rebuild)
         self.weights.advance()  # delay 1: the mean held at that start
 
-    def _report(self, window: int, inner: InnerResult, fp: str) -> WindowReport:
+    def _report(self, window: int, inner: InnerResult, fp: str, phases: Phases) -> WindowReport:
         landed, self._exchanged = self._exchanged, None
         done = landed.result() if landed is not None else None
         fetched = done.fetched if done is not None else {}
@@ -424,6 +445,7 @@ class Peer:
             applied=sorted(agreed.updates) if agreed else [],
             agreed_by=agreed.note if agreed else "",
             fingerprint=fp,
+            seconds={**(done.seconds if done else {}), **phases.seconds, "window": phases.elapsed},
         )
 
     def _publish_fingerprint(self, window: int) -> str:

@@ -10,9 +10,12 @@ fetch budget, but before the cutoff. The peer must apply the manifest, not its o
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from miner.peer import Peer
 from node.model.fingerprint import fingerprint
@@ -34,7 +37,9 @@ FETCH_S, WAIT_S = 1.0, 7.0  # the cutoff: 32 blocks (8 s) after the gather block
 LATE_S = 4.0  # when the lead publishes, after the gather block (the window lasts 15 s)
 
 
-def test_a_peer_waits_for_a_late_lead_until_the_cutoff_block(tmp_path: Path) -> None:
+def test_a_peer_waits_for_a_late_lead_until_the_cutoff_block(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     create_local_chain(tmp_path / "chain.db", 1, block_time=BLOCK_S)
     db = LocalChainDB(tmp_path / "chain.db")
     wallets = tmp_path / "wallets"
@@ -74,6 +79,7 @@ def test_a_peer_waits_for_a_late_lead_until_the_cutoff_block(tmp_path: Path) -> 
         )  # fmt: skip
         publish_manifest(lead_store, manifest, lead_key)
 
+    caplog.set_level(logging.INFO, logger="tessera.miner.peer")
     lead = threading.Thread(target=late_lead, daemon=True)
     lead.start()
     report = peer.run_window(0)
@@ -82,3 +88,15 @@ def test_a_peer_waits_for_a_late_lead_until_the_cutoff_block(tmp_path: Path) -> 
     assert report.agreed_by == f"manifest of validator uid {lead_uid}", report.agreed_by
     assert report.applied == []
     assert report.fingerprint == start_fp  # nothing applied: the lead's model, not a fork
+    # the window's phases, each logged with its duration as it ends, and kept in the report
+    logged = [r.getMessage() for r in caplog.records if r.name == "tessera.miner.peer"]
+    for line in (
+        "window 0: train",
+        "exchange of window 0: upload",
+        "exchange of window 0: gather",
+        "exchange of window 0: wait for the manifest",
+        "window 0: fingerprint and save",
+    ):
+        assert any(m.startswith(line) for m in logged), (line, logged)
+    waited = report.seconds["wait for the manifest"]
+    assert waited >= LATE_S - 1 and report.seconds["window"] >= waited  # the late lead wait

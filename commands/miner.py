@@ -10,7 +10,6 @@ import os
 from commands.node_args import (
     add_node_arguments,
     connect,
-    exchange_workers,
     load_run,
     local_root,
     state_dir,
@@ -39,13 +38,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("TESSERA_LOSS_CHUNK_TOKENS", "0"),
         help="cross-entropy over this many positions at a time, so the fp32 logits of the whole "
         "micro-batch never exist at once; 0: all at once [env TESSERA_LOSS_CHUNK_TOKENS]",
-    )
-    parser.add_argument(
-        "--exchange-workers",
-        type=exchange_workers,
-        default=os.environ.get("TESSERA_EXCHANGE_WORKERS", "auto"),
-        help="processes that decode and sum the gathered updates; 0: the peer's own thread; "
-        "auto: half the cores, at most 16, none below 8 cores [env TESSERA_EXCHANGE_WORKERS]",
     )
     parser.add_argument(
         "--sharding",

@@ -111,6 +111,13 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
         default=env("TESSERA_LOG_FORMAT", "text"),
         help="text lines or JSON lines [env TESSERA_LOG_FORMAT]",
     )
+    parser.add_argument(
+        "--exchange-workers",
+        type=exchange_workers,
+        default=env("TESSERA_EXCHANGE_WORKERS", "auto"),
+        help="processes that decode and sum a window's updates; 0: the node's own thread; "
+        "auto: half the cores, at most 16, none below 8 cores [env TESSERA_EXCHANGE_WORKERS]",
+    )
 
 
 def load_run(ref: str) -> RunConfig:

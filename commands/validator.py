@@ -45,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
     validator = Validator(
         run_cfg, keypair, chain, store, state_dir(args, "validator", run_cfg, keypair.ss58_address),
         cfg, local_root=local_root(args), device=args.device,
+        exchange_workers=args.exchange_workers,
     )  # fmt: skip
     logging.getLogger("tessera.validator").info(
         "run %s, uid %d, starting at window %d", run_cfg.run_id, validator.uid,

@@ -32,6 +32,7 @@ from substrateinterface import Keypair
 
 from codec.aggregate import clip_factors
 from codec.errors import TesseraError
+from codec.pool import AggregatePool
 from codec.spec import ModelSpec
 from node.data.batches import open_run_dataset
 from node.model.fingerprint import fingerprint
@@ -57,6 +58,7 @@ from node.window.history import (
     publish_checkpoint,
     resync,
 )
+from node.window.pooled import PooledExchange, mean_of_stored
 from protocol.chain.base import Chain
 from protocol.chain.errors import BlockPruned, NotRegistered
 from protocol.naming import fingerprint_key, run_prefix, scores_key
@@ -116,6 +118,7 @@ class Validator:
         cfg: ValidatorConfig | None = None,
         local_root: Path | None = None,
         device: str = "cpu",
+        exchange_workers: int = 0,
     ) -> None:
         self.run, self.keypair, self.chain, self.store = run, keypair, chain, store
         self.cfg = cfg or ValidatorConfig()
@@ -125,6 +128,12 @@ class Validator:
         self.model = build_model(run.model, run.seed).to(self.device)
         self.spec = ModelSpec.from_module(self.model)
         self.strategy = make_strategy(run, self.spec, self.device)
+        # worker processes that decode and sum the window's applied updates (`codec.pool`)
+        self.pool = (
+            AggregatePool(self.spec, run.codec, exchange_workers, self.strategy.max_update_bytes())
+            if exchange_workers > 0 and PooledExchange.supports(run, self.spec)
+            else None
+        )
         _, self.dataset = open_run_dataset(run)
         uid = chain.uid_of(keypair.ss58_address)
         if uid is None:
@@ -354,8 +363,15 @@ class Validator:
         return time.monotonic() + blocks * self.run.timing.block_time_s - reserve
 
     def _outer_step(self, agreed: Agreement) -> None:
-        """The window's one outer step (`node.strategy`), as every peer takes it."""
-        self.strategy.step(self.model, Pieces(agreed.updates))  # one decoded at a time
+        """The window's one outer step (`node.strategy`), as every peer takes it: the mean from
+        the decode workers when there are some, else decoded here one update at a time."""
+        mean = None
+        if self.pool is not None:
+            mean = mean_of_stored(self.pool, agreed.updates, self.strategy.device)
+        if mean is None:
+            self.strategy.step(self.model, Pieces(agreed.updates))
+        else:
+            self.strategy.step_mean(self.model, mean)
         self.fingerprint = fingerprint(self.model)
 
     def _maybe_set_weights(self, window: int, weights: dict[int, float], live: bool) -> str:

@@ -225,7 +225,10 @@ class Strategy(ABC):
         """One window of the consensus schedule from the model's current weights, as validators
         and history replay take it: with ``outer.delay = 0`` this window's mean is applied; with
         ``delay = 1`` the previous window's held mean is, and this window's is held."""
-        mean = self.mean(updates)
+        self.step_mean(model, self.mean(updates))
+
+    def step_mean(self, model: torch.nn.Module, mean: Mapping[str, torch.Tensor]) -> None:
+        """`step` with the window's mean computed elsewhere (by decode workers, `codec.pool`)."""
         if self.run.outer.delay:
             self.advance(model)
             self.receive(mean)

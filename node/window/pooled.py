@@ -32,7 +32,7 @@ from node.strategy.base import Decoded
 from node.window.exchange import decode_verified, verified_header
 from protocol.runconfig import RunConfig
 
-__all__ = ["Handed", "PooledExchange", "auto_workers"]
+__all__ = ["Handed", "PooledExchange", "auto_workers", "mean_of_stored"]
 
 log = logging.getLogger(f"tessera.{__name__}")
 
@@ -132,3 +132,27 @@ class PooledExchange:
     def close(self) -> None:
         with self._lock:
             self.pool.close()
+
+
+def mean_of_stored(
+    pool: AggregatePool, updates: Mapping[int, Any], device: torch.device
+) -> dict[str, torch.Tensor] | None:
+    """The mean of verified updates kept as bytes (`node.window.gather.StoredUpdate`, a
+    validator's spooled updates) summed by ``pool``, on ``device``; None when one of them has no
+    bytes to hand over (a lead's copy decoded in place) or does not decode."""
+    bodies = {uid: getattr(u, "body", None) for uid, u in updates.items()}
+    if any(body is None for body in bodies.values()):
+        return None
+    begun = time.perf_counter()
+    pool.reset()
+    for uid, body in bodies.items():
+        pool.add(uid, body.read())  # type: ignore[union-attr]
+    mean, rejected = pool.mean()
+    if rejected:
+        return None
+    out = {name: t.to(device, copy=True) for name, t in mean.items()}
+    log.info(
+        "mean of %d stored updates summed by %d decode workers in %.2f s",
+        len(bodies), len(pool.shares), time.perf_counter() - begun,
+    )  # fmt: skip
+    return out

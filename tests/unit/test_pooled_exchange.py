@@ -100,3 +100,33 @@ def test_only_sparse_runs_use_workers_and_small_machines_none() -> None:
     assert PooledExchange.supports(RUN, SPEC)
     assert not PooledExchange.supports(RunConfig.preset("tiny", strategy="diloco"), SPEC)
     assert auto_workers(2) == 0 and auto_workers(8) == 4 and auto_workers(192) == 16
+
+
+def test_a_validators_stored_updates_step_the_model_as_the_strategy_does(tmp_path: Path) -> None:
+    """The validator's outer step (`mean_of_stored`, `Strategy.step_mean`) lands on the model of
+    the in-process step bit for bit; an update without bytes sends it the usual way."""
+    from codec.pool import AggregatePool
+    from node.model.llama import build_model
+    from node.window.gather import StoredUpdate
+    from node.window.pooled import mean_of_stored
+    from protocol.stores.spool import InMemory
+
+    peers = _peers(tmp_path, n=4, tampered=-1)
+    fetched = gather(peers, RUN, SPEC, WINDOW, time.time() + 60)
+    stored = {
+        u: StoredUpdate.of(f.update, InMemory.of(f.body.read()), RUN, SPEC)  # type: ignore[union-attr]
+        for u, f in fetched.items()
+    }
+    models = [build_model(RUN.model, RUN.seed) for _ in range(2)]
+    strategies = [make_strategy(RUN, SPEC) for _ in range(2)]
+    strategies[0].step(models[0], Pieces(stored))
+    with AggregatePool(SPEC, RUN.codec, 2, strategies[1].max_update_bytes()) as pool:
+        mean = mean_of_stored(pool, stored, torch.device("cpu"))
+        assert mean is not None
+        strategies[1].step_mean(models[1], mean)
+        assert mean_of_stored(pool, {**stored, 9: fetched[0].update}, torch.device("cpu")) is None
+    after, other = models[0].state_dict(), models[1].state_dict()
+    for name, a in after.items():
+        assert torch.equal(a, other[name]), name
+    initial = build_model(RUN.model, RUN.seed).state_dict()
+    assert any(not torch.equal(a, initial[name]) for name, a in after.items())

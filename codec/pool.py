@@ -6,7 +6,9 @@ tensors of it at once (`codec.wire.decode_update` with ``only``), so the gather 
 decode after its last byte. `AggregatePool.mean` then combines the workers' exact norm partials
 into each update's norm (`codec.aggregate.norm_partials`), derives the clip factors and divisor
 once, and every worker adds the updates into its tensors **in ascending uid order** and divides
-them, in shared float32 buffers that are reused from window to window. A tensor's sum never
+them, in shared float32 buffers that are reused from window to window. Until then a worker holds
+its share of every update decoded, 3 bytes per kept entry (int16 positions, 2-bit codes in a
+byte): about 3 × G × E bytes over all workers for G updates of E entries. A tensor's sum never
 depends on which worker owns it nor on when its updates arrived: the result is
 `codec.aggregate.aggregate` (``clip_to_median=True``) bit for bit.
 
@@ -28,7 +30,7 @@ import torch.multiprocessing as tmp
 
 from codec.aggregate import clip_factors, divide_exactly, mean_divisor, norm_partials
 from codec.chunking import ChunkLayout
-from codec.compress import SparseTensor, scatter_add
+from codec.compress import SparseGroup, SparseTensor, scatter_add
 from codec.errors import DecodeError
 from codec.spec import CodecParams, ModelSpec
 from codec.wire import decode_update
@@ -179,7 +181,9 @@ def _serve(
                 try:
                     view = memoryview(shared.numpy())
                     decoded = decode_update(view, spec, params, max_bytes, only=only)
-                    pieces[uid] = [t for t in decoded.tensors if isinstance(t, SparseTensor)]
+                    pieces[uid] = [
+                        _compact(t, params) for t in decoded.tensors if isinstance(t, SparseTensor)
+                    ]
                 except DecodeError as exc:
                     errors[uid] = str(exc)
             elif msg[0] == "norms":
@@ -195,6 +199,15 @@ def _serve(
                 return
         except Exception as exc:  # reported to the pool, which raises it
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def _compact(piece: SparseTensor, params: CodecParams) -> SparseTensor:
+    """A decoded (and validated) piece with its chunk-local positions in the narrowest integer
+    type that holds them: a worker keeps 3 bytes per entry of every update of the window until
+    the sum, not 9 (`scatter_add` widens them again)."""
+    narrow = torch.int16 if params.chunk_size <= 1 << 15 else torch.int32
+    groups = [SparseGroup(g.idx.to(narrow), g.codes, g.scales) for g in piece.groups]
+    return SparseTensor(piece.name, piece.shape, groups, piece.codebook)
 
 
 def _sum_into(

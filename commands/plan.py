@@ -126,7 +126,8 @@ def memory(run: RunConfig, box: Box, gpu_gib: float | None) -> dict[str, Any]:
         out[strategy] = {
             "state_gib": m.state / GIB, "transient_gib": m.transient / GIB,
             "activations_gib": m.activations / GIB, "total_gib": m.total / GIB,
-            "host_gib": m.host / GIB, "fits": m.fits(int(gib * GIB)),
+            "host_gib": m.host / GIB, "exchange_host_gib": m.exchange_host / GIB,
+            "fits": m.fits(int(gib * GIB)),
         }  # fmt: skip
     return out
 
@@ -203,5 +204,8 @@ def _print(rows: list[dict[str, Any]]) -> None:
 
 def _memory_cell(m: dict[str, Any], strategy: str) -> str:
     fit = "fits" if m[strategy]["fits"] else "[red]does not fit[/]"
-    host = f"rank 0 host {m[strategy]['host_gib']:,.0f} GiB"
+    host = (
+        f"rank 0 host {m[strategy]['host_gib']:,.0f} GiB (exchange on workers "
+        f"{m[strategy]['exchange_host_gib']:,.0f} GiB)"
+    )
     return f"{m[strategy]['total_gib']:,.1f} of {m['gpu_gib']:g} GiB, {fit}; {host}"

@@ -26,6 +26,11 @@ copy of them (DDP serialises the moments from the GPU, so only the weights are c
 host first). FSDP2's other host copies are smaller: the whole mean (4 B/param), a history replay
 (two copies of the weights and of the outer state).
 
+With decode workers (`--exchange-workers`, `codec.pool`) rank 0's host also holds the exchange
+(`MemoryPlan.exchange_host`): the workers' shared float32 sum (4 B/param), every gathered update
+decoded until the sum (3 B per kept entry: int16 position, code, `codec.pool`) and its bytes in
+shared memory until decoded (`WIRE_BYTES_PER_ENTRY`).
+
 Activations are an estimate, not a measurement: ``34·hidden`` bytes per token per layer (bf16,
 attention through SDPA without the score matrix, no recomputation; Korthikanti et al. 2022)
 plus the logits, ``6·vocab`` bytes per token (bf16 logits and their fp32 loss copy), for one
@@ -48,6 +53,8 @@ STATE_BYTES = 20  # weights, gradients, two AdamW moments, start copy
 EF_BYTES = 4
 FP32 = 4  # a pseudo-gradient, a mean, a momentum
 SAVED_BYTES = 12  # what state.pt holds per parameter besides the outer state: weights, moments
+DECODED_BYTES_PER_ENTRY = 3  # a decode worker's kept entry: int16 position and its code byte
+WIRE_BYTES_PER_ENTRY = 1.2  # an update on the wire: about 9.3 bits per kept entry
 
 Strategy = Literal["ddp", "fsdp2"]
 Sharding = Literal["ddp", "fsdp2", "auto"]
@@ -63,6 +70,7 @@ class MemoryPlan:
     transient: int  # the larger moment besides the activations: see the module docstring
     activations: int  # estimate for one micro-batch
     host: int  # rank 0's host memory while it writes state.pt
+    exchange_host: int = 0  # rank 0's host memory for the exchange with decode workers
     overhead: int = OVERHEAD
 
     @property
@@ -114,7 +122,16 @@ def plan_memory(run: RunConfig, gpus: int, strategy: Strategy) -> MemoryPlan:
         exchange = deltas + mean // gpus + FP32 * tensor
         host = 2 * saved
     transient = max(training, exchange) - activations
-    return MemoryPlan(strategy, gpus, state, transient, activations, host)
+    return MemoryPlan(strategy, gpus, state, transient, activations, host, exchange_host(run))
+
+
+def exchange_host(run: RunConfig) -> int:
+    """Host bytes of the exchange on decode workers: the shared sum and the gathered updates,
+    decoded and on the wire (see the module docstring)."""
+    params = run.param_count()
+    entries = params * run.codec.density  # per update, about: whole chunks dominate
+    held = DECODED_BYTES_PER_ENTRY + WIRE_BYTES_PER_ENTRY
+    return int(FP32 * params + run.gather_size * entries * held)
 
 
 def pick_sharding(choice: Sharding, run: RunConfig, world: int, gpu_memory: int | None) -> Strategy:

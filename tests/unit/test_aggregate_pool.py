@@ -138,3 +138,19 @@ def test_the_mean_of_some_of_the_updates_and_rejections_before_it(pools: dict) -
         assert torch.equal(mean[name], want[name]), name
     with pytest.raises(ValueError, match="not added"):
         pool.mean([4, 99])
+
+
+def test_a_worker_keeps_positions_in_two_bytes_and_sums_them_alike() -> None:
+    from codec.compress import scatter_add
+    from codec.pool import _compact
+
+    (piece,) = [p for p in wire.decode_update(_updates(5, 1)[1], SPEC, PARAMS, CAP).tensors][:1]
+    small = _compact(piece, PARAMS)
+    assert all(g.idx.dtype == torch.int16 for g in small.groups)  # 3 B per entry, not 9
+    assert all(
+        torch.equal(g.idx, h.idx.long()) for g, h in zip(piece.groups, small.groups, strict=True)
+    )
+    a, b = torch.zeros(piece.shape), torch.zeros(piece.shape)
+    scatter_add(a, piece, PARAMS, 0.3)
+    scatter_add(b, small, PARAMS, 0.3)
+    assert torch.equal(a, b) and a.abs().sum() > 0

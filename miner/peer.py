@@ -132,11 +132,7 @@ class Peer:
         self.uid = self._registered_uid()
         # worker processes that decode and sum the gathered updates (`node.window.pooled`)
         self.pooled = (
-            PooledExchange(run, self.spec, exchange_workers)
-            if exchange_workers > 0
-            and self.ranks.is_main
-            and PooledExchange.supports(run, self.spec)
-            else None
+            PooledExchange.start(run, self.spec, exchange_workers) if self.ranks.is_main else None
         )
         self.metrics = PeerMetrics()
         self.metrics.window_seconds.set(run.timing.blocks_per_window * run.timing.block_time_s)

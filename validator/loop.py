@@ -32,7 +32,6 @@ from substrateinterface import Keypair
 
 from codec.aggregate import clip_factors
 from codec.errors import TesseraError
-from codec.pool import AggregatePool
 from codec.spec import ModelSpec
 from node.data.batches import open_run_dataset
 from node.model.fingerprint import fingerprint
@@ -58,7 +57,7 @@ from node.window.history import (
     publish_checkpoint,
     resync,
 )
-from node.window.pooled import PooledExchange, mean_of_stored
+from node.window.pooled import mean_of_stored, open_pool
 from protocol.chain.base import Chain
 from protocol.chain.errors import BlockPruned, NotRegistered
 from protocol.naming import fingerprint_key, run_prefix, scores_key
@@ -129,11 +128,7 @@ class Validator:
         self.spec = ModelSpec.from_module(self.model)
         self.strategy = make_strategy(run, self.spec, self.device)
         # worker processes that decode and sum the window's applied updates (`codec.pool`)
-        self.pool = (
-            AggregatePool(self.spec, run.codec, exchange_workers, self.strategy.max_update_bytes())
-            if exchange_workers > 0 and PooledExchange.supports(run, self.spec)
-            else None
-        )
+        self.pool = open_pool(run, self.spec, exchange_workers)
         _, self.dataset = open_run_dataset(run)
         uid = chain.uid_of(keypair.ss58_address)
         if uid is None:

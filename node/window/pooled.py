@@ -32,7 +32,7 @@ from node.strategy.base import Decoded
 from node.window.exchange import decode_verified, verified_header
 from protocol.runconfig import RunConfig
 
-__all__ = ["Handed", "PooledExchange", "auto_workers", "mean_of_stored"]
+__all__ = ["Handed", "PooledExchange", "auto_workers", "mean_of_stored", "open_pool", "supports"]
 
 log = logging.getLogger(f"tessera.{__name__}")
 
@@ -72,18 +72,17 @@ class PooledExchange:
     """One pool per node, used by one window's gather and mean at a time (a lock keeps the
     flight thread's gather and the main thread's mean apart)."""
 
-    def __init__(self, run: RunConfig, spec: ModelSpec, workers: int) -> None:
-        self.run, self.spec = run, spec
-        strategy = make_strategy(run, spec)
-        self.pool = AggregatePool(spec, run.codec, workers, strategy.max_update_bytes())
+    def __init__(self, run: RunConfig, spec: ModelSpec, pool: AggregatePool) -> None:
+        self.run, self.spec, self.pool = run, spec, pool
         self._lock = threading.Lock()
         self._epoch = 0
         self._window: int | None = None
 
-    @staticmethod
-    def supports(run: RunConfig, spec: ModelSpec) -> bool:
-        strategy = make_strategy(run, spec)
-        return not strategy.dense and getattr(strategy, "wire", None) == SPARSE
+    @classmethod
+    def start(cls, run: RunConfig, spec: ModelSpec, workers: int) -> PooledExchange | None:
+        """The exchange on ``workers`` decode workers (`open_pool`), or None."""
+        pool = open_pool(run, spec, workers)
+        return cls(run, spec, pool) if pool is not None else None
 
     def begin(self, window: int) -> None:
         """A new window's gather: forget the last one's updates."""
@@ -132,6 +131,25 @@ class PooledExchange:
     def close(self) -> None:
         with self._lock:
             self.pool.close()
+
+
+def supports(run: RunConfig, spec: ModelSpec) -> bool:
+    """Whether the run's updates travel in the sparse wire container the workers decode."""
+    strategy = make_strategy(run, spec)
+    return not strategy.dense and getattr(strategy, "wire", None) == SPARSE
+
+
+def open_pool(run: RunConfig, spec: ModelSpec, workers: int) -> AggregatePool | None:
+    """``workers`` decode workers for the run's updates; None with none asked for, for a run
+    they cannot decode, or when they cannot start (too little shared memory, say: logged, and the
+    node decodes on its own thread)."""
+    if workers <= 0 or not supports(run, spec):
+        return None
+    try:
+        return AggregatePool(spec, run.codec, workers, make_strategy(run, spec).max_update_bytes())
+    except (OSError, RuntimeError) as exc:
+        log.warning("%d decode workers could not start (%s): decoding on this thread", workers, exc)
+        return None
 
 
 def mean_of_stored(

@@ -19,7 +19,7 @@ from node.strategy import make_strategy
 from node.window.buckets import PeerBucket
 from node.window.exchange import encode_signed
 from node.window.gather import Pieces, gather
-from node.window.pooled import PooledExchange, auto_workers
+from node.window.pooled import PooledExchange, auto_workers, open_pool, supports
 from protocol.naming import update_key
 from protocol.runconfig import RunConfig
 from protocol.stores import open_store
@@ -52,7 +52,8 @@ def _peers(tmp_path: Path, n: int = 5, tampered: int = 2) -> list[PeerBucket]:
 
 @pytest.fixture(scope="module")
 def pooled() -> PooledExchange:
-    made = PooledExchange(RUN, SPEC, 2)
+    made = PooledExchange.start(RUN, SPEC, 2)
+    assert made is not None
     yield made
     made.close()
 
@@ -97,8 +98,9 @@ def test_the_usual_path_when_the_pool_does_not_hold_the_agreed_updates(
 
 
 def test_only_sparse_runs_use_workers_and_small_machines_none() -> None:
-    assert PooledExchange.supports(RUN, SPEC)
-    assert not PooledExchange.supports(RunConfig.preset("tiny", strategy="diloco"), SPEC)
+    assert supports(RUN, SPEC)
+    assert not supports(RunConfig.preset("tiny", strategy="diloco"), SPEC)
+    assert open_pool(RUN, SPEC, 0) is None
     assert auto_workers(2) == 0 and auto_workers(8) == 4 and auto_workers(192) == 16
 
 
@@ -130,3 +132,17 @@ def test_a_validators_stored_updates_step_the_model_as_the_strategy_does(tmp_pat
         assert torch.equal(a, other[name]), name
     initial = build_model(RUN.model, RUN.seed).state_dict()
     assert any(not torch.equal(a, initial[name]) for name, a in after.items())
+
+
+def test_workers_that_cannot_start_leave_the_node_on_its_own_thread(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import node.window.pooled as pooled_module
+
+    def no_room(*_args: object, **_kw: object) -> None:
+        raise RuntimeError("unable to write to file </torch_1_2>: No space left on device (28)")
+
+    monkeypatch.setattr(pooled_module, "AggregatePool", no_room)
+    with caplog.at_level("WARNING"):
+        assert PooledExchange.start(RUN, SPEC, 4) is None
+    assert "could not start" in caplog.text and "No space left" in caplog.text

@@ -107,19 +107,19 @@ def _run_processes(
 ) -> dict[str, int | None]:
     from lab.sim.faults import Injector
     from lab.sim.processes import start, supervise
+    from lab.sim.progress import WindowLines
 
     # the validator needs one more window: it scores window w while the peers train w + 1
     running = [start(world, m, args.windows + (m.kind == "validator")) for m in world.members]
     faults = Injector(world, args.faults, args.windows + 1)
+    lines = WindowLines(world, args.windows + 1, console.print)
     started = time.monotonic()
     with console.status("simulating…") as status:
 
         def tick() -> None:
             faults.tick(running)
-            done = sum(r.proc.poll() is not None for r in running)
-            status.update(
-                f"simulating… {time.monotonic() - started:.0f}s, {done}/{len(running)} done"
-            )
+            lines.tick()
+            status.update(f"simulating… {time.monotonic() - started:.0f} s")
 
         try:
             return supervise(running, args.timeout, tick)

@@ -18,7 +18,9 @@ FAST = ["--block-time", "0.5", "--blocks-per-window", "60", "--timeout", "600"]
 
 
 @pytest.mark.slow
-def test_simulation_with_every_adversary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_simulation_with_every_adversary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.chdir(tmp_path)  # a relative --out, as in the README's main job
     out = tmp_path / "demo"
     kinds = "noise,copier,stale,freeloader,nan,late"
@@ -26,6 +28,10 @@ def test_simulation_with_every_adversary(tmp_path: Path, monkeypatch: pytest.Mon
         ["sim", "--peers", "2", "--windows", "3", "--out", "demo", "--adversaries", kinds, *FAST]
     )
     assert code == 0, sorted(p.name for p in (out / "logs").iterdir())
+    printed = capsys.readouterr().out  # a line per window while it runs, the adversaries' zeros
+    for window in range(3):
+        assert f"window {window}: applied" in printed, printed[-3000:]
+    assert "paid nothing: " in printed and "(copy)" in printed and "s left" in printed
     report = json.loads((out / "report.json").read_text())
     weights = report["final_weights"]
     honest = sum(w for name, w in weights.items() if name.startswith("peer"))

@@ -125,6 +125,7 @@ def _run_processes(
             return supervise(running, args.timeout, tick)
         finally:
             faults.stop()
+            lines.tick()  # the windows finished since the last tick
 
 
 def _report(

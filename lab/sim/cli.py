@@ -112,7 +112,11 @@ def _run_processes(
     # the validator needs one more window: it scores window w while the peers train w + 1
     running = [start(world, m, args.windows + (m.kind == "validator")) for m in world.members]
     faults = Injector(world, args.faults, args.windows + 1)
-    lines = WindowLines(world, args.windows + 1, console.print)
+    lines = WindowLines(
+        world,
+        args.windows + 1,
+        lambda line: console.print(line, soft_wrap=True, markup=False, highlight=False),
+    )
     started = time.monotonic()
     with console.status("simulating…") as status:
 

@@ -2,10 +2,10 @@
 # Set up the environment and run the tests: lint, format check, type check, then the whole suite.
 #
 # With no arguments the suite runs as three processes on a 2-core machine: the end-to-end tests
-# (marked `slow`, in tests/e2e: real peers and validators on a ticking chain clock) in two lanes
-# of about equal length at normal priority (they wait on their clocks about half the time), and
-# everything else at the lowest priority in the idle time they leave, so the e2e tests' clocks
-# see the CPU they need. Each prints its slowest tests.
+# (marked `slow`, in tests/e2e: real peers and validators on a ticking chain clock, waiting on
+# their clocks about half the time) in two lanes of about equal length, and everything else
+# beside them. All three at the same priority: the unit tests' own loopback servers time their
+# answers too, and a starved process misses those deadlines. Each prints its slowest tests.
 # Arguments run one pytest with them (e.g. `bash scripts/test.sh -k consensus`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +23,7 @@ lane1=$!
 e2e -k "not ($lane_a)" > >(sed -u 's/^/[e2e b] /') 2>&1 &
 lane2=$!
 unit=0
-OMP_NUM_THREADS=1 nice -n 19 python -m pytest -q -p no:cacheprovider --durations=10 -m "not slow" tests || unit=$?
+OMP_NUM_THREADS=1 python -m pytest -q -p no:cacheprovider --durations=10 -m "not slow" tests || unit=$?
 slow=0
 wait "$lane1" || slow=$?
 wait "$lane2" || slow=$?

@@ -95,6 +95,14 @@ class SparseTensor:
     def layout(self, params: CodecParams) -> ChunkLayout:
         return ChunkLayout.for_shape(self.shape, params)
 
+    def to(self, device: torch.device | str) -> SparseTensor:
+        """The same entries with every tensor on ``device``."""
+        groups = [
+            SparseGroup(g.idx.to(device), g.codes.to(device), g.scales.to(device))
+            for g in self.groups
+        ]
+        return SparseTensor(self.name, self.shape, groups, self.codebook.to(device))
+
     def validate(self, params: CodecParams) -> None:
         """Raise `DecodeError` unless this update is well formed for its shape under ``params``."""
         try:

@@ -31,20 +31,11 @@ from codec.pool import AggregatePool
 from codec.spec import ModelSpec
 from lab.bench.codec import one_thread
 from lab.bench.compress import student_t3
-from node.runtime.plan import model_spec
+from node.runtime.plan import layers_spec, model_spec
 from node.strategy import make_strategy
 from protocol.runconfig import RunConfig
 
-__all__ = ["bench_exchange", "encode_updates", "preset_spec"]
-
-
-def preset_spec(run: RunConfig, layers: int) -> ModelSpec:
-    """The preset model's tensors, or only those of its first ``layers`` decoder layers."""
-    spec = model_spec(run.model)
-    if layers <= 0:
-        return spec
-    keep = tuple(f".layers.{i}." for i in range(layers))
-    return ModelSpec(tensors=tuple(t for t in spec.tensors if any(k in t.name for k in keep)))
+__all__ = ["bench_exchange", "encode_updates"]
 
 
 def encode_updates(run: RunConfig, spec: ModelSpec, peers: int, seed: int = 0) -> dict[int, bytes]:
@@ -143,7 +134,7 @@ def _gpu_row(
     dev = torch.device("cuda")
     with one_thread():
         decode_s, pieces = _best(lambda: _decoded(run, spec, datas), repeats)
-    on_dev = {uid: [_to(p, dev) for p in ps] for uid, ps in pieces.items()}
+    on_dev = {uid: [p.to(dev) for p in ps] for uid, ps in pieces.items()}
 
     def once() -> dict[str, torch.Tensor]:
         mean = aggregate(on_dev, spec, run.codec, clip_to_median=True, device=dev)
@@ -158,14 +149,6 @@ def _gpu_row(
     }  # fmt: skip
 
 
-def _to(piece: Any, device: torch.device) -> Any:
-    groups = [
-        type(g)(idx=g.idx.to(device), codes=g.codes.to(device), scales=g.scales.to(device))
-        for g in piece.groups
-    ]
-    return type(piece)(piece.name, piece.shape, groups, piece.codebook.to(device))
-
-
 def bench_exchange(
     preset: str,
     peers: int,
@@ -177,7 +160,7 @@ def bench_exchange(
 ) -> dict[str, Any]:
     """The bench's result (see `tessera bench exchange --json`)."""
     run = RunConfig.preset(preset)
-    spec = preset_spec(run, layers)
+    spec = layers_spec(run.model, layers)
     full = model_spec(run.model)
     log(f"encoding {peers} updates of {len(spec.tensors)} tensors ({spec.numel:,} elements)…")
     datas = encode_updates(run, spec, peers)

@@ -195,6 +195,15 @@ def model_spec(cfg: ModelConfig) -> ModelSpec:
     return ModelSpec.from_module(model)
 
 
+def layers_spec(cfg: ModelConfig, layers: int) -> ModelSpec:
+    """The model's tensors of its first ``layers`` decoder layers (all of its tensors for 0)."""
+    spec = model_spec(cfg)
+    if layers <= 0:
+        return spec
+    keep = tuple(f".layers.{i}." for i in range(layers))
+    return ModelSpec(tensors=tuple(t for t in spec.tensors if any(k in t.name for k in keep)))
+
+
 def entries(run: RunConfig, spec: ModelSpec) -> int:
     """Values one update of ``spec`` carries: every element (dense) or the kept ones (sparse)."""
     if make_strategy(run, spec).dense:
@@ -241,9 +250,7 @@ def measure_decode_rate(run: RunConfig, workers: int, repeats: int = 3, updates:
     share evenly), best of ``repeats``."""
     from codec.pool import AggregatePool
 
-    full = model_spec(run.model)
-    layers = tuple(f".layers.{i}." for i in range(MEASURED_LAYERS))
-    spec = ModelSpec(tensors=tuple(t for t in full.tensors if any(k in t.name for k in layers)))
+    spec = layers_spec(run.model, MEASURED_LAYERS)
     strategy = make_strategy(run, spec)
     cap = strategy.max_update_bytes()
     gen = torch.Generator().manual_seed(0)

@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +74,7 @@ class PooledExchange:
 
     def __init__(self, run: RunConfig, spec: ModelSpec, pool: AggregatePool) -> None:
         self.run, self.spec, self.pool = run, spec, pool
+        self._strategy = make_strategy(run, spec)  # the signed digest of each header
         self._lock = threading.Lock()
         self._epoch = 0
         self._window: int | None = None
@@ -95,13 +96,13 @@ class PooledExchange:
         """Verify the header and signature (`SignatureError`/`DecodeError` if not) and start
         the decode in the workers."""
         header = verified_header(data, uid, hotkey, self.run, self.spec, window)
-        strategy = make_strategy(self.run, self.spec)
+        signed = self._strategy.signed_digest(header)
         with self._lock:
             if window != self._window:
                 raise RuntimeError(f"the pool is gathering window {self._window}, not {window}")
             self.pool.add(uid, data)
             epoch = self._epoch
-        return Handed(header, strategy.signed_digest(header), data, self.run, self.spec, epoch)
+        return Handed(header, signed, data, self.run, self.spec, epoch)
 
     def rejected(self) -> dict[int, DecodeError]:
         """The handed updates of this window that do not decode (waits for the workers)."""
@@ -117,16 +118,7 @@ class PooledExchange:
             held = all(isinstance(u, Handed) and u.epoch == self._epoch for u in updates.values())
             if not held:
                 return None
-            begun = time.perf_counter()
-            mean, rejected = self.pool.mean(updates.keys())
-            if rejected:  # agreed updates that do not decode: the usual path says why
-                return None
-            out = {name: t.to(device, copy=True) for name, t in mean.items()}
-        log.info(
-            "window %s: mean of %d updates summed by %d decode workers in %.2f s",
-            self._window, len(updates), len(self.pool.shares), time.perf_counter() - begun,
-        )  # fmt: skip
-        return out
+            return _summed(self.pool, updates.keys(), device, f"window {self._window}: mean")
 
     def close(self) -> None:
         with self._lock:
@@ -161,16 +153,24 @@ def mean_of_stored(
     bodies = {uid: getattr(u, "body", None) for uid, u in updates.items()}
     if any(body is None for body in bodies.values()):
         return None
-    begun = time.perf_counter()
     pool.reset()
     for uid, body in bodies.items():
         pool.add(uid, body.read())  # type: ignore[union-attr]
-    mean, rejected = pool.mean()
+    return _summed(pool, bodies.keys(), device, "stored updates: mean")
+
+
+def _summed(
+    pool: AggregatePool, keys: Collection[int], device: torch.device, what: str
+) -> dict[str, torch.Tensor] | None:
+    """The pool's mean of ``keys`` on ``device`` (a copy: its buffers are reused), logged; None
+    when one of them does not decode (the usual path then says why)."""
+    begun = time.perf_counter()
+    mean, rejected = pool.mean(keys)
     if rejected:
         return None
     out = {name: t.to(device, copy=True) for name, t in mean.items()}
     log.info(
-        "mean of %d stored updates summed by %d decode workers in %.2f s",
-        len(bodies), len(pool.shares), time.perf_counter() - begun,
+        "%s of %d updates summed by %d decode workers in %.2f s",
+        what, len(keys), len(pool.shares), time.perf_counter() - begun,
     )  # fmt: skip
     return out

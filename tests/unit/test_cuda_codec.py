@@ -93,21 +93,11 @@ def test_clipped_mean_of_several_peers_is_the_cpu_mean() -> None:
         uid: _compress(comp, _pseudo_gradients(10 + uid, 10.0 ** (uid - 3))) for uid in range(6)
     }
     want = aggregate(updates, SPEC, PARAMS, clip_to_median=True)
-    on_dev = {uid: [_to(s, CUDA) for s in update] for uid, update in updates.items()}
+    on_dev = {uid: [s.to(CUDA) for s in update] for uid, update in updates.items()}
     got = aggregate(on_dev, SPEC, PARAMS, clip_to_median=True, device=CUDA)
     for name in want:
         assert torch.equal(want[name], got[name].cpu()), name
         assert want[name].abs().sum() > 0
-
-
-def _to(sparse: SparseTensor, device: torch.device) -> SparseTensor:
-    return SparseTensor(
-        name=sparse.name,
-        shape=sparse.shape,
-        groups=[type(g)(idx=g.idx.to(device), codes=g.codes.to(device),
-                        scales=g.scales.to(device)) for g in sparse.groups],
-        codebook=sparse.codebook.to(device),
-    )  # fmt: skip
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "nesterov"])
@@ -134,7 +124,7 @@ def test_a_window_on_the_gpu_lands_on_the_cpu_model(optimizer: str) -> None:
             cap = strategy.max_update_bytes()
             updates = {uid: strategy.decode(d, cap).tensors for uid, d in enumerate(datas)}
             if label == "cuda":
-                updates = {u: [_to(s, CUDA) for s in ts] for u, ts in updates.items()}
+                updates = {u: [s.to(CUDA) for s in ts] for u, ts in updates.items()}
             strategy.outer.hold(strategy.mean(updates))
             weights[label] = strategy.outer.next_weights(weights[label])
         for name, want in weights["cpu"].items():

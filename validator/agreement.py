@@ -1,7 +1,8 @@
 """The validator's part in a window's consensus (`node.window.consensus`).
 
 The **lead** validator decides: the window applies exactly the selected uids whose updates passed
-every check (fetch, decode, signature, norm, copy, replay). It publishes the exact bytes of those
+every check (fetch, decode, signature, copy, replay) and showed training on the peer's own samples
+(`validator.admission`). It publishes the exact bytes of those
 updates (the aggregate object, which is also the run's history) and then the signed manifest
 pinning each by digest, so that peers holding other bytes can take the validator's copy.
 
@@ -36,6 +37,7 @@ from node.window.history import publish_aggregate
 from node.window.manifest import Entry, WindowManifest, publish_manifest
 from protocol.runconfig import RunConfig
 from protocol.stores import ObjectStore, StoreError
+from validator.admission import Admission
 from validator.checks import Verdict
 from validator.classify import PeerCheck
 from validator.fetching import Upload
@@ -48,16 +50,21 @@ def lead_manifest(
     window: int,
     roster: Roster,
     checks: Mapping[int, PeerCheck],
+    admission: Admission,
     uid: int,
     hotkey: str,
     fingerprint_start: str,
 ) -> WindowManifest:
-    """What the lead applies: every selected uid whose update passed all checks."""
+    """What the lead applies: every selected uid whose update passed all checks and showed
+    training (`validator.admission`)."""
     entries, rejected = [], {}
     for u in roster.selected:
         c = checks.get(u)
         if c is None or not c.ok or c.upload is None or c.upload.body is None:
             rejected[str(u)] = (c.verdict.value if c is not None else "missing")[:200]
+            continue
+        if u not in admission.admitted:
+            rejected[str(u)] = admission.refused.get(u, "not admitted")[:200]
             continue
         body = c.upload.body
         entries.append(Entry(uid=u, hotkey=c.hotkey, digest=body.digest, size=body.size))
@@ -115,6 +122,7 @@ def lead_decision(
     fingerprint_start: str,
     scratch: Path,
     block_now: Callable[[], int],
+    admission: Admission,
 ) -> Agreement:
     """The lead's agreement for the roster's window (`roster.lead` is us): the manifest it
     already published for that window, if any (a lead restarted between publishing and saving
@@ -132,8 +140,9 @@ def lead_decision(
         why = f"too late to publish before block {manifest_cutoff_block(run, window)}"
         return nothing_applied(store, run, keypair, window, roster.lead.uid, why)
     manifest = lead_manifest(
-        run, window, roster, checks, roster.lead.uid, keypair.ss58_address, fingerprint_start
-    )
+        run, window, roster, checks, admission, roster.lead.uid, keypair.ss58_address,
+        fingerprint_start,
+    )  # fmt: skip
     if publish_decision(store, run, keypair, manifest, uploads, scratch):
         return lead_agreement(manifest, uploads)
     if _own_manifest(roster, run, window) == manifest:  # the PUT failed late: stored after all

@@ -7,11 +7,11 @@ Verdicts, in the order they are decided:
   more than the run's ``clock_skew_tolerance_s`` after the deadline), ``invalid`` (bad signature,
   or a header naming another run id / window / uid / hotkey), ``malformed`` (`DecodeError`, over
   the size cap, anything else the decoder refused);
-* from the decoded values: ``non_finite`` (the update's norm is not finite) and ``norm_outlier``
-  (its L2 norm exceeds ``norm_ratio`` (default 10) times the median norm of this window's decoded
-  updates: an honest update's norm is set by the shared learning-rate schedule, so the honest
-  population is tight — the measured max/median is below 2 — while a 10x step would dominate the
-  mean aggregate);
+* from the decoded values: ``non_finite`` (the update's norm is not finite) and, once the window's
+  applied set is known, ``norm_outlier`` (its L2 norm exceeds ``norm_ratio`` (default 10) times
+  the lower median norm of the applied updates: an honest update's norm is set by the shared
+  learning-rate schedule, so the honest population is tight — the measured max/median is below
+  2 — while a 10x step would dominate the mean aggregate);
 * from `validator.copies`: ``copy`` and ``replay``.
 
 Sync is reported separately (it scales the score, it does not disqualify the update): the peer's
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from enum import StrEnum
 
 from node.window.gather import Fetched
@@ -64,20 +64,22 @@ def classify_fetch(fetched: Fetched) -> tuple[Verdict, str]:
     return Verdict.MALFORMED, reason
 
 
-def norm_verdicts(norms: Mapping[int, float], ratio: float) -> dict[int, tuple[Verdict, str]]:
-    """``non_finite`` / ``norm_outlier`` / ``ok`` per uid against the lower median of the finite
-    norms (half the uploads at the value cap cannot raise it above every honest norm)."""
-    finite = [n for n in norms.values() if math.isfinite(n)]
+def norm_outliers(
+    norms: Mapping[int, float], applied: Collection[float], ratio: float
+) -> dict[int, str]:
+    """The uids of `norms` whose norm exceeds `ratio` times the lower median of the `applied`
+    norms (the updates the window applies: half of them at the value cap cannot raise it above
+    every honest norm, and a crowd of null or tiny updates never gets into that set,
+    `validator.admission`), each with the detail."""
+    finite = [n for n in applied if math.isfinite(n)]
     median = statistics.median_low(finite) if finite else math.nan
-    out: dict[int, tuple[Verdict, str]] = {}
-    for uid, n in norms.items():
-        if not math.isfinite(n):
-            out[uid] = (Verdict.NON_FINITE, f"norm {n}")
-        elif median > 0 and n > ratio * median:
-            out[uid] = (Verdict.NORM_OUTLIER, f"norm {n:.4g} > {ratio:g} x median {median:.4g}")
-        else:
-            out[uid] = (Verdict.OK, "ok")
-    return out
+    if not median > 0:
+        return {}
+    return {
+        uid: f"norm {n:.4g} > {ratio:g} x median {median:.4g}"
+        for uid, n in norms.items()
+        if math.isfinite(n) and n > ratio * median
+    }
 
 
 def in_sync(peer_fingerprint: str | None, ours: str | None) -> bool | None:

@@ -1,9 +1,10 @@
 """Step 2 of the window: every peer's verdict, from the fetch to copies and replays.
 
-Order: the fetch verdict (`checks.classify_fetch`); for the decoded updates the norm filters
-against the population's median (`checks.norm_verdicts`); then, among the updates still OK, the
+Order: the fetch verdict (`checks.classify_fetch`); for the decoded updates a non-finite norm;
+then, among the updates still OK, the
 ones that other updates of the window, earlier updates or earlier aggregates explain (`copies`:
-``copy`` and ``replay``). Sync is recorded for everyone
+``copy`` and ``replay``). Norm outliers are judged once the window's applied set is known
+(`mark_norm_outliers`). Sync is recorded for everyone
 who published a fingerprint. A crash while checking one peer marks that peer ``malformed`` and
 never stops the others.
 """
@@ -11,7 +12,8 @@ never stops the others.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import math
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from codec.spec import ModelSpec
@@ -19,7 +21,7 @@ from node.strategy import Strategy, make_strategy
 from node.strategy.base import Decoded
 from protocol.runconfig import RunConfig
 from protocol.stores.spool import SpoolError
-from validator.checks import Verdict, classify_fetch, in_sync, norm_verdicts
+from validator.checks import Verdict, classify_fetch, in_sync, norm_outliers
 from validator.config import ValidatorConfig
 from validator.copies import (
     Explained,
@@ -126,11 +128,24 @@ def check_window(
         if m.error is not None:
             out[uid].verdict, out[uid].detail = Verdict.MALFORMED, f"check failed: {m.error}"
         out[uid].norm, out[uid].sketch = m.norm, m.sketch
-    norms = {u: c.norm for u, c in out.items() if c.ok and c.norm is not None}
-    for uid, (verdict, detail) in norm_verdicts(norms, cfg.norm_ratio).items():
-        out[uid].verdict, out[uid].detail = verdict, detail
+    for c in out.values():
+        if c.ok and c.norm is not None and not math.isfinite(c.norm):
+            c.verdict, c.detail = Verdict.NON_FINITE, f"norm {c.norm}"
     _copies_and_replays(out, history, cfg)
     return out
+
+
+def mark_norm_outliers(
+    checks: Mapping[int, PeerCheck], applied: Collection[int], ratio: float
+) -> list[int]:
+    """Judge the accepted updates' norms against the window's `applied` set
+    (`validator.checks.norm_outliers`); the uids now ``norm_outlier``."""
+    accepted = {u: c.norm for u, c in checks.items() if c.ok and c.norm is not None}
+    reference = [accepted[u] for u in applied if u in accepted]
+    marked = norm_outliers(accepted, reference, ratio)
+    for uid, detail in marked.items():
+        checks[uid].verdict, checks[uid].detail = Verdict.NORM_OUTLIER, detail
+    return sorted(marked)
 
 
 def _copies_and_replays(

@@ -41,6 +41,10 @@ class ValidatorConfig(BaseModel):
     own_z_pass: float = Field(
         2.0, gt=0, description="one window's own_z that the report calls a pass (information)"
     )
+    admit_z: float = Field(
+        1.5,
+        description="own_z an update of this window needs to be applied (`validator.admission`)",
+    )
     max_scored: int = Field(0, ge=0, description="peers scored per window (0: all)")
     # ratings and weights (see `validator.ratings`)
     ema_rate: float = Field(0.3, gt=0, le=1, description="weight of the newest window in EMAs")

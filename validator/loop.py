@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import secrets
 import time
 from collections.abc import Collection, Mapping
@@ -45,6 +44,7 @@ from node.window.buckets import PeerBucket
 from node.window.consensus import (
     Agreement,
     Roster,
+    last_publish_block,
     wait_for_manifest,
     window_roster,
 )
@@ -64,9 +64,9 @@ from protocol.naming import fingerprint_key, run_prefix, scores_key
 from protocol.runconfig import RunConfig
 from protocol.stores import ObjectStore, StoreError
 from protocol.stores.spool import SpoolError
+from validator.admission import Admission, admit
 from validator.agreement import follow, lead_decision, mark_equivocations
-from validator.checks import Verdict
-from validator.classify import Measured, PeerCheck, check_window, measure
+from validator.classify import Measured, PeerCheck, check_window, mark_norm_outliers, measure
 from validator.config import ValidatorConfig
 from validator.copies import Sketch, SketchHistory, aggregate_sketch, sketch
 from validator.fetching import Upload, clear_spool, fetch_uploads, window_spool
@@ -81,13 +81,12 @@ from validator.reveal import (
     signed_commit,
     window_secret,
 )
-from validator.scoring import LossProbe, LossScore, pick_scored
+from validator.scoring import LossScore
 from validator.state import ValidatorState, load_state, save_state
 from validator.weights import normalise, set_weights
+from validator.window_scores import SCORABLE, WindowScorer
 
 log = logging.getLogger(f"tessera.{__name__}")
-
-SCORABLE = {Verdict.OK, Verdict.COPY, Verdict.REPLAY}
 
 
 def run_manifest_key(run_id: str) -> str:
@@ -154,12 +153,14 @@ class Validator:
                 window, hotkeys, uploads, no_bucket, self.fingerprint if window > 0 else None,
                 self.history, self.run, self.spec, self.cfg, self.salt, self.strategy,
             )  # fmt: skip
-            agreed = self._agree(window, roster, uploads, checks, spool)
-            scoring = live and rated
-            losses = self._score(window, checks, self._scoring_deadline(window)) if scoring else {}
+            scorer = self._scorer(window, checks) if live and rated else None
+            agreed = self._agree(window, roster, uploads, checks, spool, scorer)
+            mark_norm_outliers(checks, sorted(agreed.updates), self.cfg.norm_ratio)
+            until = self._scoring_deadline(window)
+            losses = scorer.rest(until, sorted(agreed.updates)) if scorer else {}
             scored = time.monotonic()
             if rated:
-                self.book.update(_outcomes(checks, losses))
+                self.book.update(_outcomes(checks, losses, agreed.updates))
             sketches = [c.sketch for c in checks.values() if c.sketch is not None]
             self.history.add(window, [*sketches, self._aggregate_sketch(window, agreed, checks)])
             start_fp = self.fingerprint
@@ -238,15 +239,16 @@ class Validator:
         uploads: Mapping[int, Upload],
         checks: Mapping[int, PeerCheck],
         spool: Path,
+        scorer: WindowScorer | None,
     ) -> Agreement:
-        """As the lead: decide and publish the window's set. Otherwise: follow the lead, waiting
-        for its manifest up to the window's cutoff block (our scores can wait, the agreement
-        cannot). The aggregate we publish is written in `spool`, one update read back
-        at a time."""
+        """As the lead: decide which selected updates show training (`validator.admission`) and
+        publish the window's set. Otherwise: follow the lead, waiting for its manifest up to the
+        window's cutoff block (our scores can wait, the agreement cannot). The aggregate we
+        publish is written in `spool`, one update read back at a time."""
         if roster.lead is not None and roster.lead.uid == self.uid:
             return lead_decision(
                 self.store, self.run, self.spec, self.keypair, roster, checks, uploads,
-                self.fingerprint, spool, self.chain.block,
+                self.fingerprint, spool, self.chain.block, self._admit(roster, checks, scorer),
             )  # fmt: skip
         manifest = wait_for_manifest(roster, self.run, window, self.chain.block)
         agreed = follow(roster, uploads, manifest, self.fingerprint, self.run, self.spec)
@@ -276,50 +278,40 @@ class Validator:
                 "rebuilds its model); retrying at the next window", window,
             )  # fmt: skip
 
-    def _score(
-        self, window: int, checks: Mapping[int, PeerCheck], until: float
-    ) -> dict[int, LossScore]:
-        """Loss scores on the samples of the window's secret (`validator.reveal`), every update
-        at the median norm of the accepted ones (`validator.scoring`), until `until`
-        (monotonic seconds)."""
+    def _scorer(self, window: int, checks: Mapping[int, PeerCheck]) -> WindowScorer | None:
+        """The window's probe on the samples of its secret (`validator.reveal`); None when no
+        update can be scored."""
         self._reveal = None
-        candidates = [u for u, c in checks.items() if c.verdict in SCORABLE]
-        if not candidates:
-            return {}
+        if not any(c.verdict in SCORABLE for c in checks.values()):
+            return None
         secret = window_secret(self.reveal_key, self.run.run_id, window)
         self._reveal = reveal_for(
             self.dataset, self.run.run_id, window, secret, self.cfg.n_random, self.cfg.n_own
         )
-        fetched = Pieces(
-            {
-                u: c.upload.fetched.update
-                for u, c in checks.items()
-                if c.upload and c.upload.fetched.ok
-            }  # type: ignore[misc]
-        )
-        accepted = fetched.only(
-            u for u, c in checks.items() if c.ok and c.norm is not None and math.isfinite(c.norm)
-        )
-        consensus = self.book.consensus({u: checks[u].hotkey for u in accepted})
-        probe = LossProbe(
-            self.model, self.run, self.dataset, window, self._reveal,
-            accepted.only(consensus), {u: checks[u].norm for u in accepted},  # type: ignore[misc]
+        return WindowScorer(
+            self.model, self.run, self.dataset, window, self._reveal, checks, self.book,
             self.cfg, self.device, self.strategy,
         )  # fmt: skip
-        out: dict[int, LossScore] = {}
-        order = pick_scored(self.run.run_id, window, candidates, self.cfg.max_scored, set(accepted))
-        for uid in order:
-            if time.monotonic() > until:
-                log.warning("window %d: out of time, %d peers left unscored", window,
-                            len(candidates) - len(out))  # fmt: skip
-                break
-            try:  # one decoded update at a time (the probe's reference shares it)
-                out[uid] = probe.score(uid, fetched[uid], checks[uid].norm or 0.0)
-            except SpoolError:
-                raise  # ours, not the peer's
-            except Exception:  # one bad peer never stops the window
-                log.exception("window %d: scoring uid %d failed", window, uid)
-        return out
+
+    def _admit(
+        self, roster: Roster, checks: Mapping[int, PeerCheck], scorer: WindowScorer | None
+    ) -> Admission:
+        """The lead's evidence on the selected updates, scored until half the time left before
+        its last block to publish (the other half writes the aggregate and the manifest)."""
+        window = roster.window
+        blocks = last_publish_block(self.run, window) - self.chain.block()
+        until = time.monotonic() + 0.5 * max(0, blocks) * self.run.timing.block_time_s
+        passed = [u for u in roster.selected if u in checks and checks[u].ok]
+        established = self.book.consensus({u: checks[u].hotkey for u in passed})
+        order = scorer.admission_order(passed) if scorer else passed
+        norms = {u: checks[u].norm or 0.0 for u in passed}
+        admission = admit(
+            order, scorer.own_norm_score if scorer else lambda _: None, norms, established, until,
+            self.cfg.admit_z, self.cfg.norm_ratio,
+        )  # fmt: skip
+        for uid, why in sorted(admission.refused.items()):
+            log.info("window %d: uid %d not applied: %s", window, uid, why)
+        return admission
 
     def _aggregate_sketch(
         self, window: int, agreed: Agreement, checks: Mapping[int, PeerCheck]
@@ -520,7 +512,7 @@ class Validator:
 
 
 def _outcomes(
-    checks: Mapping[int, PeerCheck], losses: Mapping[int, LossScore]
+    checks: Mapping[int, PeerCheck], losses: Mapping[int, LossScore], applied: Collection[int]
 ) -> dict[int, WindowOutcome]:
     return {
         uid: WindowOutcome(
@@ -529,6 +521,7 @@ def _outcomes(
             in_sync=c.in_sync,
             score=losses[uid].score if uid in losses else None,
             own_z=losses[uid].own.z if uid in losses else None,
+            applied=uid in applied,
         )
         for uid, c in checks.items()
     }

@@ -68,7 +68,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from openskill.models import PlackettLuce
 from pydantic import BaseModel, ConfigDict
@@ -118,6 +118,7 @@ class WindowOutcome(BaseModel):
     in_sync: bool | None = None
     score: float | None = None  # s, when scored
     own_z: float | None = None  # the window's own-data statistic, when scored
+    applied: bool = False  # in the window's applied set
 
 
 def severity(verdict: Verdict, cfg: ValidatorConfig) -> float:
@@ -156,7 +157,8 @@ class Book:
             for uid, o in outcomes.items()
             if o.verdict is Verdict.OK and o.score is not None and math.isfinite(o.score)
         }
-        reference = self.reference({u: outcomes[u].hotkey for u in scores}, scores)
+        applied = {u for u in scores if outcomes[u].applied}
+        reference = self.reference({u: outcomes[u].hotkey for u in scores}, scores, applied)
         for uid, o in outcomes.items():
             rec = self.records.get(uid)
             if rec is None or rec.hotkey != o.hotkey:  # new peer, or a recycled uid
@@ -175,10 +177,16 @@ class Book:
                     rec.gain_windows += 1
         self._rate(scores)
 
-    def reference(self, hotkeys: Mapping[int, str], scores: Mapping[int, float]) -> float | None:
+    def reference(
+        self,
+        hotkeys: Mapping[int, str],
+        scores: Mapping[int, float],
+        applied: Collection[int] = (),
+    ) -> float | None:
         """The window's ``m``: the median score of the accepted peers `hotkeys` in `consensus`
-        (evaluated before this window's evidence is added); None unless positive."""
-        members = [scores[u] for u in self.consensus(hotkeys)]
+        (evaluated before this window's evidence is added; the `applied` ones while fewer than
+        two have evidence that earns); None unless positive."""
+        members = [scores[u] for u in self.consensus(hotkeys, applied)]
         if not members:
             return None
         mid = statistics.median(members)
@@ -203,16 +211,21 @@ class Book:
             return 0.0
         return max(0.0, GAIN_FRACTION * gains[len(gains) // 2])
 
-    def consensus(self, hotkeys: Mapping[int, str]) -> set[int]:
+    def consensus(self, hotkeys: Mapping[int, str], applied: Collection[int] = ()) -> set[int]:
         """Of the peers `hotkeys` (uid -> hotkey, this window's accepted updates), those whose
         own-data evidence already earns (`own_factor` > 0): their mean direction is the own-data
-        test's covariate (`validator.scoring`). All of them while fewer than two qualify."""
+        test's covariate (`validator.scoring`). While fewer than two qualify: those of them the
+        window `applied` (which showed training this window, `validator.admission`), or all of
+        them when it applied none: a crowd of null updates at launch never sets ``m``."""
         known = {
             u for u, hk in hotkeys.items()
             if (rec := self.records.get(u)) is not None and rec.hotkey == hk
             and self.own_factor(rec) > 0
         }  # fmt: skip
-        return known if len(known) >= 2 else set(hotkeys)
+        if len(known) >= 2:
+            return known
+        shown = {u for u in hotkeys if u in applied}
+        return shown or set(hotkeys)
 
     def gain(self, rec: PeerRecord) -> float:
         """The bias-corrected gain EMA: equal relative scores give equal gains however many

@@ -6,8 +6,9 @@ peer's update of ``w`` was computed against). The samples come from the window's
 ``O_i``, ``n_own`` of the slots assigned to peer ``i`` for ``w``; nobody knows either set before
 the upload deadline.
 
-**Norm-fair step.** ``T`` is the median norm of the window's accepted (verdict ``ok``) updates
-(`reference_norm`). Every update ``Δ̂_i`` (norm ``n_i``) is probed at the same step length::
+**Norm-fair step.** ``T`` is the lower median norm of the updates the window applies (the outer
+step's clip bound; `reference_norm`). Every update ``Δ̂_i`` (norm ``n_i``) is probed at the same
+step length::
 
     θ_i' = θ - η (T / n_i) Δ̂_i,    η = score_scale * α
 
@@ -22,6 +23,13 @@ float rounding). Per sample ``x``, ``g_i(x) = (L(θ; x) - L(θ_i'; x)) / mean L(
   scaled by ``c`` outside ``[1/b, b]`` loses score (``q = 0.4`` at ``c = 5`` or ``0.2``). Hence
   **scaling never raises a score or a rank**: inside the band it changes nothing, outside it
   only lowers ``s``. (The outer step clips every update to the median norm anyway.)
+
+**Before the agreement** the lead needs the own-data test of the selected updates
+(`validator.admission`) and no ``T`` exists yet: a ``T`` from all uploads would be the crowd's to
+set (a majority of tiny updates shrinks the probe of an honest one into float rounding). Those
+updates are probed at their own norm (``T = n_i``), which depends on each update alone; the
+score at the common ``T`` reuses that probe when ``n_i`` is within `REUSE_SPREAD` of ``T``
+(honest updates, all but always) and probes again otherwise.
 
 **Own-data test.** An honest update fits its own samples better than random ones; a copied,
 replayed, recycled or random update has no reason to. The test compares ``g_i`` on ``O_i`` with
@@ -160,6 +168,11 @@ def reference_norm(norms: Mapping[int, float]) -> float:
     return float(statistics.median_low(ok)) if ok else 0.0
 
 
+REUSE_SPREAD = 0.01
+"""How far (relative) an update's norm may be from ``T`` for its probe at its own norm to stand
+for its probe at ``T``: a step at most 1 % longer or shorter."""
+
+
 # -- the probe -------------------------------------------------------------------------------------
 
 
@@ -199,14 +212,17 @@ def pick_scored(
 class LossProbe:
     """Scores updates of one window against the model at the start of that window.
 
-    `norms` holds the norms of the window's accepted updates (they set ``T``); `reference` the
+    `norms` holds the norms of the window's accepted updates; `reference` the
     updates of the consensus direction ``ref = mean_j (T / n_j) Δ̂_j`` (the accepted updates of
     peers with established own-data evidence, `validator.ratings.Book.consensus`), whose
     per-sample gain ``r(x)`` is measured once on ``R`` and once per peer on ``O_i``. To first order in the (small) probe step
     the gain of a mean is the mean of the gains, so the leave-one-out covariate of a reference
     member ``i`` scored on its own reference update (the same object) is
-    ``(N r(x) - g_i(x)) / (N - 1)``; for anything else it is ``r(x)`` (an update that is in the
-    consensus at weight 1/N only makes its own test more conservative).
+    ``(N r(x) - k g_i(x)) / (N - 1)``, ``k`` its multiplier in the reference over its multiplier
+    in the probe (1 at ``T``; at its own norm ``T / n_i``, which a crowd of tiny updates can make
+    small: the covariate then carries no share of ``g_i`` to cancel); for anything else it is
+    ``r(x)`` (an update that is in the consensus at weight 1/N only makes its own test more
+    conservative).
     """
 
     def __init__(
@@ -227,11 +243,12 @@ class LossProbe:
         # the validator's own strategy: a shared-support one needs the window's support
         self.strategy = strategy or make_strategy(run, ModelSpec.from_module(model), device)
         self.eta = cfg.score_scale * run.outer.alpha
-        self.target = reference_norm(norms)
         self.members = [
             u for u in sorted(reference) if u in norms and math.isfinite(norms[u]) and norms[u] > 0
         ]
-        self.reference = reference
+        # the consensus direction's members at their lower median norm
+        self.target = reference_norm({u: norms[u] for u in self.members})
+        self.reference, self.norms = reference, norms
         self.start = {k: p.detach().clone() for k, p in model.named_parameters()}
         model.eval()
         self.random = dataset.read_slots(np.asarray(reveal.random_slots, dtype=np.int64))
@@ -246,11 +263,11 @@ class LossProbe:
     def _gain(before: np.ndarray, after: np.ndarray) -> np.ndarray:
         return (before - after) / before.mean() if before.size else before
 
-    def _factor(self, norm: float) -> float:
-        """The step multiplier that brings an update of `norm` to ``η T``."""
-        if self.target <= 0 or norm <= 0 or not math.isfinite(norm):
+    def _factor(self, norm: float, target: float) -> float:
+        """The step multiplier that brings an update of `norm` to ``η target``."""
+        if target <= 0 or norm <= 0 or not math.isfinite(norm):
             return self.eta if norm > 0 and math.isfinite(norm) else 0.0
-        return self.eta * self.target / norm
+        return self.eta * target / norm
 
     def _consensus(
         self, reference: Mapping[int, Update], norms: Mapping[int, float]
@@ -260,7 +277,7 @@ class LossProbe:
         params = dict(self.model.named_parameters())
         ref = {k: torch.zeros_like(p) for k, p in params.items()}
         for uid in self.members:
-            f = self._factor(norms[uid]) / len(self.members)
+            f = self._factor(norms[uid], self.target) / len(self.members)
             for piece in reference[uid]:
                 self.strategy.add_into(ref[piece.name], piece, f)
         return ref
@@ -286,27 +303,36 @@ class LossProbe:
                     p.copy_(self.start[name])
 
     def _covariate(
-        self, uid: int, update: Update, g: np.ndarray, r: np.ndarray
+        self, uid: int, update: Update, g: np.ndarray, r: np.ndarray, factor: float
     ) -> np.ndarray | None:
+        """The covariate of `uid`'s gains `g`, probed at step multiplier `factor`: ``r``, less
+        the member's own share when it is in the reference (its gain at the reference's
+        multiplier is ``g`` scaled by that over `factor`, to first order)."""
         n = len(self.members)
         if uid not in self.members or self.reference[uid] is not update:
             return r if n >= 1 else None
-        return (n * r - g) / (n - 1) if n >= 2 else None
+        if n < 2 or factor <= 0:
+            return None
+        share = self._factor(self.norms[uid], self.target) / factor
+        return (n * r - share * g) / (n - 1)
 
-    def score(self, uid: int, update: Update, norm: float) -> LossScore:
+    def score(self, uid: int, update: Update, norm: float, target: float) -> LossScore:
+        """`uid`'s update (of `norm`) probed at the step of norm `target` (``T``; `norm` itself
+        for the probe at its own norm)."""
         slots = own_slots(
             self.dataset, self.run, uid, self.window, self.reveal.seed, self.cfg.n_own
         )
         own = self.dataset.read_slots(slots)
         before_own = self._rows(own)
-        after_random, after_own = self._stepped(update, [self.random, own], self._factor(norm))
+        factor = self._factor(norm, target)
+        after_random, after_own = self._stepped(update, [self.random, own], factor)
         g_rand = self._gain(self.before_random, after_random)
         g_own = self._gain(before_own, after_own)
         test = welch(g_own, g_rand)
         if self.ref is not None:
             ref_own = self._gain(before_own, self._stepped(self.ref, [own])[0])
-            c_own = self._covariate(uid, update, g_own, ref_own)
-            c_rand = self._covariate(uid, update, g_rand, self.ref_random)
+            c_own = self._covariate(uid, update, g_own, ref_own, factor)
+            c_rand = self._covariate(uid, update, g_rand, self.ref_random, factor)
             if c_own is not None and c_rand is not None:
                 test = ancova(g_own, g_rand, c_own, c_rand)
         return LossScore(
@@ -317,7 +343,7 @@ class LossProbe:
             n_random=int(self.random.shape[0]),
             n_own=int(own.shape[0]),
             norm=float(norm),
-            target_norm=self.target,
+            target_norm=target,
             norm_band=self.cfg.norm_band,
             own=test,
             z_pass=self.cfg.own_z_pass,

@@ -132,11 +132,16 @@ def manifest_cutoff_block(run: RunConfig, window: int) -> int:
     return schedule.gather_block(window) + math.ceil(wait_s / run.timing.block_time_s)
 
 
-def may_publish(run: RunConfig, window: int, block: int) -> bool:
-    """Whether the lead, at chain block `block`, may still publish `window`'s manifest: more
-    than `PUBLISH_MARGIN_S` (and at least one block) before the cutoff block."""
+def last_publish_block(run: RunConfig, window: int) -> int:
+    """The block from which the lead no longer publishes `window`'s manifest: `PUBLISH_MARGIN_S`
+    (and at least one block) before the cutoff block."""
     margin = max(1, math.ceil(PUBLISH_MARGIN_S / run.timing.block_time_s))
-    return block < manifest_cutoff_block(run, window) - margin
+    return manifest_cutoff_block(run, window) - margin
+
+
+def may_publish(run: RunConfig, window: int, block: int) -> bool:
+    """Whether the lead, at chain block `block`, may still publish `window`'s manifest."""
+    return block < last_publish_block(run, window)
 
 
 def wait_for_manifest(

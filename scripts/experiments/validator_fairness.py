@@ -112,7 +112,7 @@ def main() -> None:
             torch.device("cpu"),
         )  # fmt: skip
         add("consensus members", len(ref))
-        scores = {u: probe.score(u, x, norms[u]) for u, x in cands.items()}
+        scores = {u: probe.score(u, x, norms[u], probe.target) for u, x in cands.items()}
         book.update({u: _ok(f"hk{u}", s) for u, s in scores.items()})
         weights = _weights(book.final_scores(list(cands)))
         _collect(add, w, scores, weights, book, kind_of)

@@ -34,6 +34,7 @@ from protocol.keys import create_hotkey
 from protocol.runconfig import RunConfig
 from protocol.stores import open_store
 from tests.support.lead_views import checked_views, lead_roster
+from validator.admission import Admission
 from validator.agreement import lead_decision, mark_equivocations
 from validator.checks import Verdict
 from validator.classify import PeerCheck
@@ -45,6 +46,8 @@ RUN = RunConfig.preset("tiny", name="lead-and-followers", inner_steps=2)
 SPEC = ModelSpec.from_module(build_model(RUN.model, RUN.seed))
 WINDOW, LEAD = 2, 9
 START = fingerprint(build_model(RUN.model, RUN.seed))
+
+ALL = Admission(frozenset(range(100)))  # the lead admits every update that passed
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +82,7 @@ def test_a_restarted_lead_adopts_the_manifest_it_published(
 
     def decide() -> Agreement:
         return lead_decision(
-            store, RUN, SPEC, keys[LEAD], roster, checks, uploads, START, scratch, lambda: 0  # type: ignore[arg-type]
+            store, RUN, SPEC, keys[LEAD], roster, checks, uploads, START, scratch, lambda: 0, ALL  # type: ignore[arg-type]
         )  # fmt: skip
 
     first = decide()

@@ -39,6 +39,7 @@ from protocol.naming import applied_key
 from protocol.runconfig import RunConfig
 from protocol.stores import open_store
 from tests.support.lead_views import checked_views, lead_roster
+from validator.admission import Admission
 from validator.agreement import lead_decision
 from validator.fetching import Upload
 
@@ -53,6 +54,8 @@ SPEC = ModelSpec.from_module(build_model(RUN.model, RUN.seed))
 WINDOW, LEAD = 3, 9
 START = fingerprint(build_model(RUN.model, RUN.seed))
 CUTOFF = manifest_cutoff_block(RUN, WINDOW)
+
+ALL = Admission(frozenset(range(100)))  # the lead admits every update that passed
 
 
 @pytest.fixture(autouse=True)
@@ -158,14 +161,14 @@ def test_a_lead_too_late_for_the_cutoff_publishes_no_manifest_and_an_empty_histo
     late = CUTOFF - 1  # inside the margin: a PUT now could land after some node's last read
     assert not may_publish(RUN, WINDOW, late)
     agreed = lead_decision(
-        store, RUN, SPEC, keys[LEAD], roster, checks, uploads, START, scratch, lambda: late  # type: ignore[arg-type]
+        store, RUN, SPEC, keys[LEAD], roster, checks, uploads, START, scratch, lambda: late, ALL  # type: ignore[arg-type]
     )  # fmt: skip
     assert agreed.updates == {} and agreed.manifest is None
     assert not store.exists(applied_key(RUN.run_id, WINDOW, LEAD, keys[LEAD].ss58_address))
     history = read_aggregate_bytes(store, RUN, SPEC, WINDOW, LEAD, keys[LEAD].ss58_address)  # type: ignore[arg-type]
     assert history == {}
     on_time = lead_decision(
-        store, RUN, SPEC, keys[LEAD], roster, checks, uploads, START, scratch, lambda: late - 10  # type: ignore[arg-type]
+        store, RUN, SPEC, keys[LEAD], roster, checks, uploads, START, scratch, lambda: late - 10, ALL  # type: ignore[arg-type]
     )  # fmt: skip
     assert on_time.manifest is not None and sorted(on_time.updates) == [0, 1]
 
@@ -177,7 +180,7 @@ def test_a_lead_whose_manifest_cannot_be_stored_applies_nothing(
     key = applied_key(RUN.run_id, WINDOW, LEAD, keys[LEAD].ss58_address)
     (tmp_path / "lead" / key / "blocker").mkdir(parents=True)  # its PUT fails
     agreed = lead_decision(
-        store, RUN, SPEC, keys[LEAD], roster, checks, uploads, START, scratch, lambda: 0  # type: ignore[arg-type]
+        store, RUN, SPEC, keys[LEAD], roster, checks, uploads, START, scratch, lambda: 0, ALL  # type: ignore[arg-type]
     )  # fmt: skip
     assert agreed.updates == {} and agreed.manifest is None
     history = read_aggregate_bytes(store, RUN, SPEC, WINDOW, LEAD, keys[LEAD].ss58_address)  # type: ignore[arg-type]

@@ -33,7 +33,7 @@ from protocol.stores import open_store
 from tests.support import wire_tampering as tampering
 from validator.config import ValidatorConfig
 from validator.reveal import reveal_for
-from validator.scoring import LossProbe
+from validator.scoring import LossProbe, reference_norm
 
 SHAPES = {"w": (40, 23), "v": (200,), "n": (50,)}
 SPEC = ModelSpec.from_shapes(SHAPES)
@@ -358,7 +358,7 @@ def test_the_validators_probe_scores_mask_updates_with_its_own_support() -> None
     cfg = ValidatorConfig(n_random=8, n_own=8)
     cpu = torch.device("cpu")
     probe = LossProbe(model, run, dataset, 1, reveal, updates, norms, cfg, cpu, validator)
-    score = probe.score(0, updates[0], norms[0])
+    score = probe.score(0, updates[0], norms[0], reference_norm(norms))
     assert (
         math.isfinite(score.loss_after_random)
         and score.loss_after_random != score.loss_before_random

@@ -28,7 +28,7 @@ from protocol.runconfig import RunConfig
 from protocol.stores import S3Store, open_store
 from protocol.stores.fetch import MARGIN_S, Got
 from protocol.stores.spool import Spooled, SpoolError
-from validator.checks import Verdict, classify_fetch, in_sync, norm_verdicts
+from validator.checks import Verdict, classify_fetch, in_sync, norm_outliers
 from validator.classify import check_window
 from validator.config import ValidatorConfig
 from validator.copies import Sketch, SketchHistory, Stamp, explain, explain_window, overlap, sketch
@@ -143,10 +143,9 @@ def test_a_lost_spool_file_is_our_fault_not_the_peers(
 
 
 def test_norm_and_sync_verdicts() -> None:
-    v = norm_verdicts({0: 1.0, 1: 1.2, 2: 0.9, 3: 15.0, 4: math.nan}, ratio=10.0)
-    assert [v[u][0] for u in range(5)] == [
-        Verdict.OK, Verdict.OK, Verdict.OK, Verdict.NORM_OUTLIER, Verdict.NON_FINITE,
-    ]  # fmt: skip
+    norms = {0: 1.0, 1: 1.2, 2: 0.9, 3: 15.0, 4: math.nan, 5: 0.001}
+    assert list(norm_outliers(norms, [1.0, 1.2, 0.9], ratio=10.0)) == [3]
+    assert norm_outliers(norms, [], ratio=10.0) == {}
     assert in_sync("ab", "ab") is True and in_sync("ab", "cd") is False
     assert in_sync(None, "ab") is False  # a peer that publishes no fingerprint is out of sync
     assert in_sync("ab", None) is None  # nothing to compare with (window 0)

@@ -149,8 +149,10 @@ def test_scoring_stops_when_its_time_is_up(tmp_path: Path) -> None:
     store = open_store(f"file://{tmp_path}?bucket=bucket0")
     v = Validator(RUN, KEYS[0], chain, store, tmp_path / "state0", local_root=tmp_path)
     checks = _scorable(v, tmp_path)  # kept as spool files, as the validator keeps them
-    assert set(v._score(0, checks, time.monotonic() + 600)) == {2, 3}
-    assert v._score(0, checks, time.monotonic() - 1) == {}
+    scorer = v._scorer(0, checks)
+    assert scorer is not None
+    assert set(scorer.rest(time.monotonic() + 600, [2, 3])) == {2, 3}
+    assert scorer.rest(time.monotonic() - 1, [2, 3]) == {}
     # the deadline is the next window's gather block, less room for the work after scoring
     # (the first time: manifest_wait_s; then twice what it took last time)
     left = (v.clock.gather_block(1) - chain.block()) * BLOCK_TIME
@@ -161,7 +163,9 @@ def test_scoring_stops_when_its_time_is_up(tmp_path: Path) -> None:
     checks[3].verdict = Verdict.COPY  # scored, but outside the reference direction
     (tmp_path / "3").unlink()
     with pytest.raises(SpoolError):
-        v._score(0, checks, time.monotonic() + 600)
+        scorer = v._scorer(0, checks)
+        assert scorer is not None
+        scorer.rest(time.monotonic() + 600, [2])
     chain.close()
     admin.close()
 

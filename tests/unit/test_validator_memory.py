@@ -13,6 +13,7 @@ the decoded updates by ten times that.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -109,7 +110,9 @@ def window_peak_growth(root: Path, genesis: float) -> dict:
     crashed = root / "state" / SPOOL / "window-9"
     crashed.mkdir(parents=True)
     (crashed / "update-3").write_bytes(b"left by a crash")
-    cfg = ValidatorConfig(n_random=8, n_own=8, max_scored=2, sketch_size=SKETCH)
+    cfg = ValidatorConfig(  # random updates show no training: admitted all the same here
+        n_random=8, n_own=8, max_scored=2, sketch_size=SKETCH, admit_z=-math.inf
+    )
     validator = Validator(RUN, key(0), chain, store, root / "state", cfg, local_root=root)
     make_strategy(RUN, validator.spec)  # warm every lazy import and table before measuring
     clock.at(validator.clock.gather_block(0))

@@ -41,7 +41,7 @@ from validator.reveal import (
     signed_commit,
     window_secret,
 )
-from validator.scoring import LossProbe, LossScore, OwnTest, pick_scored
+from validator.scoring import LossProbe, LossScore, OwnTest, pick_scored, reference_norm
 from validator.state import ValidatorState, load_state, save_state
 
 RUN = RunConfig.preset(
@@ -68,6 +68,7 @@ class World:
             uid: train_update(RUN, self.dataset, self.model, uid, WINDOW) for uid in range(3)
         }
         self.norms = {u: update_norm(x) for u, x in self.updates.items()}
+        self.target = reference_norm(self.norms)  # T
 
     def probe(self, key: bytes, reference: dict | None = None) -> LossProbe:
         reveal = reveal_for(self.dataset, RUN.run_id, WINDOW, key, N, N)
@@ -128,7 +129,7 @@ def test_verifier_recomputes_the_samples_and_refuses_a_wrong_secret(
     key = secret(4)
     committed = window_secret(key, RUN.run_id, WINDOW)
     probe = world.probe(committed)
-    losses = {u: probe.score(u, world.updates[u], world.norms[u]) for u in (0, 1)}
+    losses = {u: probe.score(u, world.updates[u], world.norms[u], world.target) for u in (0, 1)}
     published = _report(world, committed, losses).model_dump_json()
     report = ScoreReport.model_validate_json(published)
     keypair = create_hotkey("t", "val", root=tmp_path)
@@ -175,26 +176,28 @@ def test_the_reveal_key_survives_a_restart(tmp_path: Path) -> None:
 
 def test_scaling_an_update_never_raises_its_score_or_rank(world: World) -> None:
     probe = world.probe(secret(7))
-    base = {u: probe.score(u, world.updates[u], world.norms[u]) for u in world.updates}
+    base = {
+        u: probe.score(u, world.updates[u], world.norms[u], world.target) for u in world.updates
+    }
     u0 = base[0]
     assert u0.score > 0 and u0.norm_factor == 1.0
     for c in (0.2, 5.0, 50.0):
         up = scaled(world.updates[0], c)
-        s = probe.score(0, up, update_norm(up))
+        s = probe.score(0, up, update_norm(up), world.target)
         assert s.direction_score == pytest.approx(u0.direction_score, rel=1e-3)  # direction only
         assert s.score <= u0.score * 0.5  # outside the band: q = 2 min(c, 1/c) <= 0.4
         ranked = sorted([*(b.score for b in base.values()), s.score], reverse=True)
         assert ranked.index(s.score) > ranked.index(u0.score)
     inside = scaled(world.updates[0], 1.5)
-    s = probe.score(0, inside, update_norm(inside))
+    s = probe.score(0, inside, update_norm(inside), world.target)
     assert s.score == pytest.approx(u0.score, rel=1e-3)  # inside the band: nothing changes
 
 
 def test_a_scaled_peer_earns_less_than_the_same_work_unscaled(world: World) -> None:
     probe = world.probe(secret(8))
-    honest = probe.score(0, world.updates[0], world.norms[0])
+    honest = probe.score(0, world.updates[0], world.norms[0], world.target)
     up = scaled(world.updates[0], 5.0)
-    big = probe.score(0, up, update_norm(up))
+    big = probe.score(0, up, update_norm(up), world.target)
     book = Book(CFG)
     for _ in range(6):
         book.update(
@@ -215,19 +218,21 @@ def test_own_data_test_passes_honest_updates_and_not_copies(world: World) -> Non
     probe = world.probe(secret(9))
     welch_probe = world.probe(secret(10), reference={})
     for uid, up in world.updates.items():
-        s = probe.score(uid, up, world.norms[uid])
+        s = probe.score(uid, up, world.norms[uid], world.target)
         assert s.own.method == "ancova" and s.indicator == 1
-        w = welch_probe.score(uid, up, world.norms[uid])
+        w = welch_probe.score(uid, up, world.norms[uid], world.target)
         assert w.own.method == "welch" and s.own.z > w.own.z  # the covariate sharpens the test
-    honest_z = [probe.score(u, up, world.norms[u]).own.z for u, up in world.updates.items()]
+    honest_z = [
+        probe.score(u, up, world.norms[u], world.target).own.z for u, up in world.updates.items()
+    ]
     for claimed, copied in ((7, 0), (8, 1), (9, 2)):  # copies, under uids whose data they never saw
-        s = probe.score(claimed, world.updates[copied], world.norms[copied])
+        s = probe.score(claimed, world.updates[copied], world.norms[copied], world.target)
         assert s.indicator == -1 and s.own.z < min(honest_z) - 2
-    honest = probe.score(2, world.updates[2], world.norms[2])
+    honest = probe.score(2, world.updates[2], world.norms[2], world.target)
     noise_z = []
     for seed in (3, 4, 5):  # a noise uploader, uid 10
         noise = noise_update(world.spec, RUN, 0.01, torch.Generator().manual_seed(seed))
-        s = probe.score(10, noise, update_norm(noise))
+        s = probe.score(10, noise, update_norm(noise), world.target)
         assert abs(s.score) < 0.1 * honest.score
         noise_z.append(s.own.z)
     assert sum(noise_z) / 3 < 1.5 < min(honest_z) - 2
@@ -345,11 +350,11 @@ def test_one_noisy_window_does_not_cut_an_honest_peer() -> None:
 
 def test_report_names_the_rule_that_decided_each_weight(world: World) -> None:
     probe = world.probe(secret(11))
-    good = {u: probe.score(u, world.updates[u], world.norms[u]) for u in (0, 1)}
+    good = {u: probe.score(u, world.updates[u], world.norms[u], world.target) for u in (0, 1)}
     big = scaled(world.updates[2], 5.0)
     losses = {
         **good,
-        2: probe.score(2, big, update_norm(big)),
+        2: probe.score(2, big, update_norm(big), world.target),
         3: replace(good[0], own=OwnTest(0.0, 0.0, 1.0, "ancova")),  # trained on nothing of its own
         4: replace(good[0], loss_after_random=good[0].loss_before_random),  # moves nothing
         5: good[0],

@@ -1,0 +1,146 @@
+"""A crowd of hotkeys that holds most of a window's slots at launch (selection is a hash draw
+before any weights exist) and uploads tiny or null updates: the lead admits only updates that show
+training on their peer's own samples (`validator.admission`), so the crowd neither sets the clip
+bound (training would stop) nor the pay reference (honest pay would stop).
+
+Real updates: three peers of the tiny preset trained on their own assignments of window 0, the
+crowd's updates through the real compressor; the probe, the outer step and the held-out loss are
+the product's. Sets of 7 (4 of them the crowd's) and 8 (5) updates.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from codec.aggregate import update_norm
+from codec.compress import SparseTensor
+from codec.spec import ModelSpec
+from lab.sim.forgeries import noise_update, zero_update
+from node.data.batches import open_run_dataset
+from node.data.sampling import eval_slots
+from node.model.llama import build_model
+from node.strategy import make_strategy
+from protocol.runconfig import RunConfig
+from tests.support.honest_updates import train_update
+from validator.admission import admit
+from validator.checks import Verdict
+from validator.config import ValidatorConfig
+from validator.ratings import Book, WindowOutcome
+from validator.reveal import reveal_for
+from validator.scoring import LossProbe, LossScore, reference_norm, row_losses
+
+RUN = RunConfig.preset(
+    "tiny",
+    name="admission",
+    inner_steps=4,
+    outer={"total_windows": 10},
+    optimizer={"warmup_steps": 4},
+)
+CFG = ValidatorConfig(n_random=32, n_own=32)
+CPU = torch.device("cpu")
+HONEST = (0, 1, 2)
+
+
+class World:
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        _, self.dataset = open_run_dataset(RUN)
+        self.model = build_model(RUN.model, RUN.seed)
+        self.spec = ModelSpec.from_module(self.model)
+        self.honest = {u: train_update(RUN, self.dataset, self.model, u, 0) for u in HONEST}
+        self.heldout = self.dataset.read_slots(eval_slots(self.dataset, RUN.run_id, 0, "adm", 32))
+
+    def crowd(self, size: int, kind: str) -> dict[int, list[SparseTensor]]:
+        gen = torch.Generator().manual_seed(size)
+        if kind == "zero":
+            return {100 + i: zero_update(self.spec, RUN) for i in range(size)}
+        return {100 + i: noise_update(self.spec, RUN, 1e-9, gen) for i in range(size)}
+
+    def loss_after(self, applied: dict[int, list[SparseTensor]]) -> float:
+        """Held-out loss after the window's outer step over `applied`."""
+        model = copy.deepcopy(self.model)
+        make_strategy(RUN, self.spec).step(model, applied)
+        return float(row_losses(model, self.heldout, RUN.micro_batch_size, CPU).mean())
+
+
+@pytest.fixture(scope="module")
+def world() -> World:
+    return World()
+
+
+def _lead_admits(world: World, updates: dict[int, list[SparseTensor]], key: int) -> set[int]:
+    """What the lead applies of `updates` (all selected, all checks passed), at bootstrap: no
+    peer has evidence yet, so the consensus direction is every accepted update."""
+    secret = hashlib.blake2b(f"admission {key}".encode(), digest_size=32).digest()
+    reveal = reveal_for(world.dataset, RUN.run_id, 0, secret, CFG.n_random, CFG.n_own)
+    norms = {u: update_norm(x) for u, x in updates.items()}
+    probe = LossProbe(world.model, RUN, world.dataset, 0, reveal, updates, norms, CFG, CPU)
+
+    def own_norm(uid: int) -> LossScore:
+        return probe.score(uid, updates[uid], norms[uid], norms[uid])
+
+    order = sorted(updates)
+    return set(admit(order, own_norm, norms, set(), math.inf, CFG.admit_z, CFG.norm_ratio).admitted)
+
+
+@pytest.mark.parametrize(("crowd", "kind"), [(4, "tiny"), (5, "tiny"), (4, "zero")])
+def test_a_bootstrap_crowd_neither_stops_nor_slows_training(
+    world: World, crowd: int, kind: str
+) -> None:
+    start = float(row_losses(world.model, world.heldout, RUN.micro_batch_size, CPU).mean())
+    honest_only = world.loss_after(world.honest)
+    assert honest_only < start - 0.2  # one honest step is large at launch
+    updates = {**world.honest, **world.crowd(crowd, kind)}
+    if kind == "tiny":  # applied as it is, the crowd sets the clip bound: training stops
+        assert world.loss_after(updates) > start - 0.02 * (start - honest_only)
+    for key in (1, 2):
+        admitted = _lead_admits(world, updates, key)
+        assert admitted & set(HONEST), admitted
+        assert world.loss_after({u: updates[u] for u in admitted}) <= 1.02 * honest_only
+
+
+def test_the_pay_reference_is_the_applied_set_while_nobody_has_evidence() -> None:
+    """Honest peers scored about 0.01 with a launch's own-data statistic (2.4: no consensus
+    covariate yet), a crowd of four at 0 (tiny updates move nothing). With the crowd in the
+    window's reference ``m`` (its median, 0), the honest scores would not count until their pooled
+    evidence earns; with the applied set as the reference, they count from the first window, and
+    the crowd earns nothing."""
+    book = Book(ValidatorConfig())
+    rng = np.random.default_rng(3)
+    for _ in range(6):
+        outcomes = {
+            u: WindowOutcome(
+                hotkey=f"h{u}", verdict=Verdict.OK, in_sync=True,
+                score=0.01 * (1 + 0.05 * rng.standard_normal()), own_z=2.4, applied=True,
+            )
+            for u in HONEST
+        }  # fmt: skip
+        for u in range(100, 104):
+            outcomes[u] = WindowOutcome(
+                hotkey=f"c{u}", verdict=Verdict.OK, in_sync=True, score=0.0, own_z=0.0
+            )
+        book.update(outcomes)
+    assert all(book.records[u].gain_windows == 6 for u in HONEST)
+    final = book.final_scores()
+    assert all(final[u] > 0 for u in HONEST)
+    assert all(final[u] == 0 for u in range(100, 104))
+
+
+def test_a_peer_with_evidence_is_applied_when_the_lead_ran_out_of_time() -> None:
+    """Unscored (the lead's time for evidence ran out): applied only when its peer's evidence
+    already earns; and the admitted set's norm outliers are refused."""
+
+    def never(uid: int) -> None:
+        raise AssertionError("nothing is scored past the deadline")
+
+    norms = {1: 1.0, 2: 1.1, 3: 0.9, 4: 50.0, 5: 1.0}
+    got = admit([1, 2, 3, 4, 5], never, norms, {1, 2, 3, 4}, -math.inf, 1.5, 10.0)
+    assert got.admitted == {1, 2, 3}
+    assert "no own-data evidence" in got.refused[5] and "median" in got.refused[4]
+    assert reference_norm({u: norms[u] for u in got.admitted}) == 1.0

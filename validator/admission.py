@@ -1,0 +1,74 @@
+"""Which of the window's selected updates the lead applies: those that show training.
+
+**The attack.** Registration is all a hotkey needs to be selected: before any weights exist the
+selection is a hash draw (`node.window.selection`), so a crowd registered at launch holds most of
+the slots, and later a few hotkeys hold the probation slots. A crowd of null, random or tiny
+updates in the applied set then (a) sets the outer step's clip bound, the lower median norm,
+which shrinks every honest update to the crowd's size when the crowd is a majority (training
+stops), and (b) adds random directions to the mean until weights shut it out (a loss bump).
+
+**The defence.** The lead scores the selected updates that passed every check before it decides
+(`validator.scoring`: each update probed at its own norm, so what one update shows depends on it
+alone), and applies those whose own-data statistic reaches ``admit_z`` (1.5) this window. A null
+update (nothing trained on the peer's own samples: random, tiny, all-zero, copied) has
+``z ~ N(0, 1)``, so it gets in with probability 0.067; an honest one has a mean ``z`` of about
+2.4 without a consensus covariate (the first windows) and 4.4 with one (`validator.scoring`).
+An update the lead had no time to score is applied only
+when its peer's own-data evidence already earns (`validator.ratings.Book.consensus`). Last,
+updates whose norm exceeds ``norm_ratio`` times the lower median of the admitted ones are norm
+outliers (`validator.checks.norm_outliers`). Followers and peers apply the lead's manifest, so
+nothing here has to be computed alike by every node.
+
+**What it does not stop.** A crowd that trains on its own samples and scales its updates down
+shows evidence and gets in; as a majority of the applied set it shrinks the step. It pays for
+that with the training of every hotkey, each of which earns like an honest peer would.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from validator.checks import norm_outliers
+from validator.scoring import LossScore
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The lead's decision on the selected updates that passed every check."""
+
+    admitted: frozenset[int]
+    refused: dict[int, str] = field(default_factory=dict)  # uid -> why, for the manifest
+
+
+def admit(
+    order: Sequence[int],
+    score: Callable[[int], LossScore | None],
+    norms: Mapping[int, float],
+    established: Collection[int],
+    until: float,
+    admit_z: float,
+    norm_ratio: float,
+) -> Admission:
+    """Score the candidates in `order` (selected, every check passed) until `until` (monotonic
+    seconds), admit those with ``own_z >= admit_z``, and those left unscored whose peer is
+    `established`; then refuse the norm outliers of the admitted set."""
+    admitted, refused = set(), {}
+    for uid in order:
+        s = score(uid) if time.monotonic() <= until else None
+        if s is None:
+            if uid in established:
+                admitted.add(uid)
+            else:
+                refused[uid] = "not scored in time, no own-data evidence yet"
+        elif math.isfinite(s.own.z) and s.own.z >= admit_z:
+            admitted.add(uid)
+        else:
+            refused[uid] = f"no own-data evidence: z {s.own.z:.2f} < {admit_z:g}"
+    kept = {u: norms[u] for u in admitted}
+    for uid, detail in norm_outliers(kept, list(kept.values()), norm_ratio).items():
+        admitted.discard(uid)
+        refused[uid] = detail
+    return Admission(frozenset(admitted), refused)

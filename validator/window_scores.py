@@ -1,0 +1,117 @@
+"""One window's loss scores (`validator.scoring`), taken in two parts: the lead's evidence on its
+selected updates before it decides (`validator.admission`, each probed at its own norm), every
+update's score at the applied set's ``T`` after the agreement, each part until its own deadline.
+One probe serves both, and an update whose norm is within `REUSE_SPREAD` of ``T`` is probed
+once."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import replace
+
+import torch
+
+from node.data.dataset import Dataset
+from node.strategy import Strategy
+from node.window.gather import Pieces
+from protocol.runconfig import RunConfig
+from protocol.stores.spool import SpoolError
+from validator.checks import Verdict
+from validator.classify import PeerCheck
+from validator.config import ValidatorConfig
+from validator.ratings import Book
+from validator.reveal import SampleReveal
+from validator.scoring import REUSE_SPREAD, LossProbe, LossScore, pick_scored, reference_norm
+
+log = logging.getLogger(f"tessera.{__name__}")
+
+SCORABLE = {Verdict.OK, Verdict.COPY, Verdict.REPLAY}
+"""Verdicts whose updates are scored (copies and replays for the report only)."""
+
+
+class WindowScorer:
+    """The probe of one window and the scores it has taken so far."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        run: RunConfig,
+        dataset: Dataset,
+        window: int,
+        reveal: SampleReveal,
+        checks: Mapping[int, PeerCheck],
+        book: Book,
+        cfg: ValidatorConfig,
+        device: torch.device,
+        strategy: Strategy,
+    ) -> None:
+        self.window, self.checks, self.cfg = window, checks, cfg
+        self.fetched = Pieces(
+            {
+                u: c.upload.fetched.update
+                for u, c in checks.items()
+                if c.upload and c.upload.fetched.ok
+            }  # type: ignore[misc]
+        )
+        self.accepted = [u for u in self.fetched if _finite_ok(checks[u])]
+        consensus = book.consensus({u: checks[u].hotkey for u in self.accepted})
+        candidates = [u for u, c in checks.items() if c.verdict in SCORABLE and u in self.fetched]
+        # the accepted first, in an order drawn each window; the lead's evidence takes all the
+        # selected ones in that order, the scores after the agreement at most `max_scored`
+        self.draw = pick_scored(run.run_id, window, candidates, 0, set(self.accepted))
+        self.order = self.draw[: cfg.max_scored] if cfg.max_scored > 0 else self.draw
+        norms = {u: checks[u].norm for u in self.accepted}
+        self.probe = LossProbe(
+            model, run, dataset, window, reveal, self.fetched.only(consensus),
+            norms, cfg, device, strategy,  # type: ignore[arg-type]
+        )  # fmt: skip
+        self.evidence: dict[int, LossScore | None] = {}  # probed at their own norm
+
+    def own_norm_score(self, uid: int) -> LossScore | None:
+        """`uid`'s update probed at its own norm (taken once); None when that failed."""
+        if uid not in self.evidence:
+            norm = self.checks[uid].norm or 0.0
+            self.evidence[uid] = self._probe(uid, norm)
+        return self.evidence[uid]
+
+    def admission_order(self, selected: Collection[int]) -> list[int]:
+        """The selected updates that passed every check, in scoring order."""
+        return [u for u in self.draw if u in selected and self.checks[u].ok]
+
+    def rest(self, until: float, applied: Sequence[int]) -> dict[int, LossScore]:
+        """Every update still scorable (after the norm verdicts) scored at ``T``, the lower
+        median norm of the `applied` ones, until `until` (monotonic seconds)."""
+        norms = {u: self.checks[u].norm for u in applied if u in self.checks}
+        target = reference_norm({u: n for u, n in norms.items() if n is not None})
+        order = [u for u in self.order if self.checks[u].verdict in SCORABLE]
+        out: dict[int, LossScore] = {}
+        for n, uid in enumerate(order):
+            if time.monotonic() > until:
+                log.warning(
+                    "window %d: out of time, %d peers left unscored", self.window, len(order) - n
+                )
+                break
+            norm = self.checks[uid].norm or 0.0
+            own = self.evidence.get(uid)
+            if own is not None and target > 0 and abs(norm / target - 1) <= REUSE_SPREAD:
+                out[uid] = replace(own, target_norm=target)
+            elif (score := self._probe(uid, norm, target)) is not None:
+                out[uid] = score
+        return out
+
+    def _probe(self, uid: int, norm: float, target: float | None = None) -> LossScore | None:
+        try:  # one decoded update at a time (the probe's reference shares it)
+            at = norm if target is None else target
+            return self.probe.score(uid, self.fetched[uid], norm, at)
+        except SpoolError:
+            raise  # ours, not the peer's
+        except Exception:  # one bad peer never stops the window
+            log.exception("window %d: scoring uid %d failed", self.window, uid)
+            return None
+
+
+def _finite_ok(check: PeerCheck) -> bool:
+    return check.ok and check.norm is not None and math.isfinite(check.norm)

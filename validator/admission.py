@@ -34,6 +34,12 @@ from dataclasses import dataclass, field
 from validator.checks import norm_outliers
 from validator.scoring import LossScore
 
+MIN_EFFECT = 1e-5
+"""The least own-data effect (relative loss gain, `validator.scoring.OwnTest.diff`) that counts as
+evidence: an update too small to move the loss beyond float rounding (an honest one's effect
+is about 3e-3 at launch, a 1e-9 random one's 1e-8, measured in `tessera sim`) shows rounding
+patterns, not training, and its statistic means nothing."""
+
 
 @dataclass(frozen=True)
 class Admission:
@@ -41,6 +47,8 @@ class Admission:
 
     admitted: frozenset[int]
     refused: dict[int, str] = field(default_factory=dict)  # uid -> why, for the manifest
+    scored: int = 0
+    seconds: float = 0.0
 
 
 def admit(
@@ -51,18 +59,28 @@ def admit(
     until: float,
     admit_z: float,
     norm_ratio: float,
+    first_estimate_s: float = 0.0,
 ) -> Admission:
-    """Score the candidates in `order` (selected, every check passed) until `until` (monotonic
-    seconds), admit those with ``own_z >= admit_z``, and those left unscored whose peer is
+    """Score the candidates in `order` (selected, every check passed) while the longest score
+    so far (before the first: `first_estimate_s`) still fits before `until` (monotonic
+    seconds), admit those with ``own_z >= admit_z``
+    and an own-data effect of at least `MIN_EFFECT`, and those left unscored whose peer is
     `established`; then refuse the norm outliers of the admitted set."""
     admitted, refused = set(), {}
+    start, longest, scored = time.monotonic(), first_estimate_s, 0
     for uid in order:
-        s = score(uid) if time.monotonic() <= until else None
+        begun = time.monotonic()
+        s = score(uid) if begun + longest <= until else None
+        if s is not None:
+            scored += 1
+            longest = max(longest if scored > 1 else 0.0, time.monotonic() - begun)
         if s is None:
             if uid in established:
                 admitted.add(uid)
             else:
                 refused[uid] = "not scored in time, no own-data evidence yet"
+        elif not s.own.diff >= MIN_EFFECT:
+            refused[uid] = f"no own-data effect: {s.own.diff:.2g} < {MIN_EFFECT:g}"
         elif math.isfinite(s.own.z) and s.own.z >= admit_z:
             admitted.add(uid)
         else:
@@ -71,4 +89,4 @@ def admit(
     for uid, detail in norm_outliers(kept, list(kept.values()), norm_ratio).items():
         admitted.discard(uid)
         refused[uid] = detail
-    return Admission(frozenset(admitted), refused)
+    return Admission(frozenset(admitted), refused, scored, time.monotonic() - start)

@@ -135,6 +135,7 @@ class Validator:
         self.uid = uid
         self._reveal: SampleReveal | None = None  # the secret of the window being scored
         self._wrap_up_s: float | None = None  # the last window's work after scoring
+        self._publish_s: float | None = None  # the last decision's publishing, as the lead
         clear_spool(state_dir)  # a crashed run's spool files
         self._restore()
 
@@ -246,10 +247,14 @@ class Validator:
         window's cutoff block (our scores can wait, the agreement cannot). The aggregate we
         publish is written in `spool`, one update read back at a time."""
         if roster.lead is not None and roster.lead.uid == self.uid:
-            return lead_decision(
+            admission = self._admit(roster, checks, scorer)
+            begun = time.monotonic()
+            agreed = lead_decision(
                 self.store, self.run, self.spec, self.keypair, roster, checks, uploads,
-                self.fingerprint, spool, self.chain.block, self._admit(roster, checks, scorer),
+                self.fingerprint, spool, self.chain.block, admission,
             )  # fmt: skip
+            self._publish_s = time.monotonic() - begun
+            return agreed
         manifest = wait_for_manifest(roster, self.run, window, self.chain.block)
         agreed = follow(roster, uploads, manifest, self.fingerprint, self.run, self.spec)
         for uid in mark_equivocations(checks, agreed):
@@ -296,21 +301,29 @@ class Validator:
     def _admit(
         self, roster: Roster, checks: Mapping[int, PeerCheck], scorer: WindowScorer | None
     ) -> Admission:
-        """The lead's evidence on the selected updates, scored until half the time left before
-        its last block to publish (the other half writes the aggregate and the manifest)."""
+        """The lead's evidence on the selected updates (those of peers without earning evidence
+        first), scored until its last block to publish less room to publish: twice what
+        publishing took last time (the first time: half the time left)."""
         window = roster.window
-        blocks = last_publish_block(self.run, window) - self.chain.block()
-        until = time.monotonic() + 0.5 * max(0, blocks) * self.run.timing.block_time_s
+        left = max(0.0, self.clock.seconds_until(last_publish_block(self.run, window)))
+        reserve = 0.5 * left if self._publish_s is None else min(left, 2.0 * self._publish_s)
+        until = time.monotonic() + left - reserve
         passed = [u for u in roster.selected if u in checks and checks[u].ok]
-        established = self.book.consensus({u: checks[u].hotkey for u in passed})
-        order = scorer.admission_order(passed) if scorer else passed
+        established = self.book.earning({u: checks[u].hotkey for u in passed})
+        drawn = scorer.admission_order(passed) if scorer else passed
+        # the peers without evidence first: they need it to be applied at all
+        order = sorted(drawn, key=lambda u: u in established)
         norms = {u: checks[u].norm or 0.0 for u in passed}
         admission = admit(
             order, scorer.own_norm_score if scorer else lambda _: None, norms, established, until,
-            self.cfg.admit_z, self.cfg.norm_ratio,
+            self.cfg.admit_z, self.cfg.norm_ratio, scorer.setup_s if scorer else 0.0,
         )  # fmt: skip
         for uid, why in sorted(admission.refused.items()):
             log.info("window %d: uid %d not applied: %s", window, uid, why)
+        log.info(
+            "window %d: evidence of training on %d of %d selected updates in %.1f s: applying %s",
+            window, admission.scored, len(passed), admission.seconds, sorted(admission.admitted),
+        )  # fmt: skip
         return admission
 
     def _aggregate_sketch(

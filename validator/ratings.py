@@ -217,15 +217,19 @@ class Book:
         test's covariate (`validator.scoring`). While fewer than two qualify: those of them the
         window `applied` (which showed training this window, `validator.admission`), or all of
         them when it applied none: a crowd of null updates at launch never sets ``m``."""
-        known = {
-            u for u, hk in hotkeys.items()
-            if (rec := self.records.get(u)) is not None and rec.hotkey == hk
-            and self.own_factor(rec) > 0
-        }  # fmt: skip
+        known = self.earning(hotkeys)
         if len(known) >= 2:
             return known
         shown = {u for u in hotkeys if u in applied}
         return shown or set(hotkeys)
+
+    def earning(self, hotkeys: Mapping[int, str]) -> set[int]:
+        """Of the peers `hotkeys` (uid -> hotkey), those whose own-data evidence earns."""
+        return {
+            u for u, hk in hotkeys.items()
+            if (rec := self.records.get(u)) is not None and rec.hotkey == hk
+            and self.own_factor(rec) > 0
+        }  # fmt: skip
 
     def gain(self, rec: PeerRecord) -> float:
         """The bias-corrected gain EMA: equal relative scores give equal gains however many

@@ -64,10 +64,13 @@ class WindowScorer:
         self.draw = pick_scored(run.run_id, window, candidates, 0, set(self.accepted))
         self.order = self.draw[: cfg.max_scored] if cfg.max_scored > 0 else self.draw
         norms = {u: checks[u].norm for u in self.accepted}
+        begun = time.monotonic()
         self.probe = LossProbe(
             model, run, dataset, window, reveal, self.fetched.only(consensus),
             norms, cfg, device, strategy,  # type: ignore[arg-type]
         )  # fmt: skip
+        # the probe's setup runs about as many forward passes as one score: the first estimate
+        self.setup_s = time.monotonic() - begun
         self.evidence: dict[int, LossScore | None] = {}  # probed at their own norm
 
     def own_norm_score(self, uid: int) -> LossScore | None:

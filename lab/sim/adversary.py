@@ -5,6 +5,8 @@ Every kind signs with its own hotkey and uses the real codec and naming, so only
 reward or a poisoned model:
 
 * ``noise``: random updates; ``freeloader``: all-zero updates; ``nan``: non-finite values;
+* ``tiny``: random updates a million times smaller than ``noise``'s (a crowd of them that held
+  most of the applied set would set the outer step's clip bound, `validator.admission`);
 * ``copier``: a perturbed copy of a victim's update; ``stale``: the victim's previous update;
 * ``late``: uploads after the deadline;
 * ``poison``: every value at the largest magnitude decoders admit, at the victim's positions and
@@ -45,6 +47,7 @@ from protocol.windows import WindowSchedule
 
 log = logging.getLogger("tessera.adversary")
 NOISE_SCALE = 1e-3
+TINY_SCALE = 1e-9
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -181,6 +184,7 @@ def _second_victim(adv: Adversary) -> int:
 
 FORGERS: dict[str, Callable[[Adversary, int], list[SparseTensor] | None]] = {
     "freeloader": lambda adv, w: forge.zero_update(adv.spec, adv.run),
+    "tiny": lambda adv, w: forge.noise_update(adv.spec, adv.run, TINY_SCALE, adv.gen),
     "nan": lambda adv, w: forge.poisoned(_noise(adv, w)),
     "copier": _copy,
     "stale": lambda adv, w: _victim_update(adv, w - 1) if w > 0 else None,

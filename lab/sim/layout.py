@@ -16,7 +16,7 @@ NETUID = 1
 VALIDATOR_STAKE = 1000.0
 ADVERSARY_KINDS = (
     "noise", "copier", "stale", "freeloader", "nan", "late",
-    "poison", "scaled", "equivocate", "sigforge", "recycler", "slowdrip", "mixer",
+    "poison", "scaled", "equivocate", "sigforge", "recycler", "slowdrip", "mixer", "tiny",
 )  # fmt: skip
 
 
@@ -55,9 +55,9 @@ def sim_run_config(
 ) -> RunConfig:
     """The tiny preset with a clock fast enough for a simulation on a laptop.
 
-    A gather may take a fifth of a window, and a peer waits up to another third of a window for
-    the lead validator's manifest (`node.window.consensus`), so training always keeps over half
-    of the window.
+    A gather may take a fifth of a window, and a peer waits up to another half of a window for
+    the lead validator's manifest (`node.window.consensus`): the lead scores the selected updates
+    for evidence of training before it decides (`validator.admission`).
     """
     window_s = block_time * blocks_per_window
     return RunConfig.preset(
@@ -65,7 +65,7 @@ def sim_run_config(
         name="sim",
         strategy=strategy,
         outer={"total_windows": max(windows, 1), "delay": delay},
-        consensus={"fetch_budget_s": max(2.0, window_s / 5), "manifest_wait_s": window_s / 3},
+        consensus={"fetch_budget_s": max(2.0, window_s / 5), "manifest_wait_s": window_s / 2},
         timing={
             "block_time_s": block_time,
             "blocks_per_window": blocks_per_window,
@@ -121,7 +121,10 @@ def build_world(
         local_root=out / "buckets" if storage == "file" else None,
     )
     roles = [(f"peer{i}", "honest") for i in range(peers)]
-    roles += [(kind, kind) for kind in adversaries]
+    roles += [
+        (kind if adversaries[:i].count(kind) == 0 else f"{kind}{adversaries[:i].count(kind)}", kind)
+        for i, kind in enumerate(adversaries)
+    ]  # a crowd of one kind: tiny, tiny1, tiny2, ...
     roles.append(("validator", "validator"))
     for name, kind in roles:
         key = create_hotkey("sim", name, root=out / "wallets", overwrite=True)

@@ -36,6 +36,13 @@ class ChainClock:
             self.timing.block_time_s,
         )
 
+    def seconds_until(self, block: int) -> float:
+        """Seconds from now until `block` starts, estimated from the head block's timestamp
+        (negative once it has)."""
+        head = self.chain.block()
+        ts = self.chain.block_timestamp(head).timestamp()
+        return estimate_block_time(block, head, ts, self.timing.block_time_s) - time.time()
+
     def gather_block(self, window: int) -> int:
         """The block at which peers and validators read a window's uploads: the deadline plus
         enough blocks to cover the clock-skew tolerance, so every on-time object is visible."""

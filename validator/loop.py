@@ -3,12 +3,14 @@
 1. wait for the window's gather point (deadline + skew tolerance, exactly when peers gather) and
    read the window's roster from its pinned chain snapshot (`node.window.consensus`);
 2. fetch every peer's update and fingerprint under the run's hard budget (`fetching`) and
-   classify them (`classify`: missing / late / invalid / malformed / norm / copy / replay / sync);
-3. agree on the window's set (`agreement`): the lead validator publishes the aggregate bytes and
-   the signed manifest of exactly the selected updates that passed; any other validator follows
-   the lead's manifest (resyncing first if it forked), as peers do;
-4. score the updates that passed against the model at the start of the window (`scoring`), on
-   samples drawn from the window's secret, committed to before the window (`reveal`);
+   classify them (`classify`: missing / late / invalid / malformed / copy / replay / sync);
+3. agree on the window's set (`agreement`): the lead validator probes the selected updates that
+   passed for evidence of training (`admission`), publishes the aggregate bytes and the signed
+   manifest of the ones it admits; any other validator follows the lead's manifest (resyncing
+   first if it forked), as peers do; norm outliers are judged against the applied set;
+4. score the updates that passed against the model at the start of the window (`scoring`,
+   `window_scores`), on samples drawn from the window's secret, committed to before the window
+   (`reveal`);
 5. update ratings, EMAs and penalties (`ratings`);
 6. take the window's one outer step (`node.strategy`) and publish our fingerprint;
 7. every M windows set weights on chain (`weights`);

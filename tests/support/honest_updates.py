@@ -3,10 +3,12 @@ window from the same start and compress with the real compressor (error feedback
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
-from codec.compress import Compressor, SparseTensor
-from codec.spec import ModelSpec
+from codec.compress import Compressor, SparseTensor, densify
+from codec.spec import ModelSpec, TensorSpec
 from miner.train import make_optimizer, train_window
 from node.data.batches import assigned_batches
 from node.data.dataset import Dataset
@@ -18,10 +20,17 @@ def train_update(
     run: RunConfig, dataset: Dataset, start: torch.nn.Module, uid: int, window: int
 ) -> list[SparseTensor]:
     """Peer `uid`'s compressed pseudo-gradient of `window`, trained from `start`'s weights."""
+    batches = assigned_batches(dataset, run.run_id, uid, window, run.inner_steps, run.batch_size)
+    return train_on(run, start, batches, window)
+
+
+def train_on(
+    run: RunConfig, start: torch.nn.Module, batches: Iterable[torch.Tensor], window: int
+) -> list[SparseTensor]:
+    """The compressed pseudo-gradient of training `start`'s weights on `batches`."""
     peer = build_model(run.model, run.seed)
     peer.load_state_dict(start.state_dict())
     opt = make_optimizer(peer, run)
-    batches = assigned_batches(dataset, run.run_id, uid, window, run.inner_steps, run.batch_size)
     train_window(peer, opt, batches, run, window, torch.device("cpu"))
     spec = ModelSpec.from_module(start)
     comp = Compressor(spec, run.codec)
@@ -30,3 +39,26 @@ def train_update(
         comp.compress(t.name, (before[t.name] - after[t.name]).detach(), run.outer.beta, True)
         for t in spec.tensors
     ]
+
+
+def split_by_chunks(
+    run: RunConfig, update: list[SparseTensor], parts: int
+) -> list[list[SparseTensor]]:
+    """`update` cut into `parts` updates of disjoint supports: piece ``i`` keeps the chunks whose
+    index (in each tensor's chunk order) is ``i`` modulo `parts`, each chunk whole, and zeros
+    elsewhere (what one training uploaded as several hotkeys' updates looks like)."""
+    pieces: list[list[SparseTensor]] = [[] for _ in range(parts)]
+    for s in update:
+        layout = s.layout(run.codec)
+        groups = layout.split(densify(s, run.codec))
+        comp = Compressor(ModelSpec(tensors=(TensorSpec(name=s.name, shape=s.shape),)), run.codec)
+        first = 0
+        kept: list[list[torch.Tensor]] = [[] for _ in range(parts)]
+        for chunks in groups:
+            index = torch.arange(first, first + chunks.shape[0])
+            first += chunks.shape[0]
+            for i in range(parts):
+                kept[i].append(chunks * (index % parts == i).unsqueeze(1))
+        for i in range(parts):
+            pieces[i].append(comp.compress(s.name, layout.merge(kept[i]), 0.0, freeze=True))
+    return pieces

@@ -536,6 +536,7 @@ def _outcomes(
             in_sync=c.in_sync,
             score=losses[uid].score if uid in losses else None,
             own_z=losses[uid].own.z if uid in losses else None,
+            own_effect=losses[uid].own.diff if uid in losses else None,
             applied=uid in applied,
         )
         for uid, c in checks.items()

@@ -9,6 +9,10 @@ State per peer (`PeerRecord`, reset when a uid changes hotkey):
 * ``own_z``: the own-data statistics ``z_t`` (`validator.scoring`, clipped to
   [`Z_CLIP_LOW`, `Z_CLIP_HIGH`]) of the peer's last ``own_windows`` (6) scored windows, and their
   pooled value ``Z = Σ z_t / sqrt(n)`` (Stouffer);
+* ``effect_ema``: EMA of the window's relative own-data effect ``e = d / m_d`` (``d``: the
+  own-data effect `validator.scoring.OwnTest.diff`; ``m_d``: its upper quartile over the same
+  reference peers as ``m``), each window's ``e`` clipped to [`EFFECT_CLIP_LOW`, `EFFECT_CLIP_HIGH`], start 0,
+  read bias-corrected like the gain;
 * ``sync_ema``: EMA of "its fingerprint for w-1 equals ours" (windows where it published none
   leave it unchanged), start 1;
 * ``penalty`` p in [0, 1], start 0. A window with an offence of severity ``c`` (config:
@@ -24,8 +28,22 @@ Every EMA is ``x <- (1 - r) x + r x_new`` with ``r = ema_rate`` (0.3).
 
 Final score of peer i::
 
-    final_i = max(0, gain_i) * own_i * sync_ema_i * (1 - p_i) * [gain_i > g]
-    own_i   = clip((Z_i - own_z_low) / (own_z_full - own_z_low), 0, 1)
+    final_i  = max(0, gain_i) * effect_i * own_i * sync_ema_i * (1 - p_i) * [gain_i > g]
+    effect_i = clip(effect_ema_i / effect_full, 0, 1)
+    own_i    = clip((Z_i - own_z_low) / (own_z_full - own_z_low), 0, 1)
+
+**Why the own-data effect, and not only its significance.** The gain is measured at a common
+step, so it says how good an update's direction is, not how much training went into it: three
+pieces of one update (disjoint supports, one training spread over three hotkeys' assignments)
+each keep most of the direction's quality (gains 0.73, 0.56, 0.32 of an honest update's) and,
+with evidence pooled over windows, each passed the significance ramp: together about 1.6 pays
+for one training. How much a peer trained on its own samples shows in the size of the own-data
+effect: the pieces showed 0.35, 0.20 and 0.11 of an honest effect, an update trained on
+reversed tokens 0.4–0.5, honest ones 0.80–1.17 (three windows' secrets, `tiny`,
+`tests/unit/test_pay_for_work.py`). Pay scales with the effect up to ``effect_full`` (0.8) of the
+window's upper quartile (an honest update's effect is the top of the range, whatever the number
+of pieces and garbage below it), so honest peers are paid in full and the three pieces together
+about half of one honest pay.
 
 **Why the gain and not the rank.** Pay linear in the OpenSkill ordinal (shifted to the lowest
 rated peer) splits peers doing identical work by ±40–60 % in every window (synthetic equal
@@ -83,6 +101,8 @@ GAIN_FRACTION = 0.1
 """A peer earns only if its gain EMA exceeds this fraction of the median rated peer's."""
 Z_CLIP_LOW, Z_CLIP_HIGH = -4.0, 6.0
 """One window's own-data statistic counts within these bounds."""
+EFFECT_CLIP_LOW, EFFECT_CLIP_HIGH = -1.0, 2.0
+"""One window's relative own-data effect counts within these bounds."""
 
 
 class PeerRecord(BaseModel):
@@ -95,6 +115,8 @@ class PeerRecord(BaseModel):
     own_z: list[float] = []
     gain_ema: float = 0.0
     gain_windows: int = 0  # windows that updated `gain_ema`
+    effect_ema: float = 0.0
+    effect_windows: int = 0  # windows that updated `effect_ema`
     sync_ema: float = 1.0
     penalty: float = 0.0
 
@@ -118,6 +140,7 @@ class WindowOutcome(BaseModel):
     in_sync: bool | None = None
     score: float | None = None  # s, when scored
     own_z: float | None = None  # the window's own-data statistic, when scored
+    own_effect: float | None = None  # the window's own-data effect, when scored
     applied: bool = False  # in the window's applied set
 
 
@@ -135,6 +158,17 @@ def severity(verdict: Verdict, cfg: ValidatorConfig) -> float:
         Verdict.REPLAY: cfg.penalty_copy,
         Verdict.EQUIVOCATION: cfg.penalty_copy,
     }[verdict]
+
+
+def upper_quartile(values: list[float]) -> float | None:
+    """The upper quartile of `values` (the smallest at or above three quarters of them); None
+    unless positive. The effect of an honest update is the top of the window's range: partial
+    work, split pieces and garbage all show less, so their number does not lower it."""
+    if not values:
+        return None
+    ranked = sorted(values)
+    q = ranked[math.ceil(0.75 * len(ranked)) - 1]
+    return q if q > 0 else None
 
 
 def _ema(old: float, new: float, rate: float) -> float:
@@ -158,7 +192,13 @@ class Book:
             if o.verdict is Verdict.OK and o.score is not None and math.isfinite(o.score)
         }
         applied = {u for u in scores if outcomes[u].applied}
-        reference = self.reference({u: outcomes[u].hotkey for u in scores}, scores, applied)
+        hotkeys = {u: outcomes[u].hotkey for u in scores}
+        reference = self.reference(hotkeys, scores, applied)
+        effects = {
+            u: e for u in scores if (e := outcomes[u].own_effect) is not None and math.isfinite(e)
+        }
+        members = self.consensus({u: hotkeys[u] for u in effects}, applied)
+        effect_ref = upper_quartile([effects[u] for u in members])
         for uid, o in outcomes.items():
             rec = self.records.get(uid)
             if rec is None or rec.hotkey != o.hotkey:  # new peer, or a recycled uid
@@ -175,6 +215,10 @@ class Book:
                 if reference is not None:
                     rec.gain_ema = _ema(rec.gain_ema, o.score / reference, r)
                     rec.gain_windows += 1
+                if effect_ref is not None and uid in effects:
+                    e = min(EFFECT_CLIP_HIGH, max(EFFECT_CLIP_LOW, effects[uid] / effect_ref))
+                    rec.effect_ema = _ema(rec.effect_ema, e, r)
+                    rec.effect_windows += 1
         self._rate(scores)
 
     def reference(
@@ -234,9 +278,15 @@ class Book:
     def gain(self, rec: PeerRecord) -> float:
         """The bias-corrected gain EMA: equal relative scores give equal gains however many
         windows scored each peer (a validator out of time skips a different few each window)."""
-        if rec.gain_windows == 0:
-            return rec.gain_ema
-        return rec.gain_ema / (1.0 - (1.0 - self.cfg.ema_rate) ** rec.gain_windows)
+        return self._corrected(rec.gain_ema, rec.gain_windows)
+
+    def effect_factor(self, rec: PeerRecord) -> float:
+        """``effect_i``: the bias-corrected effect EMA over ``effect_full``, within [0, 1]."""
+        effect = self._corrected(rec.effect_ema, rec.effect_windows)
+        return min(1.0, max(0.0, effect / self.cfg.effect_full))
+
+    def _corrected(self, ema: float, windows: int) -> float:
+        return ema if windows == 0 else ema / (1.0 - (1.0 - self.cfg.ema_rate) ** windows)
 
     def own_factor(self, rec: PeerRecord) -> float:
         """``own_i``: the ramp of the pooled own-data statistic between low (0) and full (1)."""
@@ -252,10 +302,12 @@ class Book:
         gain = max(0.0, corrected)
         gate = 1.0 if corrected > self.gain_floor() else 0.0
         own = self.own_factor(rec)
-        final = gain * own * rec.sync_ema * (1.0 - rec.penalty) * gate
+        effect = self.effect_factor(rec)
+        final = gain * effect * own * rec.sync_ema * (1.0 - rec.penalty) * gate
         return {
             "ordinal": rec.ordinal,
             "gain_factor": gain,
+            "effect_factor": effect,
             "indicator_factor": own,
             "sync_factor": rec.sync_ema,
             "penalty_factor": 1.0 - rec.penalty,

@@ -12,9 +12,10 @@ that lowered it):
   ``invalid``, ``malformed``, ``non_finite``, ``norm_outlier``, ``copy``, ``replay``;
 * ``unscored`` (no record: never scored), ``penalty`` (earlier offences: p = 1),
   ``gain gate`` (gain EMA under the gate), ``indicator`` (pooled own-data statistic at or under
-  ``own_z_low``), ``out of sync`` (sync EMA 0);
+  ``own_z_low``), ``effect`` (no own-data effect), ``out of sync`` (sync EMA 0);
 * for a peer that earns: ``indicator (partial)``, ``norm band`` (this window's norm outside the
-  band cut its score), ``penalty (decaying)``, ``sync (partial)``, else ``ok``.
+  band cut its score), ``effect (partial)`` (an own-data effect below ``effect_full`` of an
+  honest one's), ``penalty (decaying)``, ``sync (partial)``, else ``ok``.
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ class StandingReport(_Model):
     own_z: list[float]  # the last windows' own-data statistics
     own_pooled: float  # Z = Σ z / sqrt(n)
     indicator_factor: float
+    effect_factor: float  # the own-data effect's share of an honest one's (`validator.ratings`)
     gain: float  # the bias-corrected EMA of the relative score (`validator.ratings`)
     sync_ema: float
     penalty: float
@@ -173,7 +175,8 @@ def _standing(book: Book, uid: int, weight: float) -> StandingReport | None:
     b = book.breakdown(uid)
     return StandingReport(
         mu=rec.mu, sigma=rec.sigma, ordinal=rec.ordinal, own_z=rec.own_z, own_pooled=rec.own_pooled,
-        indicator_factor=b["indicator_factor"], gain=book.gain(rec), sync_ema=rec.sync_ema,
+        indicator_factor=b["indicator_factor"], effect_factor=b["effect_factor"],
+        gain=book.gain(rec), sync_ema=rec.sync_ema,
         penalty=rec.penalty, gain_gate=b["gain_gate"], final=b["final"], weight=weight,
     )  # fmt: skip
 
@@ -186,12 +189,14 @@ def weight_rules(verdict: Verdict, loss: LossScore | None, book: Book, uid: int)
     b = book.breakdown(uid)
     zeroing = [
         ("penalty", b["penalty_factor"]), ("gain gate", b["gain_gate"]),
-        ("indicator", b["indicator_factor"]), ("out of sync", b["sync_factor"]),
+        ("indicator", b["indicator_factor"]), ("effect", b["effect_factor"]),
+        ("out of sync", b["sync_factor"]),
     ]  # fmt: skip
     rules += [name for name, factor in zeroing if factor <= 0.0]
     partial = [
         ("indicator (partial)", b["indicator_factor"]),
         ("norm band", loss.norm_factor if loss is not None else 1.0),
+        ("effect (partial)", b["effect_factor"]),
         ("penalty (decaying)", b["penalty_factor"]), ("sync (partial)", b["sync_factor"]),
     ]  # fmt: skip
     rules += [name for name, factor in partial if 0.0 < factor < 1.0]

@@ -117,13 +117,19 @@ def test_the_pay_reference_is_the_applied_set_while_nobody_has_evidence() -> Non
         outcomes = {
             u: WindowOutcome(
                 hotkey=f"h{u}", verdict=Verdict.OK, in_sync=True,
-                score=0.01 * (1 + 0.05 * rng.standard_normal()), own_z=2.4, applied=True,
+                score=0.01 * (1 + 0.05 * rng.standard_normal()), own_z=2.4,
+                own_effect=1.0 + 0.1 * rng.standard_normal(), applied=True,
             )
             for u in HONEST
         }  # fmt: skip
         for u in range(100, 104):
             outcomes[u] = WindowOutcome(
-                hotkey=f"c{u}", verdict=Verdict.OK, in_sync=True, score=0.0, own_z=0.0
+                hotkey=f"c{u}",
+                verdict=Verdict.OK,
+                in_sync=True,
+                score=0.0,
+                own_z=0.0,
+                own_effect=0.0,
             )
         book.update(outcomes)
     assert all(book.records[u].gain_windows == 6 for u in HONEST)

@@ -231,7 +231,9 @@ def test_replay_of_an_older_window_is_detected_and_history_is_bounded(update: li
 
 
 def _ok(hk: str, score: float, own_z: float = 4.0) -> WindowOutcome:
-    return WindowOutcome(hotkey=hk, verdict=Verdict.OK, in_sync=True, score=score, own_z=own_z)
+    return WindowOutcome(
+        hotkey=hk, verdict=Verdict.OK, in_sync=True, score=score, own_z=own_z, own_effect=1.0
+    )
 
 
 def test_rating_maths_noise_zero_honest_positive() -> None:

@@ -241,8 +241,10 @@ def test_own_data_test_passes_honest_updates_and_not_copies(world: World) -> Non
 # -- pay -------------------------------------------------------------------------------------------
 
 
-def _outcome(hk: str, score: float, own_z: float) -> WindowOutcome:
-    return WindowOutcome(hotkey=hk, verdict=Verdict.OK, in_sync=True, score=score, own_z=own_z)
+def _outcome(hk: str, score: float, own_z: float, effect: float = 1.0) -> WindowOutcome:
+    return WindowOutcome(
+        hotkey=hk, verdict=Verdict.OK, in_sync=True, score=score, own_z=own_z, own_effect=effect
+    )
 
 
 def _spread(weights: dict[int, float], uids: list[int]) -> float:
@@ -257,21 +259,29 @@ def _weights(book: Book) -> dict[int, float]:
 
 
 def test_equal_work_equal_pay_and_nothing_for_nulls() -> None:
-    """Four honest peers with the measured noise (score ±14 % per window, own_z ~ N(4.4, 1.8))
-    are paid within ±20 % of each other in every window after the first three; a copy-like null
-    (own_z ~ N(0, 1)), a freeloader and a noise uploader get nothing, window after window."""
+    """Four honest peers with the measured noise (score ±14 % per window, own_z ~ N(4.4, 1.8),
+    own-data effect 1 ± 0.12 of the median) are paid within ±20 % of each other in every window
+    after the first three; a copy-like null (own_z ~ N(0, 1), effect 0 ± 0.12), a freeloader and
+    a noise uploader get nothing, window after window."""
     rng = random.Random(5)
     book = Book(CFG)
     honest = [0, 1, 2, 3]
     for w in range(14):
         mu = 0.01 * 0.85**w
         outcomes = {
-            u: _outcome(f"h{u}", mu * (1 + 0.14 * rng.gauss(0, 1)), rng.gauss(4.4, 1.8))
+            u: _outcome(
+                f"h{u}",
+                mu * (1 + 0.14 * rng.gauss(0, 1)),
+                rng.gauss(4.4, 1.8),
+                rng.gauss(1, 0.12),
+            )
             for u in honest
         }
-        outcomes[10] = _outcome("copy", mu, rng.gauss(0, 1))
-        outcomes[11] = _outcome("freeloader", 0.0, 0.0)
-        outcomes[12] = _outcome("noise", mu * 0.01 * rng.gauss(0, 1), rng.gauss(0, 1))
+        outcomes[10] = _outcome("copy", mu, rng.gauss(0, 1), rng.gauss(0, 0.12))
+        outcomes[11] = _outcome("freeloader", 0.0, 0.0, 0.0)
+        outcomes[12] = _outcome(
+            "noise", mu * 0.01 * rng.gauss(0, 1), rng.gauss(0, 1), rng.gauss(0, 0.12)
+        )
         book.update(outcomes)
         weights = _weights(book)
         if w >= 3:
@@ -374,6 +384,7 @@ def test_report_names_the_rule_that_decided_each_weight(world: World) -> None:
                     in_sync=True,
                     score=losses[u].score if u in losses else None,
                     own_z=losses[u].own.z if u in losses else None,
+                    own_effect=losses[u].own.diff if u in losses else None,
                 )
                 for u, c in checks.items()
             }

@@ -60,11 +60,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from codec.compress import SparseTensor
 from codec.spec import ModelSpec
 from node.data.dataset import Dataset
+from node.model.losses import row_losses
 from node.strategy import Strategy, make_strategy
 from protocol.runconfig import RunConfig
 from validator.config import ValidatorConfig
@@ -174,22 +174,6 @@ for its probe at ``T``: a step at most 1 % longer or shorter."""
 
 
 # -- the probe -------------------------------------------------------------------------------------
-
-
-def row_losses(
-    model: torch.nn.Module, batch: torch.Tensor, micro: int, device: torch.device
-) -> np.ndarray:
-    """Per-sample mean next-token loss of `batch` (float64), without gradients."""
-    out = []
-    with torch.no_grad():
-        for part in batch.split(micro):
-            part = part.to(device)
-            logits = model(part[:, :-1]).float()
-            loss = F.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), part[:, 1:].reshape(-1), reduction="none"
-            )
-            out.append(loss.view(part.shape[0], -1).mean(1).double().cpu())
-    return torch.cat(out).numpy() if out else np.zeros(0)
 
 
 def pick_scored(

@@ -22,9 +22,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument(
         "what",
-        choices=["codec", "exchange", "train"],
+        choices=["codec", "exchange", "probe", "train"],
         help="codec: index coder, values, compression speed; exchange: decoding and aggregating "
-        "a window's updates at a preset's shapes; train: strategies' held-out loss",
+        "a window's updates at a preset's shapes; probe: the validator's loss probe of one "
+        "update at a preset's shapes; train: strategies' held-out loss",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument(
@@ -58,6 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     exchange.add_argument(
         "--repeats", type=int, default=5, help="timed runs per row, the best kept (default 5)"
     )
+    probe = parser.add_argument_group("probe")
+    probe.add_argument(
+        "--samples", type=int, default=64, help="random and own samples per probe (default 64)"
+    )
     train.add_arguments(parser)
 
 
@@ -70,6 +75,10 @@ def run(args: argparse.Namespace) -> int:
         from lab.bench import exchange_cli
 
         return exchange_cli.run(args)
+    if args.what == "probe":
+        from lab.bench import probe_cli
+
+        return probe_cli.run(args)
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -25,6 +25,7 @@ from lab.sim.forgeries import noise_update, zero_update
 from node.data.batches import open_run_dataset
 from node.data.sampling import eval_slots
 from node.model.llama import build_model
+from node.model.losses import row_losses
 from node.strategy import make_strategy
 from protocol.runconfig import RunConfig
 from tests.support.honest_updates import train_update
@@ -33,7 +34,7 @@ from validator.checks import Verdict
 from validator.config import ValidatorConfig
 from validator.ratings import Book, WindowOutcome
 from validator.reveal import reveal_for
-from validator.scoring import LossProbe, LossScore, reference_norm, row_losses
+from validator.scoring import LossProbe, LossScore, reference_norm
 
 RUN = RunConfig.preset(
     "tiny",

@@ -9,7 +9,10 @@ stops), and (b) adds random directions to the mean until weights shut it out (a 
 
 **The defence.** The lead scores the selected updates that passed every check before it decides
 (`validator.scoring`: each update probed at its own norm, so what one update shows depends on it
-alone), and applies those whose own-data statistic reaches ``admit_z`` (1.5) this window. A null
+alone), and applies those whose own-data statistic reaches ``admit_z`` (1.5) this window and
+whose own-data effect is at least ``admit_min_effect`` (1e-5 of the loss: an update too small to
+move the loss beyond float rounding shows rounding patterns, not training; an honest one's
+effect is about 3e-3 at launch, a 1e-9 random one's 1e-8, measured in `tessera sim`). A null
 update (nothing trained on the peer's own samples: random, tiny, all-zero, copied) has
 ``z ~ N(0, 1)``, so it gets in with probability 0.067; an honest one has a mean ``z`` of about
 2.4 without a consensus covariate (the first windows) and 4.4 with one (`validator.scoring`).
@@ -34,12 +37,6 @@ from dataclasses import dataclass, field
 from validator.checks import norm_outliers
 from validator.scoring import LossScore
 
-MIN_EFFECT = 1e-5
-"""The least own-data effect (relative loss gain, `validator.scoring.OwnTest.diff`) that counts as
-evidence: an update too small to move the loss beyond float rounding (an honest one's effect
-is about 3e-3 at launch, a 1e-9 random one's 1e-8, measured in `tessera sim`) shows rounding
-patterns, not training, and its statistic means nothing."""
-
 
 @dataclass(frozen=True)
 class Admission:
@@ -58,13 +55,14 @@ def admit(
     established: Collection[int],
     until: float,
     admit_z: float,
+    min_effect: float,
     norm_ratio: float,
     first_estimate_s: float = 0.0,
 ) -> Admission:
     """Score the candidates in `order` (selected, every check passed) while the longest score
     so far (before the first: `first_estimate_s`) still fits before `until` (monotonic
     seconds), admit those with ``own_z >= admit_z``
-    and an own-data effect of at least `MIN_EFFECT`, and those left unscored whose peer is
+    and an own-data effect of at least `min_effect`, and those left unscored whose peer is
     `established`; then refuse the norm outliers of the admitted set."""
     admitted, refused = set(), {}
     start, longest, scored = time.monotonic(), first_estimate_s, 0
@@ -79,8 +77,8 @@ def admit(
                 admitted.add(uid)
             else:
                 refused[uid] = "not scored in time, no own-data evidence yet"
-        elif not s.own.diff >= MIN_EFFECT:
-            refused[uid] = f"no own-data effect: {s.own.diff:.2g} < {MIN_EFFECT:g}"
+        elif not s.own.diff >= min_effect:
+            refused[uid] = f"no own-data effect: {s.own.diff:.2g} < {min_effect:g}"
         elif math.isfinite(s.own.z) and s.own.z >= admit_z:
             admitted.add(uid)
         else:

@@ -45,6 +45,9 @@ class ValidatorConfig(BaseModel):
         1.5,
         description="own_z an update of this window needs to be applied (`validator.admission`)",
     )
+    admit_min_effect: float = Field(
+        1e-5, description="own-data effect (relative loss) an update needs to be applied"
+    )
     max_scored: int = Field(0, ge=0, description="peers scored per window (0: all)")
     # ratings and weights (see `validator.ratings`)
     ema_rate: float = Field(0.3, gt=0, le=1, description="weight of the newest window in EMAs")

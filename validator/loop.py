@@ -318,7 +318,8 @@ class Validator:
         norms = {u: checks[u].norm or 0.0 for u in passed}
         admission = admit(
             order, scorer.own_norm_score if scorer else lambda _: None, norms, established, until,
-            self.cfg.admit_z, self.cfg.norm_ratio, scorer.setup_s if scorer else 0.0,
+            self.cfg.admit_z, self.cfg.admit_min_effect, self.cfg.norm_ratio,
+            scorer.setup_s if scorer else 0.0,
         )  # fmt: skip
         for uid, why in sorted(admission.refused.items()):
             log.info("window %d: uid %d not applied: %s", window, uid, why)

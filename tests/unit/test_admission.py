@@ -34,7 +34,7 @@ from validator.checks import Verdict
 from validator.config import ValidatorConfig
 from validator.ratings import Book, WindowOutcome
 from validator.reveal import reveal_for
-from validator.scoring import LossProbe, LossScore, reference_norm
+from validator.scoring import LossProbe, LossScore, OwnTest, reference_norm
 
 RUN = RunConfig.preset(
     "tiny",
@@ -87,7 +87,18 @@ def _lead_admits(world: World, updates: dict[int, list[SparseTensor]], key: int)
         return probe.score(uid, updates[uid], norms[uid], norms[uid])
 
     order = sorted(updates)
-    return set(admit(order, own_norm, norms, set(), math.inf, CFG.admit_z, CFG.norm_ratio).admitted)
+    return set(
+        admit(
+            order,
+            own_norm,
+            norms,
+            set(),
+            math.inf,
+            CFG.admit_z,
+            CFG.admit_min_effect,
+            CFG.norm_ratio,
+        ).admitted
+    )
 
 
 @pytest.mark.parametrize(("crowd", "kind"), [(4, "tiny"), (5, "tiny"), (4, "zero")])
@@ -147,7 +158,26 @@ def test_a_peer_with_evidence_is_applied_when_the_lead_ran_out_of_time() -> None
         raise AssertionError("nothing is scored past the deadline")
 
     norms = {1: 1.0, 2: 1.1, 3: 0.9, 4: 50.0, 5: 1.0}
-    got = admit([1, 2, 3, 4, 5], never, norms, {1, 2, 3, 4}, -math.inf, 1.5, 10.0)
+    got = admit([1, 2, 3, 4, 5], never, norms, {1, 2, 3, 4}, -math.inf, 1.5, 1e-5, 10.0)
     assert got.admitted == {1, 2, 3}
     assert "no own-data evidence" in got.refused[5] and "median" in got.refused[4]
     assert reference_norm({u: norms[u] for u in got.admitted}) == 1.0
+
+
+def _shown(z: float, effect: float) -> LossScore:
+    return LossScore(
+        loss_before_random=8.0, loss_after_random=8.0, loss_before_own=8.0, loss_after_own=8.0,
+        n_random=32, n_own=32, norm=1.0, target_norm=1.0, norm_band=2.0,
+        own=OwnTest(z, effect, effect / z, "welch"), z_pass=2.0,
+    )  # fmt: skip
+
+
+def test_an_effect_within_float_rounding_is_no_evidence() -> None:
+    """An update of norm 1e-9 moves the loss by rounding only (effects of 1e-8 in
+    `tessera sim`), and rounding patterns can give any statistic: it is refused however large
+    its z; a real effect with the same z is applied."""
+    shown = {1: _shown(3.0, 1e-8), 2: _shown(3.0, 3e-3), 3: _shown(1.0, 3e-3)}
+    norms = dict.fromkeys(shown, 1.0)
+    got = admit([1, 2, 3], shown.get, norms, set(), math.inf, 1.5, 1e-5, 10.0)
+    assert got.admitted == {2}
+    assert "effect" in got.refused[1] and "z 1.00" in got.refused[3]

@@ -111,7 +111,12 @@ def window_peak_growth(root: Path, genesis: float) -> dict:
     crashed.mkdir(parents=True)
     (crashed / "update-3").write_bytes(b"left by a crash")
     cfg = ValidatorConfig(  # random updates show no training: admitted all the same here
-        n_random=8, n_own=8, max_scored=2, sketch_size=SKETCH, admit_z=-math.inf
+        n_random=8,
+        n_own=8,
+        max_scored=2,
+        sketch_size=SKETCH,
+        admit_z=-math.inf,
+        admit_min_effect=-math.inf,
     )
     validator = Validator(RUN, key(0), chain, store, root / "state", cfg, local_root=root)
     make_strategy(RUN, validator.spec)  # warm every lazy import and table before measuring

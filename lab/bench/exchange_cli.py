@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from lab.bench.output import emit, targets_table
+from lab.bench.output import emit, preset_problem, targets_table
 
 ONE_WORKER_M_PER_S = 25.0
 """Entries per second one worker must decode and aggregate (millions)."""
@@ -33,23 +33,9 @@ def _workers(text: str | None) -> list[int]:
 
 
 def _problem(args: argparse.Namespace) -> str | None:
-    from protocol.presets import PRESETS
-
-    if args.preset not in PRESETS:
-        return f"--preset {args.preset}: unknown; choose one of {', '.join(PRESETS)}"
     if args.peers < 1:
         return f"--peers {args.peers}: gather at least one update, e.g. --peers 8"
-    if args.repeats < 1:
-        return f"--repeats {args.repeats}: time at least one run, e.g. --repeats 5"
-    n_layers = PRESETS[args.preset]["model"]["n_layers"]
-    if not 0 <= args.layers <= n_layers:
-        return f"--layers {args.layers}: {args.preset} has {n_layers} layers (0: all of them)"
-    if args.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            return "--device cuda: no CUDA device is available here; leave --device out"
-    return None
+    return preset_problem(args)
 
 
 def run(args: argparse.Namespace) -> int:

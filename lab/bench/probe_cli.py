@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from lab.bench.output import emit, targets_table
+from lab.bench.output import emit, preset_problem, targets_table
 
 MAX_PROBE_VS_FORWARD = 6.0
 """A probe runs four forward passes and two steps: more than six forward passes' time means the
@@ -17,23 +17,9 @@ steps or restores cost more than the forward passes they serve."""
 
 
 def _problem(args: argparse.Namespace) -> str | None:
-    from protocol.presets import PRESETS
-
-    if args.preset not in PRESETS:
-        return f"--preset {args.preset}: unknown; choose one of {', '.join(PRESETS)}"
     if args.samples < 2:
         return f"--samples {args.samples}: probe at least two samples, e.g. --samples 64"
-    if args.repeats < 1:
-        return f"--repeats {args.repeats}: time at least one run, e.g. --repeats 5"
-    n_layers = PRESETS[args.preset]["model"]["n_layers"]
-    if not 0 <= args.layers <= n_layers:
-        return f"--layers {args.layers}: {args.preset} has {n_layers} layers (0: all of them)"
-    if args.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            return "--device cuda: no CUDA device is available here; leave --device out"
-    return None
+    return preset_problem(args)
 
 
 def run(args: argparse.Namespace) -> int:

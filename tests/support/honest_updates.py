@@ -10,10 +10,21 @@ import torch
 from codec.compress import Compressor, SparseTensor, densify
 from codec.spec import ModelSpec, TensorSpec
 from miner.train import make_optimizer, train_window
-from node.data.batches import assigned_batches
+from node.data.batches import assigned_batches, open_run_dataset
 from node.data.dataset import Dataset
 from node.model.llama import build_model
 from protocol.runconfig import RunConfig
+
+
+class HonestWorld:
+    """A run's dataset and start model, and the real updates of peers `uids` for `window`."""
+
+    def __init__(self, run: RunConfig, uids: Iterable[int], window: int = 0) -> None:
+        torch.manual_seed(0)
+        _, self.dataset = open_run_dataset(run)
+        self.model = build_model(run.model, run.seed)
+        self.spec = ModelSpec.from_module(self.model)
+        self.updates = {u: train_update(run, self.dataset, self.model, u, window) for u in uids}
 
 
 def train_update(

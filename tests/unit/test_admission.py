@@ -20,15 +20,12 @@ import torch
 
 from codec.aggregate import update_norm
 from codec.compress import SparseTensor
-from codec.spec import ModelSpec
 from lab.sim.forgeries import noise_update, zero_update
-from node.data.batches import open_run_dataset
 from node.data.sampling import eval_slots
-from node.model.llama import build_model
 from node.model.losses import row_losses
 from node.strategy import make_strategy
 from protocol.runconfig import RunConfig
-from tests.support.honest_updates import train_update
+from tests.support.honest_updates import HonestWorld
 from validator.admission import admit
 from validator.checks import Verdict
 from validator.config import ValidatorConfig
@@ -48,13 +45,10 @@ CPU = torch.device("cpu")
 HONEST = (0, 1, 2)
 
 
-class World:
+class World(HonestWorld):
     def __init__(self) -> None:
-        torch.manual_seed(0)
-        _, self.dataset = open_run_dataset(RUN)
-        self.model = build_model(RUN.model, RUN.seed)
-        self.spec = ModelSpec.from_module(self.model)
-        self.honest = {u: train_update(RUN, self.dataset, self.model, u, 0) for u in HONEST}
+        super().__init__(RUN, HONEST)
+        self.honest = self.updates
         self.heldout = self.dataset.read_slots(eval_slots(self.dataset, RUN.run_id, 0, "adm", 32))
 
     def crowd(self, size: int, kind: str) -> dict[int, list[SparseTensor]]:

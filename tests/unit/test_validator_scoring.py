@@ -18,14 +18,11 @@ import torch
 
 from codec.aggregate import update_norm
 from codec.compress import SparseTensor
-from codec.spec import ModelSpec
 from lab.sim.forgeries import noise_update
-from node.data.batches import open_run_dataset
 from node.data.sampling import eval_slots
-from node.model.llama import build_model
 from protocol.keys import create_hotkey
 from protocol.runconfig import RunConfig
-from tests.support.honest_updates import train_update
+from tests.support.honest_updates import HonestWorld
 from validator.checks import Verdict
 from validator.classify import PeerCheck
 from validator.config import ValidatorConfig
@@ -58,15 +55,9 @@ def secret(i: int) -> bytes:
     return hashlib.blake2b(f"test secret {i}".encode(), digest_size=32).digest()
 
 
-class World:
+class World(HonestWorld):
     def __init__(self) -> None:
-        torch.manual_seed(0)
-        _, self.dataset = open_run_dataset(RUN)
-        self.model = build_model(RUN.model, RUN.seed)
-        self.spec = ModelSpec.from_module(self.model)
-        self.updates = {
-            uid: train_update(RUN, self.dataset, self.model, uid, WINDOW) for uid in range(3)
-        }
+        super().__init__(RUN, range(3), WINDOW)
         self.norms = {u: update_norm(x) for u, x in self.updates.items()}
         self.target = reference_norm(self.norms)  # T
 

@@ -17,7 +17,7 @@ update (nothing trained on the peer's own samples: random, tiny, all-zero, copie
 ``z ~ N(0, 1)``, so it gets in with probability 0.067; an honest one has a mean ``z`` of about
 2.4 without a consensus covariate (the first windows) and 4.4 with one (`validator.scoring`).
 An update the lead had no time to score is applied only
-when its peer's own-data evidence already earns (`validator.ratings.Book.consensus`). Last,
+when its peer's own-data evidence already earns (`validator.ratings.Book.earning`). Last,
 updates whose norm exceeds ``norm_ratio`` times the lower median of the admitted ones are norm
 outliers (`validator.checks.norm_outliers`). Followers and peers apply the lead's manifest, so
 nothing here has to be computed alike by every node.

@@ -59,7 +59,7 @@ class ValidatorConfig(BaseModel):
         5.0, gt=0, description="pooled own-data statistic from which a peer earns fully"
     )
     effect_full: float = Field(
-        0.8, gt=0, description="own-data effect (of the median honest one) paid in full"
+        0.8, gt=0, description="own-data effect (of the window's upper quartile) paid in full"
     )
     penalty_decay: float = Field(0.5, ge=0, lt=1, description="penalty kept per clean window")
     penalty_missing: float = Field(0.5, ge=0, le=1)

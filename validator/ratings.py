@@ -11,8 +11,8 @@ State per peer (`PeerRecord`, reset when a uid changes hotkey):
   pooled value ``Z = Σ z_t / sqrt(n)`` (Stouffer);
 * ``effect_ema``: EMA of the window's relative own-data effect ``e = d / m_d`` (``d``: the
   own-data effect `validator.scoring.OwnTest.diff`; ``m_d``: its upper quartile over the same
-  reference peers as ``m``), each window's ``e`` clipped to [`EFFECT_CLIP_LOW`, `EFFECT_CLIP_HIGH`], start 0,
-  read bias-corrected like the gain;
+  reference peers as ``m``), each window's ``e`` clipped to [`EFFECT_CLIP_LOW`,
+  `EFFECT_CLIP_HIGH`], start 0, read bias-corrected like the gain;
 * ``sync_ema``: EMA of "its fingerprint for w-1 equals ours" (windows where it published none
   leave it unchanged), start 1;
 * ``penalty`` p in [0, 1], start 0. A window with an offence of severity ``c`` (config:
@@ -36,14 +36,14 @@ Final score of peer i::
 step, so it says how good an update's direction is, not how much training went into it: three
 pieces of one update (disjoint supports, one training spread over three hotkeys' assignments)
 each keep most of the direction's quality (gains 0.73, 0.56, 0.32 of an honest update's) and,
-with evidence pooled over windows, each passed the significance ramp: together about 1.6 pays
-for one training. How much a peer trained on its own samples shows in the size of the own-data
+with evidence pooled over windows, each passed the significance ramp: together 1.29 honest
+pays for one training. How much a peer trained on its own samples shows in the size of the own-data
 effect: the pieces showed 0.35, 0.20 and 0.11 of an honest effect, an update trained on
 reversed tokens 0.4–0.5, honest ones 0.80–1.17 (three windows' secrets, `tiny`,
 `tests/unit/test_pay_for_work.py`). Pay scales with the effect up to ``effect_full`` (0.8) of the
 window's upper quartile (an honest update's effect is the top of the range, whatever the number
-of pieces and garbage below it), so honest peers are paid in full and the three pieces together
-about half of one honest pay.
+of pieces and garbage below it), so honest peers are paid in full (0.96–1.05 of their mean) and
+the three pieces together 0.40 of one honest pay (`scripts/experiments/pay_for_work.py`).
 
 **Why the gain and not the rank.** Pay linear in the OpenSkill ordinal (shifted to the lowest
 rated peer) splits peers doing identical work by ±40–60 % in every window (synthetic equal

@@ -121,10 +121,10 @@ def build_world(
         local_root=out / "buckets" if storage == "file" else None,
     )
     roles = [(f"peer{i}", "honest") for i in range(peers)]
-    roles += [
-        (kind if adversaries[:i].count(kind) == 0 else f"{kind}{adversaries[:i].count(kind)}", kind)
-        for i, kind in enumerate(adversaries)
-    ]  # a crowd of one kind: tiny, tiny1, tiny2, ...
+    earlier: dict[str, int] = {}  # a crowd of one kind: tiny, tiny1, tiny2, ...
+    for kind in adversaries:
+        n = earlier[kind] = earlier.get(kind, -1) + 1
+        roles.append((f"{kind}{n}" if n else kind, kind))
     roles.append(("validator", "validator"))
     for name, kind in roles:
         key = create_hotkey("sim", name, root=out / "wallets", overwrite=True)

@@ -33,8 +33,20 @@ from protocol.runconfig import RunConfig
 from protocol.stores import open_store
 
 BLOCK_S = 0.25
-FETCH_S, WAIT_S = 1.0, 7.0  # the cutoff: 32 blocks (8 s) after the gather block
-LATE_S = 4.0  # when the lead publishes, after the gather block (the window lasts 15 s)
+FETCH_S, WAIT_S = 1.0, 11.0  # the cutoff: 48 blocks (12 s) after the gather block
+LATE_S = 2.0  # how long the lead publishes after the peer starts waiting for it
+
+
+class _GatherEnd(logging.Handler):
+    """Sets an event when the peer logs the end of its gather: from then on it waits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ended = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("exchange of window 0: gather"):
+            self.ended.set()
 
 
 def test_a_peer_waits_for_a_late_lead_until_the_cutoff_block(
@@ -68,8 +80,12 @@ def test_a_peer_waits_for_a_late_lead_until_the_cutoff_block(
     start_fp = fingerprint(build_model(run.model, run.seed))
     lead_store = open_store(f"file://{root}?bucket=lead")
 
+    gather_end = _GatherEnd()
+    logging.getLogger("tessera.miner.peer").addHandler(gather_end)
+
     def late_lead() -> None:
         ChainClock(chain, run).wait_for_block(ChainClock(chain, run).gather_block(0))
+        gather_end.ended.wait(timeout=60)
         time.sleep(LATE_S)
         publish_aggregate(lead_store, run, 0, lead_uid, lead_key, {}, {})
         manifest = WindowManifest(
@@ -82,7 +98,10 @@ def test_a_peer_waits_for_a_late_lead_until_the_cutoff_block(
     caplog.set_level(logging.INFO, logger="tessera.miner.peer")
     lead = threading.Thread(target=late_lead, daemon=True)
     lead.start()
-    report = peer.run_window(0)
+    try:
+        report = peer.run_window(0)
+    finally:
+        logging.getLogger("tessera.miner.peer").removeHandler(gather_end)
     lead.join(timeout=30)
     assert report.gathered == [peer_uid]  # its own choice would apply its own update
     assert report.agreed_by == f"manifest of validator uid {lead_uid}", report.agreed_by
@@ -99,4 +118,4 @@ def test_a_peer_waits_for_a_late_lead_until_the_cutoff_block(
     ):
         assert any(m.startswith(line) for m in logged), (line, logged)
     waited = report.seconds["wait for the manifest"]
-    assert waited >= LATE_S - 1 and report.seconds["window"] >= waited  # the late lead wait
+    assert waited >= LATE_S - 0.05 and report.seconds["window"] >= waited  # the late lead wait

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Set up the environment and run the tests: lint, format check, type check, then the whole suite.
 #
-# With no arguments the suite runs as two processes on a 2-core machine: the end-to-end tests
-# (marked `slow`, in tests/e2e: real peers and validators on a ticking chain clock) at normal
-# priority, and everything else at the lowest priority in the idle time the e2e tests leave, so
-# the e2e tests' clocks see the CPU they would have alone. Each prints its slowest tests.
+# With no arguments the suite runs as two pytest sessions of two workers each (pytest-xdist): the
+# end-to-end tests (marked `slow`, in tests/e2e: real peers and validators on a ticking chain
+# clock, which leave most of a core idle while they wait for blocks) at normal priority, and
+# everything else at the lowest priority in the CPU time the e2e tests leave. Each prints its
+# slowest tests.
 # Arguments run one pytest with them (e.g. `bash scripts/test.sh -k consensus`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,10 +16,11 @@ mypy
 if [ "$#" -gt 0 ]; then
     exec python -m pytest -q "$@"
 fi
-python -m pytest -q -p no:cacheprovider --durations=10 -m slow tests/e2e &
+python -m pytest -q -p no:cacheprovider --durations=10 -n 2 --dist worksteal -m slow tests/e2e &
 e2e=$!
 unit=0
-OMP_NUM_THREADS=1 nice -n 19 python -m pytest -q -p no:cacheprovider --durations=10 -m "not slow" tests || unit=$?
+OMP_NUM_THREADS=1 nice -n 19 python -m pytest -q -p no:cacheprovider --durations=10 -n 2 --dist worksteal \
+    -m "not slow" tests || unit=$?
 slow=0
 wait "$e2e" || slow=$?
 echo "unit tests: exit $unit; end-to-end tests: exit $slow"

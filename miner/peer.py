@@ -296,8 +296,11 @@ class Peer:
         if flight is None:
             return None
         done = flight.result()
-        applied = self.ranks.broadcast_object(done is not None and self.uid in done.agreed.updates)
-        self.strategy.settle(flight.sent, applied, flight.window)
+        # a window that applied nothing moved no model: our next update, measured from the same
+        # origin, carries again what this one did, so it is not added back (k empty windows in
+        # a row would send it k + 1 times over, all at once)
+        settled = done is not None and (self.uid in done.agreed.updates or not done.agreed.updates)
+        self.strategy.settle(flight.sent, self.ranks.broadcast_object(settled), flight.window)
         self._exchanged = flight
         return flight
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import get_args
 
@@ -37,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--faults",
         default="",
-        help="comma-separated ordinary faults to inject: lead-restart,lead-down,load "
+        help="comma-separated ordinary faults to inject: store-errors,lead-restart,lead-down,"
+        "chain-stall,load "
         "(lab/sim/faults.py)",
     )
     parser.add_argument(
@@ -63,6 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from lab.sim.buckets import SimKeyError
     from lab.sim.faults import parse_faults
+    from lab.sim.flaky_s3 import flaky_storage
     from lab.sim.layout import build_world
 
     console = Console()
@@ -71,35 +74,42 @@ def run(args: argparse.Namespace) -> int:
     unknown = set(kinds) - set(ADVERSARY_KINDS)
     if unknown:
         raise SystemExit(f"unknown adversaries: {', '.join(sorted(unknown))}")
-    args.faults = parse_faults(args.faults)
+    args.faults = parse_faults(args.faults, args.windows)
     if kinds and args.strategy != "sparseloco":  # the forgers write SparseLoCo updates
         raise SystemExit("--adversaries need --strategy sparseloco")
     if args.out.exists() and any(args.out.iterdir()):
         if not args.force:
             raise SystemExit(f"{args.out} is not empty: pass --force to replace it")
         shutil.rmtree(args.out)
-    try:
-        world = build_world(
-            args.out,
-            args.windows,
-            args.block_time,
-            args.blocks_per_window,
-            args.peers,
-            kinds,
-            args.storage,
-            args.strategy,
-            args.delay,
+    with ExitStack() as stack:
+        proxy = None
+        if "store-errors" in args.faults:
+            args.storage, proxy = stack.enter_context(flaky_storage(args.storage))
+        try:
+            world = build_world(
+                args.out,
+                args.windows,
+                args.block_time,
+                args.blocks_per_window,
+                args.peers,
+                kinds,
+                args.storage,
+                args.strategy,
+                args.delay,
+            )
+        except SimKeyError as exc:
+            raise SystemExit(f"error: {exc}") from None
+        run_cfg = world.run
+        console.print(
+            f"run {run_cfg.run_id} ({run_cfg.strategy}): {args.peers} peers, "
+            f"adversaries {kinds or 'none'}, faults {args.faults or 'none'}, "
+            f"{args.windows} windows of {args.blocks_per_window * args.block_time:.0f}s → {args.out}"
         )
-    except SimKeyError as exc:
-        raise SystemExit(f"error: {exc}") from None
-    run_cfg = world.run
-    console.print(
-        f"run {run_cfg.run_id} ({run_cfg.strategy}): {args.peers} peers, "
-        f"adversaries {kinds or 'none'}, faults {args.faults or 'none'}, "
-        f"{args.windows} windows of {args.blocks_per_window * args.block_time:.0f}s → {args.out}"
-    )
-    exit_codes = _run_processes(world, args, console)
-    return _report(world, exit_codes, args, console)
+        exit_codes = _run_processes(world, args, console)
+        if proxy is not None:
+            injected = ", ".join(f"{kind} ×{n}" for kind, n in sorted(proxy.faults.items()))
+            console.print(f"store faults injected: {injected or 'none'}")
+        return _report(world, exit_codes, args, console)
 
 
 def _run_processes(

@@ -105,8 +105,10 @@ class Strategy(ABC):
         order, updating the local state. ``deltas`` must cover exactly the owned tensors."""
 
     def settle(self, sent: Sequence[Any], applied: bool, window: int) -> None:
-        """After the window's agreement: ``applied`` tells whether our own update was in it.
-        Strategies without local state have nothing to settle."""
+        """After the window's agreement: ``applied`` tells whether our own update is accounted
+        for (it was in the applied set, or the window applied nothing and moved no model);
+        otherwise it goes back into local state. Strategies without local state have nothing to
+        settle."""
         return None
 
     def local_state_dict(self) -> dict[str, torch.Tensor]:

@@ -11,7 +11,9 @@ the three numbers stored in the `meta` table so that every process derives the s
 
 Admin actions (create a subnet, register or replace a hotkey, stake, validator permit) stand in
 for what sudo, registration and staking extrinsics do on a real chain; they need no signature
-because whoever can write the file owns this chain anyway.
+because whoever can write the file owns this chain anyway. `LocalChainDB.set_outage` makes the
+chain answer nothing for a while, as a chain endpoint that goes down does (for rehearsing faults:
+`tessera sim --faults chain-stall`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from protocol.chain.local_history import SCHEMA, SCHEMA_VERSION
 from protocol.chain.models import MAX_BLOCK, MAX_STAKE_TAO, MAX_UID, canonical_hotkey
 
 BUSY_TIMEOUT_S = 30.0
+OUTAGE_KEY = "outage_until"
+"""Meta key: until when (Unix time) every block and transaction fails with `ChainUnavailable`."""
 
 Clock = Callable[[], float]
 
@@ -116,6 +120,7 @@ class LocalChainDB:
     def transaction(self, *, write: bool) -> Iterator[sqlite3.Connection]:
         """A consistent snapshot (`write=False`) or a serialised write (`BEGIN IMMEDIATE`)."""
         with self._lock:
+            self._check_up()
             try:
                 self._conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             except sqlite3.OperationalError as exc:
@@ -140,7 +145,37 @@ class LocalChainDB:
         return float(self._clock())
 
     def block(self) -> int:
+        with self._lock:
+            self._check_up()
         return self.clock.block_at(self.now())
+
+    def set_outage(self, seconds: float) -> None:
+        """Make every process's chain calls (`block` and every read or write) fail with
+        `ChainUnavailable` for `seconds` from now, as an unreachable chain endpoint does; blocks
+        go on meanwhile. ``0`` ends an outage."""
+        if not math.isfinite(seconds) or not 0 <= seconds <= 3600:
+            raise ValueError("an outage lasts between 0 and 3600 seconds")
+        until = repr(self.now() + seconds)
+        with self._lock:
+            self._conn.execute(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (OUTAGE_KEY, until)
+            )
+
+    def _check_up(self) -> None:
+        try:
+            row = self._conn.execute(
+                "SELECT value FROM meta WHERE key = ?", (OUTAGE_KEY,)
+            ).fetchone()
+        except sqlite3.OperationalError as exc:
+            raise ChainUnavailable(f"local chain {self.path} is busy: {exc}") from exc
+        if row is None:
+            return
+        try:
+            until = float(row[0])
+        except ValueError as exc:
+            raise ChainError(f"the local chain's meta value {OUTAGE_KEY!r} is corrupt") from exc
+        if self.now() < until:
+            raise ChainUnavailable(f"local chain {self.path} is down (an outage until {until:.0f})")
 
     def _read_clock(self) -> ChainClock:
         try:

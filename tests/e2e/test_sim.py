@@ -56,19 +56,31 @@ def test_simulation_with_every_adversary(
 
 
 @pytest.mark.slow
-def test_simulation_with_ordinary_faults(tmp_path: Path) -> None:
-    """The lead validator killed mid-decision and restarted at once, then killed again and down
-    for two windows: every honest model and the validator's stay identical after every window
-    and every process exits 0."""
+def test_simulation_with_ordinary_faults(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every bucket behind a provider's bad day (503s, lost answers, throttling); the lead
+    validator killed mid-decision and restarted at once, then killed again and down for two
+    windows; then the chain unreachable for 45 s: every honest model and the validator's stay
+    identical after every window and every process exits 0."""
     out = tmp_path / "faults"
     argv = ["sim", "--peers", "2", "--windows", "6", "--out", str(out), "--no-baseline"]
-    code = main([*argv, "--faults", "lead-restart,lead-down", *FAST])
+    faults = "store-errors,lead-restart,lead-down,chain-stall"
+    code = main([*argv, "--faults", faults, *FAST])
     assert code == 0, sorted(p.name for p in (out / "logs").iterdir())
+    injected = capsys.readouterr().out.split("store faults injected: ")[1].splitlines()[0]
+    assert all(f"{kind} ×" in injected for kind in ("503", "lost answer", "throttled")), injected
     report = json.loads((out / "report.json").read_text())
     assert report["diverged"] == [] and report["non_finite"] == []
     log = (out / "logs" / "validator.log").read_text()
     assert log.count("starting at window") == 3  # started, restarted, back after the outage
     assert "no manifest" in log  # the windows it missed: nothing applied, everywhere
+    # the windows that applied nothing left no backlog to send at once: the training before the
+    # lead's outage is not undone after it
+    synced = [row["synced_loss"] for row in report["windows"]]
+    assert synced[-1] < synced[1], synced
+    for name in ("validator", "peer0", "peer1"):  # each rode out the stall, none exited
+        assert "is down (an outage" in (out / "logs" / f"{name}.log").read_text(), name
 
 
 @pytest.mark.slow

@@ -35,6 +35,8 @@ def _run(argv: list[str]) -> int:
         (["data", "info", "/nonexistent/shards"], 2, ""),
         (["bench", "nonsense"], 2, "invalid choice"),
         (["sim", "--peers", "x"], 2, "invalid int value"),
+        (["sim", "--faults", "fire"], 1, "unknown faults: fire (known: lead-restart"),
+        (["sim", "--windows", "3", "--faults", "chain-stall"], 1, "needs --windows 6 or more"),
     ],
 )
 def test_bad_input_is_one_line_with_what_is_wrong(

@@ -103,3 +103,23 @@ def test_calls_from_two_threads_reach_the_client_one_at_a_time() -> None:
     for t in threads:
         t.join()
     assert client.overlaps == 0
+
+
+def test_an_outage_of_the_local_chain_is_seen_by_every_handle_and_ridden_out(tmp_path) -> None:  # noqa: ANN001
+    """`LocalChainDB.set_outage` (what `tessera sim --faults chain-stall` does): every other
+    handle of the chain file fails every call as an unreachable endpoint does, blocks go on
+    meanwhile, and a resilient handle's call returns once the outage ends."""
+    from protocol.chain.local import LocalChain
+    from protocol.chain.local_db import LocalChainDB, create_local_chain
+
+    create_local_chain(tmp_path / "chain.db", 1, block_time=0.1)
+    node = LocalChain(tmp_path / "chain.db", 1)
+    before, asked = node.block(), time.time()
+    LocalChainDB(tmp_path / "chain.db").set_outage(1.0)
+    for call in (node.block, node.metagraph, node.read_all_commitments):
+        with pytest.raises(ChainUnavailable, match="down"):
+            call()
+    after = ResilientChain(node, base_delay=0.05, max_delay=0.1).block()  # type: ignore[arg-type]
+    assert time.time() >= asked + 1.0  # it answered only once the outage was over
+    assert after >= before + 10  # the chain went on producing blocks meanwhile
+    assert node.metagraph().neurons == ()

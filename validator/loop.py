@@ -324,7 +324,8 @@ class Validator:
         for uid, why in sorted(admission.refused.items()):
             log.info("window %d: uid %d not applied: %s", window, uid, why)
         log.info(
-            "window %d: evidence of training on %d of %d selected updates in %.1f s: applying %s",
+            "window %d: probed %d of %d selected updates for evidence of training in %.1f s: "
+            "applying %s",
             window, admission.scored, len(passed), admission.seconds, sorted(admission.admitted),
         )  # fmt: skip
         return admission

@@ -75,10 +75,11 @@ def test_simulation_with_ordinary_faults(
     log = (out / "logs" / "validator.log").read_text()
     assert log.count("starting at window") == 3  # started, restarted, back after the outage
     assert "no manifest" in log  # the windows it missed: nothing applied, everywhere
-    # the windows that applied nothing left no backlog to send at once: the training before the
-    # lead's outage is not undone after it
+    # the windows that applied nothing left no backlog to send at once: no window after the
+    # lead's outage undoes the training before it
     synced = [row["synced_loss"] for row in report["windows"]]
-    assert synced[-1] < synced[1], synced
+    later = [loss for loss in synced[2:] if loss is not None]
+    assert later and max(later) < 1.05 * synced[1], synced
     for name in ("validator", "peer0", "peer1"):  # each rode out the stall, none exited
         assert "is down (an outage" in (out / "logs" / f"{name}.log").read_text(), name
 

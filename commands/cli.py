@@ -40,6 +40,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "commands.plan",
         "throughput and memory model: compute and communication per window, GPU memory",
     ),
+    "why": (
+        "commands.why",
+        "what the validators said about a peer in the last windows, and how to fix a weight of 0",
+    ),
     "bucket": ("commands.bucket", "create our bucket with the write key (idempotent)"),
     "commit": ("commands.commit", "post our bucket commitment (read key) on chain"),
     "entrypoint": (

@@ -53,6 +53,21 @@ def test_simulation_with_every_adversary(
     synced = [row["synced_loss"] for row in report["windows"]]  # the validator's model, held out
     assert None not in synced and synced[-1] < synced[0]
     assert all(row["ddp_loss"] is not None for row in report["windows"])
+    # `tessera why` reads the validator's published reports: the noise uploader is told what
+    # rule pays it nothing and what that means, an honest peer that it is paid
+    uids = {p["name"]: p["uid"] for p in report["windows"][-1]["peers"]}
+    why = ["why", "--run", str(out / "run.json"), "--chain", f"local://{out / 'chain.db'}",
+           "--netuid", "1", "--local-root", str(out / "buckets"), "--windows", "8", "--json"]  # fmt: skip
+    capsys.readouterr()
+    for name in ("noise", "peer0"):
+        assert main([*why, "--uid", str(uids[name])]) == 0
+        rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+        said = [r for r in rows if r["rule"] is not None]
+        assert said, rows
+        if name == "noise":
+            assert said[-1]["weight"] == 0 and said[-1]["rule"] != "ok" and said[-1]["hint"]
+        else:
+            assert said[-1]["weight"] > 0, said[-1]
 
 
 @pytest.mark.slow

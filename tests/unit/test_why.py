@@ -64,6 +64,9 @@ def test_the_command_prints_a_row_per_window_and_validator(
     assert main(argv) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(rows) == 3 * 2 and all(r["detail"] == "no report" for r in rows)
+    assert main(argv[:-1]) == 0  # the table
+    table = capsys.readouterr().out
+    assert "what the validators said about uid 2" in table and table.count("no report") == 6
 
 
 def test_a_hotkey_that_is_not_registered_is_one_line(

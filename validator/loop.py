@@ -324,9 +324,10 @@ class Validator:
         for uid, why in sorted(admission.refused.items()):
             log.info("window %d: uid %d not applied: %s", window, uid, why)
         log.info(
-            "window %d: probed %d of %d selected updates for evidence of training in %.1f s: "
-            "applying %s",
-            window, admission.scored, len(passed), admission.seconds, sorted(admission.admitted),
+            "window %d: probed %d of %d selected updates for evidence of training in %.1f s "
+            "(%.1f s left to publish, %.1f s kept for it, the probe set up in %.1f s): applying %s",
+            window, admission.scored, len(passed), admission.seconds, left, reserve,
+            scorer.setup_s if scorer else 0.0, sorted(admission.admitted),
         )  # fmt: skip
         return admission
 

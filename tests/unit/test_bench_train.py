@@ -47,6 +47,28 @@ def test_quick_bench_writes_the_stable_schema(tmp_path: Path) -> None:
     assert "× DDP" in (tmp_path / "bench.md").read_text()
 
 
+def test_seeds_give_each_method_a_mean_and_a_spread(tmp_path: Path) -> None:
+    """``--seeds 2``: each method trains from two run seeds (other initial weights and data)
+    scored on one held-out set; its row is their mean, with both losses and their spread."""
+    cmd = [sys.executable, "-m", "commands.cli", "bench", "train", "--quick", "--threads", "1",
+           "--jobs", "2", "--out", str(tmp_path), "--json", "--seeds", "2", "--seed", "5",
+           "--strategies", "ddp", "sparseloco"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    body = json.loads(done.stdout)
+    assert body["setup"]["seeds"] == [5, 6]
+    for r in body["results"]:
+        a, b = r["final_loss_by_seed"]
+        assert a != b  # the seed changes the training
+        assert r["final_loss"] == pytest.approx((a + b) / 2, rel=1e-12)
+        assert r["final_loss_spread"] == pytest.approx(abs(a - b), rel=1e-12)
+        assert len(set(r["run_id"])) == 2
+    sparse = next(r for r in body["results"] if r["strategy"] == "sparseloco")
+    assert isinstance(sparse["vs_ddp_beyond_spread"], bool)
+    assert "seed spread" in (tmp_path / "bench.md").read_text()
+
+
 def test_strategy_lists_parse_with_their_options() -> None:
     base = RunConfig.preset("tiny")
     assert split_items("ddp,diloco:outer=sgd,alpha=1,sparseloco:k=128,alpha=1.6") == [

@@ -6,7 +6,10 @@
 Writes ``bench.json``, ``bench.png`` and ``bench.md`` (the table) into ``--out`` and prints the
 table; ``--json`` prints ``bench.json`` instead. ``--quick`` is the CI size (2 replicas, 3
 windows of 2 inner steps, 3 methods; well under a minute). The run's schedule ends with the bench:
-``outer.total_windows`` is set to ``--windows``.
+``outer.total_windows`` is set to ``--windows``. ``--seeds N`` trains every method from ``N`` run
+seeds (initial weights and data assignment: ``--seed``, ``--seed`` + 1, …) on one held-out set;
+each method's row is the mean over the seeds with the spread between them
+(`lab.bench.train.report.combine_seeds`).
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"methods to compare, NAME[:KEY=VALUE,...] (default: {DEFAULT_STRATEGIES})",
     )
     g.add_argument("--heldout", type=int, default=None, help="held-out samples scored (128)")
+    g.add_argument("--seed", type=int, default=None, help="the first run seed (the preset's)")
+    g.add_argument("--seeds", type=int, default=1, help="run seeds per method: mean and spread")
     g.add_argument("--out", type=Path, default=Path("runs/bench-train"), help="output folder")
     g.add_argument(
         "--jobs",
@@ -74,35 +79,43 @@ def run(args: argparse.Namespace) -> int:
     overrides: dict = {"outer": {"total_windows": windows}}
     if args.inner_steps or quick:
         overrides["inner_steps"] = args.inner_steps or 2
-    base = RunConfig.preset(args.preset, **overrides)
+    if args.seeds < 1:
+        raise SystemExit(f"--seeds {args.seeds}: train from at least one seed")
+    first = RunConfig.preset(args.preset, **overrides)
+    start = first.seed if args.seed is None else args.seed
+    bases = [RunConfig.preset(args.preset, **overrides, seed=start + i) for i in range(args.seeds)]
+    base = bases[0]
     try:
-        methods = parse_methods(
-            args.strategies or (QUICK_STRATEGIES if quick else DEFAULT_STRATEGIES), base
-        )
+        methods_by_seed = [
+            parse_methods(args.strategies or (QUICK_STRATEGIES if quick else DEFAULT_STRATEGIES), b)
+            for b in bases
+        ]
     except SpecError as exc:
         raise SystemExit(f"--strategies: {exc}") from None
     _, dataset = open_run_dataset(base)
     heldout = heldout_set(dataset, base.run_id, args.heldout or (16 if quick else 128))
-    setup = Setup(base, dataset, tuple(range(replicas)), windows, heldout, base.run_id)
     console = Console(stderr=True)
+    jobs = args.jobs or min(len(methods_by_seed[0]), os.cpu_count() or 1)
+    threads = args.threads or (1 if jobs > 1 else 0)
+    curves_by_seed = []
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[loss]}"), TimeElapsedColumn(), console=console,
     ) as progress:  # fmt: skip
-        tasks = [progress.add_task(m.label, total=windows, loss="") for m in methods]
+        for b, methods in zip(bases, methods_by_seed, strict=True):
+            name = [m.label + (f" (seed {b.seed})" if args.seeds > 1 else "") for m in methods]
+            tasks = [progress.add_task(n, total=windows, loss="") for n in name]
 
-        def show(i: int, w: int, loss: float) -> None:
-            progress.update(tasks[i], completed=w + 1, loss=f"loss {loss:.4f}")
-            if not console.is_terminal:  # a log file gets one line per window
-                console.print(
-                    f"{methods[i].label}: window {w + 1}/{windows} held-out loss {loss:.4f}"
-                )
+            def show(i: int, w: int, loss: float, tasks: list = tasks, name: list = name) -> None:
+                progress.update(tasks[i], completed=w + 1, loss=f"loss {loss:.4f}")
+                if not console.is_terminal:  # a log file gets one line per window
+                    console.print(f"{name[i]}: window {w + 1}/{windows} held-out loss {loss:.4f}")
 
-        jobs = args.jobs or min(len(methods), os.cpu_count() or 1)
-        threads = args.threads or (1 if jobs > 1 else 0)
-        curves = run_all(methods, setup, jobs, threads, show)
+            setup = Setup(b, dataset, tuple(range(replicas)), windows, heldout, b.run_id)
+            curves_by_seed.append(run_all(methods, setup, jobs, threads, show))
     tokens = replicas * base.inner_steps * base.batch_size * base.seq_len
-    rows = [report.result_row(c, tokens) for c in curves]
+    by_seed = [[report.result_row(c, tokens) for c in curves] for curves in curves_by_seed]
+    rows = report.combine_seeds(by_seed, [b.seed for b in bases])
     numel = sum(p.numel() for p in build_model(base.model, base.seed).parameters())
     summary = report.summarise(rows, 4 * numel)
     body = {
@@ -112,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
             "preset": args.preset, "replicas": replicas, "windows": windows,
             "inner_steps": base.inner_steps, "batch_size": base.batch_size,
             "seq_len": base.seq_len, "params": numel, "heldout_samples": int(heldout.shape[0]),
-            "data_run_id": base.run_id,
+            "data_run_id": base.run_id, "seeds": [b.seed for b in bases],
         },
     }  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
@@ -129,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(rows: list[dict], summary: dict, out: Path) -> None:
-    from lab.bench.train.report import COLUMNS, table_rows
+    from lab.bench.train.report import COLUMNS, WITHIN_SPREAD, table_rows
 
     console = Console()
     t = Table(title="tessera bench train: held-out loss of the synchronised model")
@@ -139,6 +152,7 @@ def _print(rows: list[dict], summary: dict, out: Path) -> None:
         t.add_row(*cells)
     console.print(t)
     console.print(f"best dense local method: {summary['best_dense'] or '–'}")
+    console.print(WITHIN_SPREAD)
     for name, ok in summary["checks"].items():
         console.print(f"  {name}: " + ("[green]met[/]" if ok else "[red]missed[/]"))
     console.print(f"written: {out / 'bench.json'}, {out / 'bench.png'}, {out / 'bench.md'}")

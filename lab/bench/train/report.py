@@ -12,7 +12,10 @@
 
 Extra: ``final_loss_all_applied`` is the final loss with every window's aggregate applied (with
 ``outer.delay = 1`` the last one is still held after the last window; otherwise it is
-``final_loss``).
+``final_loss``). With several seeds each row is the mean over them (`combine_seeds`):
+``final_loss_by_seed``, ``final_loss_spread`` (largest minus smallest), and for each ratio whether
+the difference exceeds the larger of the two methods' spreads (``vs_ddp_beyond_spread``,
+``vs_best_dense_beyond_spread``; None with one seed).
 
 Ratios: each method's final loss over DDP's and over the **best dense local method** (the lowest
 final loss among the dense methods other than DDP, in the same run); bytes over a dense float32
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from statistics import fmean
 from typing import Any
 
 from lab.bench.train.engine import Curve
@@ -30,6 +34,7 @@ from lab.bench.train.engine import Curve
 TARGET_VS_DENSE = 1.02
 TARGET_BYTES_VS_DENSE = 0.03
 TARGET_VS_DDP = 1.08
+WITHIN_SPREAD = "*: the difference is within the spread between seeds"
 
 
 def result_row(c: Curve, tokens_per_window: int) -> dict[str, Any]:
@@ -54,6 +59,50 @@ def result_row(c: Curve, tokens_per_window: int) -> dict[str, Any]:
     }
 
 
+def combine_seeds(by_seed: list[list[dict[str, Any]]], seeds: list[int]) -> list[dict[str, Any]]:
+    """One row per method from its row of each seed (`result_row`, methods in the same order):
+    the means over the seeds of its losses, curves and bytes, every seed's final loss and their
+    spread; wall time summed."""
+    combined = []
+    for rows in zip(*by_seed, strict=True):
+        if len({r["label"] for r in rows}) != 1:
+            raise ValueError("every seed must train the same methods in the same order")
+        finals = [r["final_loss"] for r in rows]
+
+        def mean(key: str, rows: tuple[dict[str, Any], ...] = rows) -> float:
+            return fmean(r[key] for r in rows)
+
+        def curve(key: str, rows: tuple[dict[str, Any], ...] = rows) -> list[float]:
+            return [fmean(points) for points in zip(*(r[key] for r in rows), strict=True)]
+
+        combined.append(
+            {
+                **rows[0],
+                "final_loss": mean("final_loss"),
+                "final_loss_all_applied": mean("final_loss_all_applied"),
+                "bytes_per_window": mean("bytes_per_window"),
+                "initial_loss": mean("initial_loss"),
+                "loss_curve": curve("loss_curve"),
+                "bytes_curve": curve("bytes_curve"),
+                "wall_s": sum(r["wall_s"] for r in rows),
+                "run_id": [r["run_id"] for r in rows],
+                "seeds": list(seeds),
+                "final_loss_by_seed": finals,
+                "final_loss_spread": max(finals) - min(finals),
+            }
+        )
+    return combined
+
+
+def _beyond_spread(a: dict[str, Any], b: dict[str, Any] | None) -> bool | None:
+    """Whether two methods' mean final losses differ by more than the larger of their spreads
+    (None with one seed, or without the other method)."""
+    if b is None or len(a.get("seeds", [])) < 2:
+        return None
+    spread = max(a["final_loss_spread"], b["final_loss_spread"])
+    return abs(a["final_loss"] - b["final_loss"]) > spread
+
+
 def summarise(rows: list[dict[str, Any]], dense_fp32_bytes: int) -> dict[str, Any]:
     """Per-method ratios (added to each row) and the targets' checks."""
     ddp = next((r for r in rows if r["strategy"] == "ddp"), None)
@@ -62,6 +111,8 @@ def summarise(rows: list[dict[str, Any]], dense_fp32_bytes: int) -> dict[str, An
     for r in rows:
         r["vs_ddp"] = r["final_loss"] / ddp["final_loss"] if ddp else None
         r["vs_best_dense"] = r["final_loss"] / best["final_loss"] if best else None
+        r["vs_ddp_beyond_spread"] = _beyond_spread(r, ddp)
+        r["vs_best_dense_beyond_spread"] = _beyond_spread(r, best)
         r["bytes_vs_fp32"] = r["bytes_per_window"] / dense_fp32_bytes
         r["bytes_vs_best_dense"] = (
             r["bytes_per_window"] / best["bytes_per_window"] if best else None
@@ -89,15 +140,19 @@ def summarise(rows: list[dict[str, Any]], dense_fp32_bytes: int) -> dict[str, An
 def table_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
     """The table's rows as text (shared by the terminal table and the markdown file)."""
 
-    def ratio(x: float | None, fmt: str = "{:.3f}") -> str:
-        return "–" if x is None else fmt.format(x)
+    def ratio(x: float | None, fmt: str = "{:.3f}", beyond: bool | None = None) -> str:
+        return "–" if x is None else fmt.format(x) + ("*" if beyond is False else "")
+
+    def spread(r: dict[str, Any]) -> str:
+        return f"{r['final_loss_spread']:.4f}" if len(r.get("seeds", [])) > 1 else "–"
 
     return [
         [
             r["label"],
             f"{r['final_loss']:.4f}",
-            ratio(r["vs_ddp"]),
-            ratio(r["vs_best_dense"]),
+            spread(r),
+            ratio(r["vs_ddp"], beyond=r.get("vs_ddp_beyond_spread")),
+            ratio(r["vs_best_dense"], beyond=r.get("vs_best_dense_beyond_spread")),
             f"{r['bytes_per_window']:,.0f}",
             ratio(r["bytes_vs_fp32"], "{:.2%}"),
             ratio(r["bytes_vs_best_dense"], "{:.2%}"),
@@ -110,6 +165,7 @@ def table_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
 COLUMNS = [
     "method",
     "final held-out loss",
+    "seed spread",
     "× DDP",
     "× best dense",
     "bytes/window/replica",
@@ -124,6 +180,7 @@ def markdown(rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
     lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(rows)]
     lines.append("")
     lines.append(f"best dense local method: {summary['best_dense'] or '–'}")
+    lines.append(WITHIN_SPREAD)
     for name, ok in summary["checks"].items():
         lines.append(f"- {name}: {'met' if ok else 'MISSED'}")
     return "\n".join(lines) + "\n"

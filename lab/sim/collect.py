@@ -45,6 +45,7 @@ class SimReport(BaseModel):
     diverged: list[int]
     non_finite: list[int]
     final_weights: dict[str, float]  # the validator's weights after the last trained window
+    parameters: dict[str, str] = {}  # the run's settings, for the report's reader
 
     def final_rules(self) -> dict[str, str]:
         """Each member's deciding rule in the last trained window."""
@@ -128,7 +129,25 @@ def collect(
         diverged=_diverged(rows),
         non_finite=_non_finite(rows, non_finite_fingerprints(world)),
         final_weights={p.name: p.weight for p in last},
+        parameters=run_parameters(world),
     )
+
+
+def run_parameters(world: World) -> dict[str, str]:
+    """What a reader of the report needs to know about the run, as text."""
+    run, kinds = world.run, [m.kind for m in world.members]
+    adversaries = sorted({k for k in kinds if k not in ("honest", "validator")})
+    return {
+        "run id": run.run_id,
+        "strategy": run.strategy,
+        "honest peers": str(kinds.count("honest")),
+        "adversaries": ", ".join(f"{k} ×{kinds.count(k)}" for k in adversaries) or "none",
+        "window": f"{run.timing.blocks_per_window} blocks of {run.timing.block_time_s:g} s",
+        "inner steps (H)": str(run.inner_steps),
+        "kept per 4096 (k)": str(run.codec.k),
+        "outer step": f"{run.outer.optimizer}, α = {run.outer.alpha:g}, delay {run.outer.delay}",
+        "gather size": str(run.gather_size),
+    }
 
 
 def _diverged(rows: list[WindowRow]) -> list[int]:

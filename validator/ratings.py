@@ -267,11 +267,6 @@ class Book:
         shown = {u for u in hotkeys if u in applied}
         return shown or set(hotkeys)
 
-    def rated(self, uid: int, hotkey: str) -> bool:
-        """Whether `uid` under `hotkey` has been scored at least once."""
-        rec = self.records.get(uid)
-        return rec is not None and rec.hotkey == hotkey and rec.rated
-
     def earning(self, hotkeys: Mapping[int, str]) -> set[int]:
         """Of the peers `hotkeys` (uid -> hotkey), those whose own-data evidence earns."""
         return {

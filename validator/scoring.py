@@ -177,24 +177,17 @@ for its probe at ``T``: a step at most 1 % longer or shorter."""
 
 
 def pick_scored(
-    run_id: str,
-    window: int,
-    uids: Sequence[int],
-    limit: int,
-    first: Collection[int] = (),
-    new: Collection[int] = (),
+    run_id: str, window: int, uids: Sequence[int], limit: int, first: Collection[int] = ()
 ) -> list[int]:
     """The peers scored this window, in the order they are scored: all of them (or the first
-    `limit`), the uids in `first` before the others and within each, those in `new` (never
-    scored) first, each group in an order drawn by a hash of (run, window), so that when time
-    runs out (`validator.loop`) no uid is always the one left unscored, updates already refused
-    (copies, replays: scored only for the report) never take the time of the accepted ones, and
-    a peer without a score (paid nothing, so left out of the selection until it has one) gets
-    one before peers that have one get another."""
+    `limit`), the uids in `first` before the others, each group in an order drawn by a hash of
+    (run, window), so that when time runs out (`validator.loop`) no uid is always the one left
+    unscored, and updates already refused (copies, replays: scored only for the report) never
+    take the time of the accepted ones."""
 
-    def draw(uid: int) -> tuple[bool, bool, bytes]:
+    def draw(uid: int) -> tuple[bool, bytes]:
         digest = hashlib.blake2b(f"score/{run_id}/{window}/{uid}".encode(), digest_size=8)
-        return uid not in first, uid not in new, digest.digest()
+        return uid not in first, digest.digest()
 
     ordered = sorted(uids, key=draw)
     return ordered if limit <= 0 else ordered[:limit]

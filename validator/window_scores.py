@@ -61,8 +61,7 @@ class WindowScorer:
         candidates = [u for u, c in checks.items() if c.verdict in SCORABLE and u in self.fetched]
         # the accepted first, in an order drawn each window; the lead's evidence takes all the
         # selected ones in that order, the scores after the agreement at most `max_scored`
-        new = {u for u in candidates if not book.rated(u, checks[u].hotkey)}
-        self.draw = pick_scored(run.run_id, window, candidates, 0, set(self.accepted), new)
+        self.draw = pick_scored(run.run_id, window, candidates, 0, set(self.accepted))
         self.order = self.draw[: cfg.max_scored] if cfg.max_scored > 0 else self.draw
         norms = {u: checks[u].norm for u in self.accepted}
         begun = time.monotonic()

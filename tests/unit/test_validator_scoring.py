@@ -294,17 +294,6 @@ def test_accepted_updates_are_scored_before_refused_ones() -> None:
     assert pick_scored(RUN.run_id, 0, refused, 3, accepted) == orders[0][len(accepted) :][:3]
 
 
-def test_peers_never_scored_are_scored_first_within_their_group() -> None:
-    """A peer paid nothing because it was never scored is left out of the selection until it has
-    a score: within the accepted (and within the refused) it comes before peers already scored."""
-    accepted, new = set(range(0, 40, 2)), {u for u in range(40) if u % 5 == 0}
-    for w in range(6):
-        order = pick_scored(RUN.run_id, w, list(range(40)), 0, accepted, new)
-        groups = [(u in accepted, u in new) for u in order]
-        assert groups == sorted(groups, key=lambda g: (not g[0], not g[1]))
-        assert set(order) == set(range(40))
-
-
 # The three honest peers' scores in `tessera sim --peers 3 --windows 6 --adversaries mixer,scaled,
 # recycler,copier,stale,freeloader` (None: left unscored, the validator out of time).
 SIM_SCORES = [

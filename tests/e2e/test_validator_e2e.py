@@ -25,6 +25,9 @@ from protocol.runconfig import RunConfig
 
 NETUID = 1
 WINDOWS = 5
+STARTUP_BLOCKS = 60
+"""Window 0 opens 30 s after the chain starts: every process has started (imported torch,
+posted its commitment) before window 1's roster is pinned, on a machine busy with other tests."""
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -56,7 +59,7 @@ def test_validator_weights_honest_peers_only(tmp_path: Path) -> None:
     RunConfig.preset(
         "tiny", name="val-e2e", inner_steps=2, optimizer={"warmup_steps": 2},
         timing={"block_time_s": 0.5, "blocks_per_window": 30, "upload_deadline_blocks": 6,
-                "clock_skew_tolerance_s": 0.5},
+                "clock_skew_tolerance_s": 0.5, "start_block": STARTUP_BLOCKS},
         retention={"windows": 2},  # the latecomer still replays from the newest checkpoint
     ).dump(tmp / "run.json")  # fmt: skip
     create_local_chain(tmp / "chain.db", NETUID, block_time=0.5)

@@ -35,7 +35,7 @@ def _run(argv: list[str]) -> int:
         (["data", "info", "/nonexistent/shards"], 2, ""),
         (["bench", "nonsense"], 2, "invalid choice"),
         (["sim", "--peers", "x"], 2, "invalid int value"),
-        (["sim", "--faults", "fire"], 1, "unknown faults: fire (known: lead-restart"),
+        (["sim", "--faults", "fire"], 1, "unknown faults: fire (known: store-errors, lead-restart"),
         (["sim", "--windows", "3", "--faults", "chain-stall"], 1, "needs --windows 6 or more"),
     ],
 )

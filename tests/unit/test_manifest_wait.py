@@ -33,7 +33,7 @@ from protocol.runconfig import RunConfig
 from protocol.stores import open_store
 
 BLOCK_S = 0.25
-FETCH_S, WAIT_S = 1.0, 11.0  # the cutoff: 48 blocks (12 s) after the gather block
+FETCH_S, WAIT_S = 3.0, 9.0  # the cutoff: 48 blocks (12 s) after the gather block
 LATE_S = 2.0  # how long the lead publishes after the peer starts waiting for it
 
 

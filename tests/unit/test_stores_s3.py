@@ -106,7 +106,7 @@ def test_multipart_round_trip_200mb(
     assert store.get_to_file("run/ckpt/model.bin", dest, max_bytes=size_mib * MIB) == size_mib * MIB
     down = time.perf_counter() - started
     assert _sha256(dest) == expected
-    assert store.stats.snapshot()["range_requests"] == 13
+    assert store.stats.snapshot()["range_requests"] >= 13  # a part asked again on a retry
     _no_leftovers(tmp_path, {"src.bin", "dest.bin"})
     print(f"\n200 MiB over loopback moto: put_file {up:.2f}s, get_to_file {down:.2f}s")
 

@@ -49,9 +49,8 @@ def peer_verdicts(
     chain: Chain, run: RunConfig, uid: int, windows: list[int], local_root: Path | None = None
 ) -> list[ReportLine]:
     """The peer `uid`'s line in each validator's report of each of `windows`."""
-    return [
-        _verdict(v, run, uid, window) for window in windows for v in validators(chain, local_root)
-    ]
+    judges = validators(chain, local_root)
+    return [_verdict(v, run, uid, window) for window in windows for v in judges]
 
 
 def _verdict(validator: PeerBucket, run: RunConfig, uid: int, window: int) -> ReportLine:

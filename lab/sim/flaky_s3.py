@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from types import TracebackType
 from typing import Any
+from unittest.mock import patch
 from urllib.parse import parse_qs
 
 import aiohttp
@@ -210,9 +211,7 @@ def flaky_storage(storage: str) -> Iterator[tuple[str, FlakyS3]]:
         if storage == "file":
             server, upstream = start_embedded_s3()
             stack.callback(server.stop)
-            saved = {k: os.environ.get(k) for k in _SIM_KEYS}
-            os.environ.update(_SIM_KEYS)
-            stack.callback(_restore, saved)
+            stack.enter_context(patch.dict(os.environ, _SIM_KEYS))
             prefix, query = "tessera-sim", ""
         else:
             prefix, _, query = storage.removeprefix("s3://").partition("?")
@@ -221,11 +220,3 @@ def flaky_storage(storage: str) -> Iterator[tuple[str, FlakyS3]]:
         endpoint = stack.enter_context(proxy)
         rest = "".join(f"&{k}={v[-1]}" for k, v in parse_qs(query).items() if k != "endpoint")
         yield f"s3://{prefix}?endpoint={endpoint}{rest}", proxy
-
-
-def _restore(saved: dict[str, str | None]) -> None:
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value

@@ -9,7 +9,6 @@ creates a moto IAM user allowed some actions on some buckets and returns its key
 from __future__ import annotations
 
 import json
-import logging
 import threading
 import uuid
 from collections.abc import Iterator
@@ -18,6 +17,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import boto3
 from moto.server import ThreadedMotoServer
+
+from lab.sim.flaky_s3 import start_embedded_s3
 
 TEST_ACCESS_KEY_ID = "tessera-test-key"
 TEST_SECRET = "tessera-test-secret"
@@ -37,12 +38,9 @@ def http_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
 
 
 def start_moto_server() -> tuple[ThreadedMotoServer, str]:
-    """Start a moto S3 server on a free loopback port; returns it and its endpoint URL."""
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no access log per request
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    return server, f"http://{host}:{port}"
+    """Start a moto S3 server on a free loopback port; returns it and its endpoint URL (the
+    simulation's embedded provider, `lab.sim.flaky_s3.start_embedded_s3`)."""
+    return start_embedded_s3()
 
 
 def stop_moto_server(server: ThreadedMotoServer) -> None:

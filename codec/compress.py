@@ -44,6 +44,7 @@ import torch
 from codec import gpu
 from codec.chunking import ChunkGroup, ChunkLayout
 from codec.errors import DecodeError
+from codec.native.scatter import scatter_group
 from codec.quantize import dequantize, quantize_bits, validate
 from codec.spec import CodecParams, ModelSpec
 
@@ -165,6 +166,10 @@ def scatter_add(
 
         for gi, g in enumerate(sparse.groups):
             kernel(out, layout, gi, g.idx, g.codes, g.scales, sparse.codebook, factor)
+        return
+    if out.device.type == "cpu" and out.is_contiguous():
+        for gi, g in enumerate(sparse.groups):
+            scatter_group(out, layout, gi, g.idx, g.codes, g.scales, sparse.codebook, factor)
         return
     flat_out = out.view(-1)
     scale = torch.tensor(factor, dtype=torch.float32, device=out.device)

@@ -41,10 +41,11 @@ import torch
 from codec import gpu
 from codec.bitio import BitReader, join_bits, pack_fields
 from codec.errors import DecodeError
-from codec.index_decode import RoundDecoder, decode_body
+from codec.index_decode import decode_body
 from codec.index_model import MAX_CHUNK_BITS, MAX_K, SplitTables, split_tables
 from codec.index_walk import walk
-from codec.rans import STATE_BITS, STATE_LOW, Round, decode_round, encode_round
+from codec.native import index_decode as native
+from codec.rans import STATE_BITS, STATE_LOW, Round, encode_round
 from codec.varint import read_varint, write_varint
 
 RoundEncoder = Callable[
@@ -153,7 +154,12 @@ def decode(
         return torch.arange(k, dtype=torch.long, device=device).expand(n, k).clone()
     if n * STATE_BITS > 8 * len(body):
         raise DecodeError(f"{len(body)} bytes cannot hold {n} chunks")
-    rounds = _round_decoder(torch.device(device or "cpu"), triton)
+    on = torch.device(device or "cpu")
+    if not (gpu.enabled(torch.empty(0, device=on)) if triton is None else triton):
+        return torch.from_numpy(native.decode_body(body, chunk_size, k, n)).to(device)
+    from codec.gpu import rans
+
+    rounds = partial(rans.decode_round, device=on)
     return torch.from_numpy(decode_body(body, chunk_size, k, n, rounds)).to(device)
 
 
@@ -164,11 +170,3 @@ def _round_encoder(idx: torch.Tensor | np.ndarray, triton: bool | None) -> Round
     from codec.gpu import rans
 
     return partial(rans.encode_round, device=on)
-
-
-def _round_decoder(device: torch.device, triton: bool | None) -> RoundDecoder:
-    if not (gpu.enabled(torch.empty(0, device=device)) if triton is None else triton):
-        return decode_round
-    from codec.gpu import rans
-
-    return partial(rans.decode_round, device=device)

@@ -92,8 +92,8 @@ def _scratch(n: int, k: int, dense: int) -> tuple[np.ndarray, ...]:
     <= 2**dense n."""
     grid = (1 << max(dense, 0)) * n
     nodes = n * k // 2 + n
-    sizes = (3 * n * k, grid, grid, grid, grid, grid // 2, grid // 2, 5 * nodes, 5 * nodes,
-             nodes, nodes, nodes, nodes, nodes)  # fmt: skip
+    sizes = (3 * (n * k + 1), grid, grid, grid, grid, 5 * nodes, 5 * nodes, nodes, nodes, nodes,
+             n, n, n)  # fmt: skip
     buf: np.ndarray | None = getattr(_THREAD, "buf", None)
     if buf is None or buf.size < sum(sizes):
         buf = _THREAD.buf = np.empty(sum(sizes), np.int64)
@@ -102,9 +102,9 @@ def _scratch(n: int, k: int, dense: int) -> tuple[np.ndarray, ...]:
     for size in sizes:
         views.append(buf[at : at + size])
         at += size
-    views[0] = views[0].reshape(3, n * k)
-    views[7] = views[7].reshape(5, nodes)
-    views[8] = views[8].reshape(5, nodes)
+    views[0] = views[0].reshape(3, n * k + 1)
+    views[5] = views[5].reshape(5, nodes)
+    views[6] = views[6].reshape(5, nodes)
     return tuple(views)
 
 
@@ -174,59 +174,55 @@ def _decode(
 
 
 @numba.njit(cache=True, nogil=True)
-def _steps(
-    x: np.ndarray, order: np.ndarray, busy: np.ndarray, first: np.ndarray, stride: int, tids: np.ndarray, values: np.ndarray,
-    pairs: np.ndarray, total_bits: int, cursor: int, tables: tuple[np.ndarray, ...],
+def _step(
+    x: np.ndarray, lanes: np.ndarray, count: int, readers: int, tids: np.ndarray,
+    values: np.ndarray, widths: np.ndarray, pairs: np.ndarray, total_bits: int, cursor: int,
+    tables: tuple[np.ndarray, ...],
 ) -> int:  # fmt: skip
-    """One round: at step s, lanes ``order[:busy[s]]`` each decode their symbol number
-    ``first[r] + s * stride`` (table ``tids[q]``, value into ``values[q]``); lanes from
-    ``readers`` on then read their renormalisation field. The new cursor, or -1 when a lane's
-    state collapsed, -2 when the stream ends first. (Everything inline: this is where the
-    decoder spends most of its time.)"""
+    """One rANS step: lanes ``lanes[:count]`` each decode one symbol (table ``tids[i]``, value
+    into ``values[i]``), then lanes from ``readers`` on read their renormalisation field. The
+    new cursor, or -1 when a lane's state collapsed, -2 when the stream ends first. (Everything
+    inline: this is where the decoder spends most of its time.)"""
     _, _, value_base, coarse_key, coarse_record, entry_record, leaf_count, _, _ = tables
-    widths = np.empty(busy[0], np.int64)
-    for s in range(busy.size - 1):
-        readers = 0 if s % GROUP == GROUP - 1 else busy[s + 1]
-        for i in range(busy[s]):  # lanes are independent here: their loads overlap
-            r = order[i]
-            q = first[r] + s * stride
-            tid = tids[q]
-            xr = x[r]
-            slot = xr & _SLOT_MASK
-            syms = leaf_count[tid]
-            if syms:  # uniform: symbol i covers [i * T // syms, (i + 1) * T // syms)
-                value = (((slot + 1) * syms + _SLOT_MASK) >> PRECISION_BITS) - 1
-                cum = (value << PRECISION_BITS) // syms
-                freq = ((value + 1) << PRECISION_BITS) // syms - cum
-                d = slot - cum
-            else:
-                key = coarse_key[tid]
-                rec = coarse_record[(key >> KEY_BITS) + (slot >> (key & _KEY_MASK))]
-                freq = rec >> (2 * RECORD_BITS)
-                d = slot - (rec & RECORD_MASK)
-                if d >= freq:  # the candidate entry lies before the slot's: scan forward
-                    e = value_base[tid] + ((rec >> RECORD_BITS) & RECORD_MASK)
-                    while d >= freq:
-                        e += 1
-                        d -= freq
-                        rec = entry_record[e]
-                        freq = rec >> (2 * RECORD_BITS)
-                value = (rec >> RECORD_BITS) & RECORD_MASK
-            values[q] = value
-            xr = (xr >> PRECISION_BITS) * freq + d
-            x[r] = xr
-            widths[i] = STATE_BITS + 1 - _bit_length(xr)
-        # the fields that bring states back into [2**R, 2**(R+1)), lane after lane: only the
-        # running cursor links one lane to the next
-        for i in range(readers, busy[s]):
-            width = widths[i]
-            if width > STATE_BITS:
-                return -1
-            if cursor + width > total_bits:
-                return -2
-            r = order[i]
-            x[r] = (x[r] << width) | ((pairs[cursor >> 5] >> (cursor & 31)) & ((1 << width) - 1))
-            cursor += width
+    for i in range(count):  # lanes are independent here: their loads overlap
+        r = lanes[i]
+        tid = tids[i]
+        xr = x[r]
+        slot = xr & _SLOT_MASK
+        syms = leaf_count[tid]
+        if syms:  # uniform: symbol i covers [i * T // syms, (i + 1) * T // syms)
+            value = (((slot + 1) * syms + _SLOT_MASK) >> PRECISION_BITS) - 1
+            cum = (value << PRECISION_BITS) // syms
+            freq = ((value + 1) << PRECISION_BITS) // syms - cum
+            d = slot - cum
+        else:
+            key = coarse_key[tid]
+            rec = coarse_record[(key >> KEY_BITS) + (slot >> (key & _KEY_MASK))]
+            freq = rec >> (2 * RECORD_BITS)
+            d = slot - (rec & RECORD_MASK)
+            if d >= freq:  # the candidate entry lies before the slot's: scan forward
+                e = value_base[tid] + ((rec >> RECORD_BITS) & RECORD_MASK)
+                while d >= freq:
+                    e += 1
+                    d -= freq
+                    rec = entry_record[e]
+                    freq = rec >> (2 * RECORD_BITS)
+            value = (rec >> RECORD_BITS) & RECORD_MASK
+        values[i] = value
+        xr = (xr >> PRECISION_BITS) * freq + d
+        x[r] = xr
+        widths[i] = STATE_BITS + 1 - _bit_length(xr)
+    # the fields that bring states back into [2**R, 2**(R+1)), lane after lane: only the running
+    # cursor links one lane to the next
+    for i in range(readers, count):
+        width = widths[i]
+        if width > STATE_BITS:
+            return -1
+        if cursor + width > total_bits:
+            return -2
+        r = lanes[i]
+        x[r] = (x[r] << width) | ((pairs[cursor >> 5] >> (cursor & 31)) & ((1 << width) - 1))
+        cursor += width
     return cursor
 
 
@@ -237,9 +233,10 @@ def _walk(
 ) -> tuple[int, int, int]:  # fmt: skip
     """Every level of every chunk's tree: (status, cursor, number of lone positions)."""
     sends, split_lo, _, _, _, _, leaf_count, leaf_at, leaf_pos = tables
-    lone, m, dst, child_m, child_dst, tids, values, nodes, children = scratch[:9]
-    node_tid, node_value, senders, round_tids, round_values = scratch[9:]
+    lone, m, dst, child_m, child_dst, nodes, children = scratch[:7]
+    node_tid, node_value, senders, row_tid, row_value, widths = scratch[7:]
     n_lone = 0
+    lane_count = np.zeros(n, np.int64)
     # grid levels: cell-major (cells, n) counts and output slots
     lanes = np.arange(n)
     for r in range(n):
@@ -248,24 +245,24 @@ def _walk(
         size = 1 << (levels - level)
         half = size >> 1
         cells = 1 << level
-        for c in range(cells):
+        width = levels - level - 1
+        for c in range(cells):  # the cell's step for every lane, then its two children
             eff = min(max(chunk_size - c * size, 0), size)
             base = (2 * level + (eff != size)) * (k + 1)
             for r in range(n):
                 mm = m[c * n + r]
                 busy = (1 <= mm < eff) if eff != size else (2 <= mm < size)
-                tids[c * n + r] = base + mm * busy  # else the certain symbol
-        every = np.full(cells + 1, n, np.int64)
-        every[cells] = 0
-        cursor = _steps(x, lanes, every, lanes, n, tids, values, pairs, total_bits, cursor, tables)
-        if cursor < 0:
-            return (COLLAPSED if cursor == -1 else TRUNCATED), 0, 0
-        for c in range(cells):
-            base = (2 * level + (chunk_size - c * size < size)) * (k + 1)
+                row_tid[r] = base + mm * busy  # else the certain symbol
+            readers = 0 if c % GROUP == GROUP - 1 or c == cells - 1 else n
+            cursor = _step(
+                x, lanes, n, readers, row_tid, row_value, widths, pairs, total_bits, cursor, tables
+            )
+            if cursor < 0:
+                return (COLLAPSED if cursor == -1 else TRUNCATED), 0, 0
             for r in range(n):
                 at = c * n + r
-                tid = tids[at]
-                mm, d0, left = tid - base, dst[at], values[at]  # mm: 0 unless busy
+                tid, d0, left = row_tid[r], dst[at], row_value[r]
+                mm = tid - base  # 0 unless busy
                 if leaf_count[tid]:
                     subset = leaf_at[tid] + left * mm
                     for i in range(mm):
@@ -275,32 +272,43 @@ def _walk(
                 child_m[(2 * c + 1) * n + r] = mm - left
                 child_dst[2 * c * n + r] = d0
                 child_dst[(2 * c + 1) * n + r] = d0 + left
+            for cc in range(2 * c, 2 * c + 2):  # lone positions go cell by cell
+                c_eff = min(max(chunk_size - cc * half, 0), half)
+                for r in range(n):
+                    at = cc * n + r
+                    mm = child_m[at]
+                    if mm == 1 and c_eff == half:
+                        lone[0, n_lone], lone[1, n_lone] = child_dst[at], cc * half
+                        lone[2, n_lone] = width
+                        n_lone += 1
+                    elif mm == c_eff and mm > 0:
+                        for i in range(c_eff):
+                            out[child_dst[at] + i] = cc * half + i
         m, dst, child_m, child_dst = child_m, child_dst, m, dst
-        width = levels - level - 1
-        for c in range(2 * cells):
-            eff = min(max(chunk_size - c * half, 0), half)
-            for r in range(n):
-                at = c * n + r
-                mm = m[at]
-                if mm == 1 and eff == half:
-                    lone[0, n_lone], lone[1, n_lone], lone[2, n_lone] = dst[at], c * half, width
-                    n_lone += 1
-                elif mm == eff and mm > 0:
-                    for i in range(eff):
-                        out[dst[at] + i] = c * half + i
-    # the busy cells of the first level below the grid, in (chunk, position) order
+    # the busy cells of the first level below the grid, in (chunk, position) order: counted per
+    # chunk, then placed, both passes reading the grid cell by cell as it lies in memory
     size = 1 << (levels - dense)
+    place = lane_count  # first the busy cells per chunk, then where the next one goes
+    place[:] = 0
+    for c in range(1 << dense):
+        eff = min(max(chunk_size - c * size, 0), size)
+        for r in range(n):
+            mm = m[c * n + r]
+            place[r] += (1 <= mm < eff) if eff != size else (2 <= mm < size)
     n_nodes = 0
     for r in range(n):
-        for c in range(1 << dense):
-            eff = min(max(chunk_size - c * size, 0), size)
+        n_nodes += place[r]
+        place[r] = n_nodes - place[r]
+    for c in range(1 << dense):
+        eff = min(max(chunk_size - c * size, 0), size)
+        for r in range(n):
             mm = m[c * n + r]
             if (1 <= mm < eff) if eff != size else (2 <= mm < size):
-                nodes[0, n_nodes], nodes[1, n_nodes], nodes[2, n_nodes] = r, c * size, eff
-                nodes[3, n_nodes], nodes[4, n_nodes] = mm, dst[c * n + r] - r * k
-                n_nodes += 1
+                at = place[r]
+                nodes[0, at], nodes[1, at], nodes[2, at] = r, c * size, eff
+                nodes[3, at], nodes[4, at] = mm, dst[c * n + r] - r * k
+                place[r] += 1
     # levels below: only the busy nodes, and only those that send a symbol are in a round
-    lane_count = np.zeros(n, np.int64)
     for level in range(dense, levels):
         if n_nodes == 0:
             break
@@ -317,8 +325,8 @@ def _walk(
                 lane_count[nodes[0, i]] += 1
         if n_send:
             cursor = _round(
-                x, n, senders[:n_send], node_tid, node_value, lane_count, round_tids[:n_send],
-                round_values[:n_send], pairs, total_bits, cursor, tables,
+                x, n, senders[:n_send], node_tid, node_value, lane_count, row_tid, row_value,
+                widths, pairs, total_bits, cursor, tables,
             )  # fmt: skip
             if cursor < 0:
                 return (COLLAPSED if cursor == -1 else TRUNCATED), 0, 0
@@ -348,11 +356,8 @@ def _walk(
                     for p in range(e):
                         out[r * k + c_rank + p] = c_start + p
                 elif c == 1 and e == half:
-                    lone[0, n_lone], lone[1, n_lone], lone[2, n_lone] = (
-                        r * k + c_rank,
-                        c_start,
-                        width,
-                    )
+                    lone[0, n_lone], lone[1, n_lone] = r * k + c_rank, c_start
+                    lone[2, n_lone] = width
                     n_lone += 1
                 elif 0 < c < e:
                     children[0, n_next], children[1, n_next], children[2, n_next] = r, c_start, e
@@ -365,12 +370,13 @@ def _walk(
 
 @numba.njit(cache=True, nogil=True)
 def _round(
-    x: np.ndarray, n: int, senders: np.ndarray, tid: np.ndarray, value: np.ndarray, lane_count: np.ndarray, tids: np.ndarray,
-    values: np.ndarray, pairs: np.ndarray, total_bits: int, cursor: int, tables: tuple[np.ndarray, ...],
+    x: np.ndarray, n: int, senders: np.ndarray, tid: np.ndarray, value: np.ndarray,
+    lane_count: np.ndarray, step_tid: np.ndarray, step_value: np.ndarray, widths: np.ndarray,
+    pairs: np.ndarray, total_bits: int, cursor: int, tables: tuple[np.ndarray, ...],
 ) -> int:  # fmt: skip
-    """One level's symbols (nodes ``senders``, in (chunk, position) order, so each
-    lane's are a run): step s decodes the s-th symbol of every lane with more than s, busiest
-    lanes first, ties in lane order."""
+    """One level's symbols (nodes ``senders``, in (chunk, position) order, so each lane's are a
+    run): step s decodes the s-th symbol of every lane with more than s, busiest lanes first,
+    ties in lane order."""
     first = np.empty(n, np.int64)
     most = 0
     ahead = 0
@@ -393,11 +399,18 @@ def _round(
     for r in range(n):
         order[at[lane_count[r]]] = r
         at[lane_count[r]] += 1
-    for q in range(senders.size):
-        tids[q] = tid[senders[q]]
-    cursor = _steps(x, order, busy, first, 1, tids, values, pairs, total_bits, cursor, tables)
-    for q in range(senders.size):
-        value[senders[q]] = values[q]
+    for s in range(most):
+        for i in range(busy[s]):
+            step_tid[i] = tid[senders[first[order[i]] + s]]
+        readers = 0 if s % GROUP == GROUP - 1 else busy[s + 1]
+        cursor = _step(
+            x, order, busy[s], readers, step_tid, step_value, widths, pairs, total_bits, cursor,
+            tables,
+        )  # fmt: skip
+        if cursor < 0:
+            return cursor
+        for i in range(busy[s]):
+            value[senders[first[order[i]] + s]] = step_value[i]
     return cursor
 
 

@@ -64,6 +64,8 @@ _ERRORS = {
 def decode_body(body: bytes, chunk_size: int, k: int, n: int) -> np.ndarray:
     """Positions (n, k), int64, rows ascending, from the bit stream of ``n`` chunks (the header
     already parsed and checked, ``0 < k < chunk_size``, ``n * 30 <= 8 * len(body)``)."""
+    if n * k >= 1 << 31:  # output slots are int32 inside the walk
+        raise DecodeError(f"{n} x {k} indices in one stream: more than the decoder holds")
     words = np.zeros((len(body) + 3) // 4 + 2, dtype="<u4")
     words.view(np.uint8)[: len(body)] = np.frombuffer(body, dtype=np.uint8)
     pairs = words[:-1].astype(np.int64)
@@ -85,18 +87,18 @@ _THREAD = threading.local()
 
 
 def _scratch(n: int, k: int, dense: int) -> tuple[np.ndarray, ...]:
-    """Working arrays of the walk, views of one buffer kept per thread and reused from call to
-    call: fresh pages would cost the kernel more time than the decode itself. Sized by what a
-    group of n chunks of k can hold: lone positions <= n k, busy nodes of a level <= n k / 2 + n
-    (each holds two positions or more, but for one partial node per chunk), grid cells
-    <= 2**dense n."""
+    """Working arrays of the walk (int32: every count, position and output slot fits), views of
+    one buffer kept per thread and reused from call to call: fresh pages would cost the kernel
+    more time than the decode itself. Sized by what a group of n chunks of k can hold: lone
+    positions <= n k, busy nodes of a level <= n k / 2 + n (each holds two positions or more,
+    but for one partial node per chunk), grid cells <= 2**dense n; about 50 bytes per index."""
     grid = (1 << max(dense, 0)) * n
     nodes = n * k // 2 + n
     sizes = (3 * (n * k + 1), grid, grid, grid, grid, 5 * nodes, 5 * nodes, nodes, nodes, nodes,
              n, n, n)  # fmt: skip
     buf: np.ndarray | None = getattr(_THREAD, "buf", None)
     if buf is None or buf.size < sum(sizes):
-        buf = _THREAD.buf = np.empty(sum(sizes), np.int64)
+        buf = _THREAD.buf = np.empty(sum(sizes), np.int32)
     views = []
     at = 0
     for size in sizes:

@@ -52,10 +52,10 @@ workers (`--exchange-workers`, `codec.pool`): measured on the 16-core host of on
 --peers 8 --layers 4 --workers 16` (2026-11-26: 38.5 and 40.9 M/s; one worker 7.0 M/s). The
 reference boxes have at least as many cores."""
 
-CPU_EXCHANGE_RATE = 0.13e6
+CPU_EXCHANGE_RATE = 2.2e6
 """Entries per second the `tiny` preset's exchange runs at on its reference (one thread of the
-2-core development machine, no workers): its tensors are small, so the index coder's fixed
-cost per tensor dominates (`tessera plan --preset tiny --measure`: 0.133–0.140 M/s, 2026-11-26)."""
+2-core development machine, no workers): its tensors are small, so the fixed cost per tensor
+weighs (`tessera plan --preset tiny --measure`: 2.20–2.39 M/s, 2026-11-26)."""
 
 SAMPLE_SHAPES = {"w_in": (1024, 4096), "w_out": (4096, 1024), "norm": (1024,)}
 """The fixed sample an update's size and decode rate are measured on (8.4 M elements)."""

@@ -243,7 +243,10 @@ def test_eight_hung_endpoints_do_not_cost_sixteen_honest_peers(
 def test_waiting_for_a_connection_slot_is_not_charged_to_the_rate(tmp_path: Path) -> None:
     (tmp_path / "evil" / "slow.bin").parent.mkdir(parents=True)
     (tmp_path / "evil" / "slow.bin").write_bytes(b"s" * 300)
-    dripping = SlowStore(tmp_path, "drip_body", drip_s=0.0005)  # ~2 kB/s: well above the floor
+    # 400 B/s, four times the floor; charged for the 0.5 s it waits for a slot, it would owe 50
+    # bytes at its first check and be cut (the server sends what is due at each wake-up, so a
+    # loaded machine does not slow it below its rate)
+    dripping = SlowStore(tmp_path, "drip_body", drip_s=0.0025)
     with SlowStore(_hostile_root(tmp_path), "hang") as hung, dripping as slow:
         requests = {("hung", i): FetchRequest(_evil(hung), KEY, 1 << 20) for i in range(2)}
         requests |= {i: FetchRequest(_evil(slow), "slow.bin", 1 << 20) for i in range(2)}

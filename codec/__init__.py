@@ -16,7 +16,23 @@ Tensors on a CUDA device take the Triton kernels of `codec.gpu` (same bytes, sam
 docs/codec.md.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from codec.errors import DecodeError
-from codec.spec import CODEC_VERSION, CodecParams, ModelSpec, TensorSpec
+
+if TYPE_CHECKING:
+    from codec.spec import CODEC_VERSION, CodecParams, ModelSpec, TensorSpec
 
 __all__ = ["CODEC_VERSION", "CodecParams", "DecodeError", "ModelSpec", "TensorSpec"]
+
+
+def __getattr__(name: str) -> Any:
+    """The spec's names, imported on first use: `codec.errors` alone (what the `tessera` command
+    needs before it knows its subcommand) does not import torch."""
+    if name in ("CODEC_VERSION", "CodecParams", "ModelSpec", "TensorSpec"):
+        from codec import spec
+
+        return getattr(spec, name)
+    raise AttributeError(f"module 'codec' has no attribute {name!r}")

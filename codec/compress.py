@@ -44,7 +44,6 @@ import torch
 from codec import gpu
 from codec.chunking import ChunkGroup, ChunkLayout
 from codec.errors import DecodeError
-from codec.native.scatter import scatter_group
 from codec.quantize import dequantize, quantize_bits, validate
 from codec.spec import CodecParams, ModelSpec
 
@@ -168,6 +167,8 @@ def scatter_add(
             kernel(out, layout, gi, g.idx, g.codes, g.scales, sparse.codebook, factor)
         return
     if out.device.type == "cpu" and out.is_contiguous():
+        from codec.native.scatter import scatter_group  # numba, imported where it runs
+
         for gi, g in enumerate(sparse.groups):
             scatter_group(out, layout, gi, g.idx, g.codes, g.scales, sparse.codebook, factor)
         return

@@ -44,7 +44,6 @@ from codec.errors import DecodeError
 from codec.index_decode import decode_body
 from codec.index_model import MAX_CHUNK_BITS, MAX_K, SplitTables, split_tables
 from codec.index_walk import walk
-from codec.native import index_decode as native
 from codec.rans import STATE_BITS, STATE_LOW, Round, encode_round
 from codec.varint import read_varint, write_varint
 
@@ -156,7 +155,9 @@ def decode(
         raise DecodeError(f"{len(body)} bytes cannot hold {n} chunks")
     on = torch.device(device or "cpu")
     if not (gpu.enabled(torch.empty(0, device=on)) if triton is None else triton):
-        return torch.from_numpy(native.decode_body(body, chunk_size, k, n)).to(device)
+        from codec.native import index_decode  # numba, imported where it runs
+
+        return torch.from_numpy(index_decode.decode_body(body, chunk_size, k, n)).to(device)
     from codec.gpu import rans
 
     rounds = partial(rans.decode_round, device=on)

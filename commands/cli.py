@@ -53,7 +53,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of ``tessera``. Only the module of the subcommand named in ``argv`` is imported
+    (every module when ``argv`` is None): ``tessera --help`` and ``tessera plan`` do not pay for
+    the imports of a validator."""
+    chosen = _chosen(argv)
     parser = argparse.ArgumentParser(
         prog="tessera",
         description="Tessera: permissionless internet-scale LLM pre-training with SparseLoCo.",
@@ -68,25 +72,34 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, (module_path, help_text) in COMMANDS.items():
-        module = importlib.import_module(module_path)
         sp = sub.add_parser(
             name,
             help=help_text,
             description=help_text,
             formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         )
-        module.add_arguments(sp)
-        runner: Callable[[argparse.Namespace], int] = module.run
-        sp.set_defaults(_run=runner)
+        if chosen in (None, name):
+            module = importlib.import_module(module_path)
+            module.add_arguments(sp)
+            runner: Callable[[argparse.Namespace], int] = module.run
+            sp.set_defaults(_run=runner)
     return parser
+
+
+def _chosen(argv: Sequence[str] | None) -> str | None:
+    """The subcommand ``argv`` names (its first word that is one), "" when it names none, None
+    for every subcommand (no ``argv``)."""
+    if argv is None:
+        return None
+    return next((word for word in argv if word in COMMANDS), "")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand. An error the project raises on purpose (`TesseraError`) or the system
     reports (`OSError`) ends in one line, ``tessera <command>: <what is wrong>``, and exit code 1;
     Ctrl-C in ``tessera <command>: interrupted`` and 130. ``--debug`` shows tracebacks instead."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(words).parse_args(words)
     where = f"tessera {args.command}"
     try:
         return int(args._run(args) or 0)

@@ -24,17 +24,14 @@ def run(args: argparse.Namespace) -> int:
     from commands.provision import ProvisionError, ensure_s3_bucket
 
     console = Console(highlight=False, soft_wrap=True)
-    errors = Console(stderr=True, highlight=False, soft_wrap=True)
     if not args.store:
-        errors.print("[red]error:[/red] pass --store or set TESSERA_STORE")
-        return 2
+        raise SystemExit("pass --store or set TESSERA_STORE")
     if args.store.startswith("file:"):
         console.print("file:// buckets need no creation: the directory appears on first write")
         return 0
     try:
         created = ensure_s3_bucket(args.store)
-    except (ProvisionError, StoreError) as exc:
-        errors.print(f"[red]error:[/red] {exc}")
-        return 1
+    except (ProvisionError, StoreError) as exc:  # one line, `tessera bucket: …` (commands.cli)
+        raise SystemExit(str(exc)) from None
     console.print(f"bucket {'created' if created else 'already exists'}: {args.store}")
     return 0

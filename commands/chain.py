@@ -79,7 +79,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     console = Console()
-    errors = Console(stderr=True)
     try:
         if args.chain_command == "create":
             return _create(args, console)
@@ -90,11 +89,9 @@ def run(args: argparse.Namespace) -> int:
             return _stake(args, netuid, console)
         if args.chain_command == "show":
             return _show(args, netuid, console)
-    except (ChainError, ValueError) as exc:
-        errors.print(f"[red]error:[/red] {exc}", highlight=False)
-        return 1
-    errors.print(f"unknown action {args.chain_command!r}")
-    return 2
+    except (ChainError, ValueError) as exc:  # one line, `tessera chain: …` (commands.cli)
+        raise SystemExit(str(exc)) from None
+    raise SystemExit(f"unknown action {args.chain_command!r}")
 
 
 def _create(args: argparse.Namespace, console: Console) -> int:

@@ -13,6 +13,7 @@ import importlib.metadata
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from codec.errors import TesseraError
 
@@ -58,7 +59,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     (every module when ``argv`` is None): ``tessera --help`` and ``tessera plan`` do not pay for
     the imports of a validator."""
     chosen = _chosen(argv)
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="tessera",
         description="Tessera: permissionless internet-scale LLM pre-training with SparseLoCo.",
     )
@@ -84,6 +85,14 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
             runner: Callable[[argparse.Namespace], int] = module.run
             sp.set_defaults(_run=runner)
     return parser
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its usage errors on one line, ``tessera <command>: <what is wrong> (see …
+    --help)``, exit code 2; subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def _chosen(argv: Sequence[str] | None) -> str | None:

@@ -23,17 +23,14 @@ def run(args: argparse.Namespace) -> int:
     from protocol.keys import KeyFileError, load_hotkey
 
     console = Console(highlight=False, soft_wrap=True)
-    errors = Console(stderr=True, highlight=False, soft_wrap=True)
     if not args.chain or not args.store:
-        errors.print("[red]error:[/red] --chain and --store are required")
-        return 2
+        raise SystemExit("--chain and --store are required (or TESSERA_CHAIN / TESSERA_STORE)")
     try:
         keypair = load_hotkey(args.wallet, args.hotkey, args.wallet_path)
         with open_chain(args.chain, netuid=args.netuid) as chain:
             posted = post_commitment(chain, keypair, args.store)
-    except (ProvisionError, ChainError, KeyFileError, ValueError) as exc:
-        errors.print(f"[red]error:[/red] {exc}")
-        return 1
+    except (ProvisionError, ChainError, KeyFileError, ValueError) as exc:  # one line (commands.cli)
+        raise SystemExit(str(exc)) from None
     state = "posted" if posted else "already on chain"
     console.print(f"bucket commitment of {keypair.ss58_address} {state}")
     return 0

@@ -99,12 +99,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    console = Console(stderr=True)
     try:
         return int(args._data_run(args))
-    except (DataError, TokenizerError, OSError) as e:
-        console.print(f"[red]error:[/red] {e}")
-        return 2
+    except (DataError, TokenizerError, OSError) as e:  # one line, `tessera data: …` (commands.cli)
+        raise SystemExit(str(e)) from None
 
 
 def _prepare_out(out: Path, force: bool) -> None:

@@ -7,9 +7,11 @@ import argparse
 import logging
 import os
 
+from commands.arg_types import non_negative_int, port
 from commands.node_args import (
     add_node_arguments,
     connect,
+    load_key,
     load_run,
     local_root,
     state_dir,
@@ -21,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_node_arguments(parser)
     parser.add_argument(
         "--metrics-port",
-        type=int,
+        type=port,
         default=os.environ.get("TESSERA_METRICS_PORT", "0"),
         help="serve Prometheus metrics on this port, 0: off [env TESSERA_METRICS_PORT]",
     )
@@ -34,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--loss-chunk-tokens",
-        type=int,
+        type=non_negative_int,
         default=os.environ.get("TESSERA_LOSS_CHUNK_TOKENS", "0"),
         help="cross-entropy over this many positions at a time, so the fp32 logits of the whole "
         "micro-batch never exist at once; 0: all at once [env TESSERA_LOSS_CHUNK_TOKENS]",
@@ -53,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from miner.peer import Peer
     from miner.train import MemoryOptions
     from node.runtime.logs import setup_logging
-    from node.runtime.preflight import check_disk
+    from node.runtime.preflight import check_disk, check_port_free
     from node.runtime.shutdown import Stopped, install_stop_handler
 
     setup_logging(args.log_level, args.log_format)
@@ -62,11 +64,14 @@ def run(args: argparse.Namespace) -> int:
     ranks, device = init_peer_ranks(args.device, run_cfg, args.sharding)  # one peer, all ranks
     if not ranks.is_main:
         logging.getLogger().setLevel(logging.WARNING)
-    keypair, chain, store = connect(args, preflight=ranks.is_main)
-    ranks.barrier()
+    keypair = load_key(args)
     state = state_dir(args, "state", run_cfg, keypair.ss58_address)
     check_disk(state, needed=1 << 26)
-    memory = MemoryOptions(args.activation_checkpointing, max(0, args.loss_chunk_tokens))
+    if args.metrics_port and ranks.is_main:
+        check_port_free(args.metrics_port)
+    chain, store = connect(args, keypair, "miner", preflight=ranks.is_main)
+    ranks.barrier()
+    memory = MemoryOptions(args.activation_checkpointing, args.loss_chunk_tokens)
     peer = Peer(
         run_cfg, keypair, chain, store, state, local_root=local_root(args), device=str(device),
         ranks=ranks, memory=memory, exchange_workers=args.exchange_workers,

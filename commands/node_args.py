@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from substrateinterface import Keypair
 
+from commands.arg_types import device, positive_int
 from node.runtime.atomic_files import remove_stale_temporaries
 from protocol.chain.base import Chain
 from protocol.chain.url import NETWORKS
@@ -86,14 +87,15 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--windows",
-        type=int,
+        type=positive_int,
         default=env("TESSERA_WINDOWS", "1000000000"),
         help="windows to run, then exit [env TESSERA_WINDOWS]",
     )
     parser.add_argument(
         "--device",
+        type=device,
         default=env("TESSERA_DEVICE", "cuda" if torch.cuda.is_available() else "cpu"),
-        help="cpu or cuda [env TESSERA_DEVICE]",
+        help="cpu, cuda or cuda:N [env TESSERA_DEVICE]",
     )
     parser.add_argument(
         "--commit", action="store_true", help="post our bucket commitment if missing or stale"
@@ -132,29 +134,42 @@ def load_run(ref: str) -> RunConfig:
     return RunConfig.preset(ref)
 
 
-def connect(args: argparse.Namespace, preflight: bool = True) -> tuple[Keypair, Chain, ObjectStore]:
-    """Our hotkey, a chain handle that rides out outages, and our bucket.
+def load_key(args: argparse.Namespace) -> Keypair:
+    """Our hotkey, from ``--wallet``, ``--hotkey`` and ``--wallet-path``."""
+    from protocol.keys import load_hotkey
 
-    With `preflight`, the bucket is checked writable and readable and our commitment on chain
-    is checked (posted with `--commit`, once the server has refused the read key's writes);
-    every failure comes with the fix. Lifecycle rules are applied to our bucket where the
-    provider has them (`node.runtime.retention`).
+    if not args.chain or not args.store:
+        raise SystemExit("--chain and --store are required (or TESSERA_CHAIN / TESSERA_STORE)")
+    return load_hotkey(args.wallet, args.hotkey, args.wallet_path)
+
+
+def connect(
+    args: argparse.Namespace, keypair: Keypair, role: str, preflight: bool = True
+) -> tuple[Chain, ObjectStore]:
+    """A chain handle that rides out outages, and our bucket.
+
+    With `preflight`, the hotkey must hold a uid on the subnet (and, for a validator, a permit),
+    then the bucket is checked writable and readable and our commitment on chain is checked
+    (posted with `--commit`, once the server has refused the read key's writes): nothing is
+    written to the bucket or the chain before the registration is known, and every failure comes
+    with the fix. Lifecycle rules are applied to our bucket where the provider has them
+    (`node.runtime.retention`).
     """
+    from commands.doctor.chain import registration_check
     from node.runtime.commit import commitment_for, ensure_commitment
-    from node.runtime.preflight import check_bucket
+    from node.runtime.preflight import PreflightError, check_bucket
     from node.runtime.read_key import require_committable
     from node.runtime.resilient_chain import resilient
     from node.runtime.retention import apply_lifecycle
     from protocol.chain import open_chain
-    from protocol.keys import load_hotkey
     from protocol.stores import open_store
 
-    if not args.chain or not args.store:
-        raise SystemExit("--chain and --store are required (or TESSERA_CHAIN / TESSERA_STORE)")
-    keypair = load_hotkey(args.wallet, args.hotkey, args.wallet_path)
     chain = resilient(open_chain(args.chain, netuid=args.netuid))
     store = open_store(args.store)
     if preflight:
+        registered = registration_check(chain, keypair, role)
+        if registered.fix:
+            raise PreflightError(f"{registered.detail}; {registered.fix}")
         check_bucket(store)
         apply_lifecycle(store)
         wanted = commitment_for(args.store)
@@ -162,7 +177,7 @@ def connect(args: argparse.Namespace, preflight: bool = True) -> tuple[Keypair, 
             chain, keypair, wanted, post=args.commit,
             before_post=lambda: require_committable(args.store, store, wanted),
         )  # fmt: skip
-    return keypair, chain, store
+    return chain, store
 
 
 def state_dir(args: argparse.Namespace, role: str, run: RunConfig, hotkey: str) -> Path:

@@ -23,6 +23,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from commands.arg_types import fraction, positive_int
 from commands.node_args import exchange_workers
 from node.runtime.memory import GIB, plan_memory
 from node.runtime.plan import (
@@ -49,10 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--preset", default=None, help="a preset name or run config file (default: every preset)"
     )
-    parser.add_argument("--gpus", type=int, default=None, help="accelerators in the box")
+    parser.add_argument("--gpus", type=positive_int, default=None, help="accelerators in the box")
     parser.add_argument("--gpu", choices=sorted(HARDWARE), default=None, help="accelerator kind")
     parser.add_argument("--link-gbps", type=_positive, default=None, help="link, up and down")
-    parser.add_argument("--mfu", type=_positive, default=None, help="model-FLOPs utilisation")
+    parser.add_argument("--mfu", type=fraction, default=None, help="model-FLOPs utilisation")
     parser.add_argument(
         "--decode-m-per-s",
         type=_positive,

@@ -6,28 +6,37 @@ import argparse
 import logging
 import os
 
-from commands.node_args import add_node_arguments, connect, load_run, local_root, state_dir
+from commands.arg_types import positive_int
+from commands.node_args import (
+    add_node_arguments,
+    connect,
+    load_key,
+    load_run,
+    local_root,
+    state_dir,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     env = os.environ.get
     add_node_arguments(parser)
     parser.add_argument(
-        "--weights-every", type=int, default=env("TESSERA_WEIGHTS_EVERY", "1"),
+        "--weights-every", type=positive_int, default=env("TESSERA_WEIGHTS_EVERY", "1"),
         help="set weights every M windows",
     )  # fmt: skip
     parser.add_argument(
-        "--checkpoint-every", type=int, default=env("TESSERA_CHECKPOINT_EVERY", "10"),
+        "--checkpoint-every", type=positive_int, default=env("TESSERA_CHECKPOINT_EVERY", "10"),
         help="publish a checkpoint and the run config every N windows",
     )  # fmt: skip
     parser.add_argument(
-        "--samples", type=int, default=env("TESSERA_VALIDATOR_SAMPLES", "64"),
+        "--samples", type=positive_int, default=env("TESSERA_VALIDATOR_SAMPLES", "64"),
         help="random and own samples per loss probe",
     )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
     from node.runtime.logs import setup_logging
+    from node.runtime.preflight import check_disk
     from node.runtime.shutdown import Stopped, install_stop_handler
     from validator.config import ValidatorConfig
     from validator.loop import Validator
@@ -35,7 +44,10 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level, args.log_format)
     install_stop_handler()
     run_cfg = load_run(args.run)
-    keypair, chain, store = connect(args)
+    keypair = load_key(args)
+    state = state_dir(args, "validator", run_cfg, keypair.ss58_address)
+    check_disk(state)
+    chain, store = connect(args, keypair, "validator")
     cfg = ValidatorConfig(
         weights_every=args.weights_every,
         checkpoint_every=args.checkpoint_every,
@@ -43,8 +55,7 @@ def run(args: argparse.Namespace) -> int:
         n_own=args.samples,
     )
     validator = Validator(
-        run_cfg, keypair, chain, store, state_dir(args, "validator", run_cfg, keypair.ss58_address),
-        cfg, local_root=local_root(args), device=args.device,
+        run_cfg, keypair, chain, store, state, cfg, local_root=local_root(args), device=args.device,
         exchange_workers=args.exchange_workers,
     )  # fmt: skip
     logging.getLogger("tessera.validator").info(

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from codec.errors import TesseraError
+from commands.arg_types import non_negative_int
 from protocol.chain.base import Chain
 from validator.published import ReportLine
 
@@ -61,7 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chain", default=env("TESSERA_CHAIN"), help="the run's chain")
     parser.add_argument("--netuid", type=int, default=env("TESSERA_NETUID"), help="its subnet")
     parser.add_argument("--local-root", default=env("TESSERA_LOCAL_ROOT"), help="file:// buckets")
-    parser.add_argument("--uid", type=int, help="the peer's uid (default: our hotkey's)")
+    parser.add_argument(
+        "--uid", type=non_negative_int, help="the peer's uid (default: our hotkey's)"
+    )
     parser.add_argument(
         "--wallet", "--wallet.name", dest="wallet", default=env("TESSERA_WALLET", "default")
     )

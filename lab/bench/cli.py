@@ -9,6 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from commands.arg_types import non_negative_int, positive_int
 from lab.bench.output import emit, targets_table
 
 TARGETS = {"decode_M_per_s": 20.0, "encode_M_per_s": 10.0, "total_ratio": 4.0, "value_err": 0.08}
@@ -33,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--numel",
-        type=int,
+        type=positive_int,
         default=None,
         help="elements of the compression tensor (default 1e8, 1e9 on CUDA)",
     )
@@ -44,10 +45,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="cuda: the Triton path on the first GPU, plus its copy reference and a 1B model",
     )
     exchange = parser.add_argument_group("exchange")
-    exchange.add_argument("--peers", type=int, default=8, help="updates gathered (default 8)")
+    exchange.add_argument(
+        "--peers", type=positive_int, default=8, help="updates gathered (default 8)"
+    )
     exchange.add_argument(
         "--layers",
-        type=int,
+        type=non_negative_int,
         default=4,
         help="decoder layers of the preset's model whose tensors are sent (default 4; 0: all)",
     )
@@ -57,11 +60,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated worker counts (default: 1 and every core, e.g. 1,2)",
     )
     exchange.add_argument(
-        "--repeats", type=int, default=5, help="timed runs per row, the best kept (default 5)"
+        "--repeats",
+        type=positive_int,
+        default=5,
+        help="timed runs per row, the best kept (default 5)",
     )
     probe = parser.add_argument_group("probe")
     probe.add_argument(
-        "--samples", type=int, default=64, help="random and own samples per probe (default 64)"
+        "--samples",
+        type=positive_int,
+        default=64,
+        help="random and own samples per probe (default 64)",
     )
     train.add_arguments(parser)
 

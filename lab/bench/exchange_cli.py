@@ -32,19 +32,13 @@ def _workers(text: str | None) -> list[int]:
     return counts
 
 
-def _problem(args: argparse.Namespace) -> str | None:
-    if args.peers < 1:
-        return f"--peers {args.peers}: gather at least one update, e.g. --peers 8"
-    return preset_problem(args)
-
-
 def run(args: argparse.Namespace) -> int:
     try:
         workers = _workers(args.workers)
     except ValueError as exc:
         print(f"tessera bench exchange: {exc}", file=sys.stderr)
         return 2
-    if (problem := _problem(args)) is not None:
+    if (problem := preset_problem(args)) is not None:
         print(f"tessera bench exchange: {problem}", file=sys.stderr)
         return 2
     from lab.bench.exchange import bench_exchange

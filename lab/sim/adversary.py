@@ -88,7 +88,7 @@ class Adversary:
 
 
 def run(args: argparse.Namespace) -> int:
-    from commands.node_args import connect, load_run, local_root
+    from commands.node_args import connect, load_key, load_run, local_root
     from node.model.llama import build_model
     from node.runtime.logs import setup_logging
 
@@ -96,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
     run_cfg = load_run(args.run)
     slow = args.kind == "slowdrip"
     args.commit = True  # an adversary always (re)posts its commitment
-    keypair, chain, store = connect(args, preflight=not slow)
+    keypair = load_key(args)
+    chain, store = connect(args, keypair, "miner", preflight=not slow)
     uid = chain.uid_of(keypair.ss58_address)
     if uid is None:
         raise SystemExit("adversary hotkey is not registered")

@@ -20,17 +20,36 @@ from typing import get_args
 from rich.console import Console
 from rich.table import Table
 
+from commands.arg_types import positive_float, positive_int
 from lab.sim.collect import SimReport
 from lab.sim.layout import ADVERSARY_KINDS, World
 from protocol.runconfig import RunConfig
 
 
+def storage(text: str) -> str:
+    """``file``, or an ``s3://PREFIX?endpoint=URL`` whose buckets are PREFIX-<member>."""
+    if text != "file" and not text.startswith("s3://"):
+        raise argparse.ArgumentTypeError(f"{text!r}: use file, or s3://PREFIX?endpoint=URL")
+    return text
+
+
+def block_time(text: str) -> float:
+    """Seconds per block of the simulation's chain: above 0, at most an hour."""
+    value = positive_float(text)
+    if value > 3600:
+        raise argparse.ArgumentTypeError(f"{text!r}: give at most 3600 seconds")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--peers", type=int, default=4, help="honest peers")
-    parser.add_argument("--windows", type=int, default=10)
+    parser.add_argument("--peers", type=positive_int, default=4, help="honest peers")
+    parser.add_argument("--windows", type=positive_int, default=10)
     parser.add_argument("--out", type=Path, default=Path("runs/demo"))
     parser.add_argument(
-        "--storage", default="file", help="file (embedded, default) or s3://PREFIX?endpoint=URL"
+        "--storage",
+        type=storage,
+        default="file",
+        help="file (embedded, default) or s3://PREFIX?endpoint=URL",
     )
     parser.add_argument(
         "--adversaries", default="", help=f"comma-separated kinds: {','.join(ADVERSARY_KINDS)}"
@@ -48,9 +67,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=get_args(RunConfig.model_fields["strategy"].annotation),
         help="the run's strategy (`node.strategy`)",
     )
-    parser.add_argument("--block-time", type=float, default=1.0, help="seconds per block")
-    parser.add_argument("--blocks-per-window", type=int, default=30)
-    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before giving up")
+    parser.add_argument(
+        "--block-time", type=block_time, default=1.0, help="seconds per block, at most 3600"
+    )
+    parser.add_argument("--blocks-per-window", type=positive_int, default=30)
+    parser.add_argument(
+        "--timeout", type=positive_float, default=1800.0, help="seconds before giving up"
+    )
     parser.add_argument("--force", action="store_true", help="replace an existing --out folder")
     parser.add_argument("--no-baseline", action="store_true", help="skip the DDP baseline")
     parser.add_argument(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import shutil
+import socket
 from pathlib import Path
 
 from codec.errors import TesseraError
@@ -46,6 +47,19 @@ def check_disk(directory: Path, needed: int = MIN_FREE_BYTES) -> None:
             f"only {free / 2**20:.0f} MiB free under {directory}; the node needs at least "
             f"{needed / 2**20:.0f} MiB for its state: free space or point --state-dir elsewhere"
         )
+
+
+def check_port_free(port: int) -> None:
+    """The metrics port can be bound on every interface (as the metrics server will), so a busy
+    port stops the node before it touches its bucket or the chain."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("", port))
+        except OSError as exc:
+            raise PreflightError(
+                f"--metrics-port {port} is in use ({exc.strerror}): pick a free port, or 0 for off"
+            ) from None
 
 
 def explain_os_error(exc: OSError, where: Path) -> PreflightError:

@@ -65,7 +65,7 @@ def test_every_row_reaches_the_same_mean(result: dict[str, Any]) -> None:
     [
         (["--workers", "0"], "--workers 0: give positive worker counts"),
         (["--layers", "9"], "--layers 9: tiny has 4 layers"),
-        (["--peers", "0"], "--peers 0: gather at least one update"),
+        (["--peers", "0"], "argument --peers: '0': give 1 or more"),
         (["--preset", "huge"], "--preset huge: unknown; choose one of"),
     ],
 )

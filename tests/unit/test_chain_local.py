@@ -343,7 +343,7 @@ def test_cli_create_register_stake_show(
     assert main(["chain", "stake", "--db", db, "--hotkey", BOB.ss58_address, "--amount", "3"]) == 0
     assert "3.0000 TAO" in capsys.readouterr().out
     assert main(["chain", "register", "--db", db, "--hotkey", "garbage"]) == 1
-    assert "error" in capsys.readouterr().err
+    assert "tessera chain: not an SS58 address" in capsys.readouterr().err
 
     with LocalChain(db, 4) as chain:
         chain.commit(BOB, b"secret-ish read credentials")

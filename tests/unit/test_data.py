@@ -149,7 +149,7 @@ def test_prep_via_cli_round_trips_the_tokens(tmp_path: Path) -> None:
     assert dataset.n_slots == sum((s.tokens - 1) // 32 for s in index.shards)
     assert np.array_equal(dataset.read_slot(0), expected[:33])
     assert tessera(["data", "info", str(out), "--verify"]) == 0
-    assert tessera(argv) == 2  # refuses a non-empty --out
+    assert tessera(argv) == 1  # refuses a non-empty --out
     assert tessera([*argv, "--force"]) == 0
 
 
@@ -163,7 +163,7 @@ def test_prep_refuses_missing_inputs_and_detects_corrupt_shards(tmp_path: Path) 
         "--out",
         str(tmp_path / "o"),
     ]
-    assert tessera([*missing, *common]) == 2
+    assert tessera([*missing, *common]) == 1
     write_inputs(tmp_path / "in")
     out = tmp_path / "shards"
     prep = ["data", "prep", "--input", str(tmp_path / "in" / "*.txt"), "--out", str(out)]
@@ -172,7 +172,7 @@ def test_prep_refuses_missing_inputs_and_detects_corrupt_shards(tmp_path: Path) 
     data = bytearray(shard.read_bytes())
     data[-3] ^= 0xFF
     shard.write_bytes(bytes(data))
-    assert tessera(["data", "info", str(out), "--verify"]) == 2
+    assert tessera(["data", "info", str(out), "--verify"]) == 1
     other = load_tokenizer("embedded://tiny-bpe-512", cache_dir=shared_cache())
     with pytest.raises(DataError, match="tokenized with"):
         Dataset.open(str(out), other, 32)

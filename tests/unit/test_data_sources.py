@@ -60,7 +60,7 @@ def test_a_hf_row_without_the_text_field_is_refused(tmp_path: Path) -> None:
     bad.write_text(json.dumps({"body": "no text field"}) + "\n")
     args = ["data", "prep", "--tokenizer", TINY.tokenizer, "--cache-dir", str(shared_cache())]
     rc = tessera([*args, "--hf", "json", "--hf-data-files", str(bad), "--out", str(tmp_path / "o")])
-    assert rc == 2
+    assert rc == 1
     assert not (tmp_path / "o" / INDEX_NAME).exists()
 
 

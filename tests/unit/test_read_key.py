@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from moto.core.authorization import disable_iam_authentication
 
-from commands.node_args import add_node_arguments, connect
+from commands.node_args import add_node_arguments, connect, load_key
 from lab.sim.buckets import SimKeyError, read_key_env
 from lab.sim.layout import build_world
 from node.runtime.commit import commitment_for, ensure_commitment
@@ -137,14 +137,15 @@ def test_a_node_starting_with_commit_posts_only_a_read_only_key(
     users = _users(s3_server, s3_bucket, read_actions)
     _keys(monkeypatch, users["write"], users["read"])
     args, hotkey = _start_up_args(tmp_path, f"s3://{s3_bucket}?endpoint={s3_server}")
+    keypair = load_key(args)
     if accepted:
-        _, chain, store = connect(args)
+        chain, store = connect(args, keypair, "miner")
         store.close()
         chain.close()
         assert _committed(args, hotkey) == users["read"][0]
     else:
         with pytest.raises(ReadKeyCanWrite):
-            connect(args)
+            connect(args, keypair, "miner")
         assert _committed(args, hotkey) is None
 
 

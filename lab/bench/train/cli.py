@@ -24,16 +24,22 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from commands.arg_types import positive_int
 from lab.bench.train.specs import DEFAULT_STRATEGIES, QUICK_STRATEGIES, SpecError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("train (tessera bench train)")
     g.add_argument("--preset", default="tiny", help="run preset whose model and data are used")
-    g.add_argument("--replicas", type=int, default=None, help="R (default 4; --quick: 2)")
-    g.add_argument("--windows", type=int, default=None, help="outer steps (default 40; --quick: 3)")
+    g.add_argument("--replicas", type=positive_int, default=None, help="R (default 4; --quick: 2)")
     g.add_argument(
-        "--inner-steps", type=int, default=None, help="H (default: the preset's; --quick: 2)"
+        "--windows", type=positive_int, default=None, help="outer steps (default 40; --quick: 3)"
+    )
+    g.add_argument(
+        "--inner-steps",
+        type=positive_int,
+        default=None,
+        help="H (default: the preset's; --quick: 2)",
     )
     g.add_argument(
         "--strategies",
@@ -41,19 +47,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"methods to compare, NAME[:KEY=VALUE,...] (default: {DEFAULT_STRATEGIES})",
     )
-    g.add_argument("--heldout", type=int, default=None, help="held-out samples scored (128)")
+    g.add_argument(
+        "--heldout", type=positive_int, default=None, help="held-out samples scored (128)"
+    )
     g.add_argument("--seed", type=int, default=None, help="the first run seed (the preset's)")
-    g.add_argument("--seeds", type=int, default=1, help="run seeds per method: mean and spread")
+    g.add_argument(
+        "--seeds", type=positive_int, default=1, help="run seeds per method: mean and spread"
+    )
     g.add_argument("--out", type=Path, default=Path("runs/bench-train"), help="output folder")
     g.add_argument(
         "--jobs",
-        type=int,
+        type=positive_int,
         default=None,
         help="methods trained at a time, in worker processes (default: one per CPU core)",
     )
     g.add_argument(
         "--threads",
-        type=int,
+        type=positive_int,
         default=None,
         help="torch CPU threads per job (default: 1 with several jobs, else torch's; 1 is far "
         "faster on a box busy with other work)",

@@ -84,6 +84,10 @@ def decode_body(body: bytes, chunk_size: int, k: int, n: int) -> np.ndarray:
 
 
 _THREAD = threading.local()
+MAX_KEPT_SCRATCH_BYTES = 256 << 20
+"""Largest working buffer a thread keeps between calls (the 1B preset's largest stream, its
+embedding, needs 215 MiB); a larger one (8B: 430 MiB, 70B: 860 MiB) gets its own, freed when the
+stream is decoded."""
 
 
 def _scratch(n: int, k: int, dense: int) -> tuple[np.ndarray, ...]:
@@ -91,14 +95,17 @@ def _scratch(n: int, k: int, dense: int) -> tuple[np.ndarray, ...]:
     one buffer kept per thread and reused from call to call: fresh pages would cost the kernel
     more time than the decode itself. Sized by what a group of n chunks of k can hold: lone
     positions <= n k, busy nodes of a level <= n k / 2 + n (each holds two positions or more,
-    but for one partial node per chunk), grid cells <= 2**dense n; about 50 bytes per index."""
+    but for one partial node per chunk), grid cells <= 2**dense n; about 50 bytes per index, kept
+    up to `MAX_KEPT_SCRATCH_BYTES`."""
     grid = (1 << max(dense, 0)) * n
     nodes = n * k // 2 + n
     sizes = (3 * (n * k + 1), grid, grid, grid, grid, 5 * nodes, 5 * nodes, nodes, nodes, nodes,
              n, n, n)  # fmt: skip
     buf: np.ndarray | None = getattr(_THREAD, "buf", None)
     if buf is None or buf.size < sum(sizes):
-        buf = _THREAD.buf = np.empty(sum(sizes), np.int32)
+        buf = np.empty(sum(sizes), np.int32)
+        if buf.nbytes <= MAX_KEPT_SCRATCH_BYTES:
+            _THREAD.buf = buf
     views = []
     at = 0
     for size in sizes:

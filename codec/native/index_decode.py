@@ -45,7 +45,7 @@ from codec.index_model import (
 from codec.index_nodes import dense_depth
 from codec.rans import GROUP, STATE_BITS, STATE_LOW
 
-__all__ = ["decode_body"]
+__all__ = ["MAX_KEPT_SCRATCH_BYTES", "decode_body", "scratch_bytes"]
 
 _SLOT_MASK = (1 << PRECISION_BITS) - 1
 _KEY_MASK = (1 << KEY_BITS) - 1
@@ -90,6 +90,18 @@ embedding, needs 215 MiB); a larger one (8B: 430 MiB, 70B: 860 MiB) gets its own
 stream is decoded."""
 
 
+def _sizes(n: int, k: int, dense: int) -> tuple[int, ...]:
+    grid = (1 << max(dense, 0)) * n
+    nodes = n * k // 2 + n
+    return (3 * (n * k + 1), grid, grid, grid, grid, 5 * nodes, 5 * nodes, nodes, nodes, nodes,
+            n, n, n)  # fmt: skip
+
+
+def scratch_bytes(chunk_size: int, k: int, n: int) -> int:
+    """Bytes of the working buffer the walk needs for a stream of n chunks of k in chunk_size."""
+    return 4 * sum(_sizes(n, k, dense_depth(k, split_tables(chunk_size, k).levels)))
+
+
 def _scratch(n: int, k: int, dense: int) -> tuple[np.ndarray, ...]:
     """Working arrays of the walk (int32: every count, position and output slot fits), views of
     one buffer kept per thread and reused from call to call: fresh pages would cost the kernel
@@ -97,10 +109,8 @@ def _scratch(n: int, k: int, dense: int) -> tuple[np.ndarray, ...]:
     positions <= n k, busy nodes of a level <= n k / 2 + n (each holds two positions or more,
     but for one partial node per chunk), grid cells <= 2**dense n; about 50 bytes per index, kept
     up to `MAX_KEPT_SCRATCH_BYTES`."""
-    grid = (1 << max(dense, 0)) * n
+    sizes = _sizes(n, k, dense)
     nodes = n * k // 2 + n
-    sizes = (3 * (n * k + 1), grid, grid, grid, grid, 5 * nodes, 5 * nodes, nodes, nodes, nodes,
-             n, n, n)  # fmt: skip
     buf: np.ndarray | None = getattr(_THREAD, "buf", None)
     if buf is None or buf.size < sum(sizes):
         buf = np.empty(sum(sizes), np.int32)

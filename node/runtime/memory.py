@@ -28,8 +28,9 @@ host first). FSDP2's other host copies are smaller: the whole mean (4 B/param), 
 
 With decode workers (`--exchange-workers`, `codec.pool`) rank 0's host also holds the exchange
 (`MemoryPlan.exchange_host`): the workers' shared float32 sum (4 B/param), every gathered update
-decoded until the sum (3 B per kept entry: int16 position, code, `codec.pool`) and its bytes in
-shared memory until decoded (`WIRE_BYTES_PER_ENTRY`).
+decoded until the sum (3 B per kept entry: int16 position, code, `codec.pool`), its bytes in
+shared memory until decoded (`WIRE_BYTES_PER_ENTRY`), and each worker's index-decoder buffer for
+the largest stream (`codec.native.index_decode.scratch_bytes`; 16 workers, the most `auto` picks).
 
 Activations are an estimate, not a measurement: ``34·hidden`` bytes per token per layer (bf16,
 attention through SDPA without the score matrix, no recomputation; Korthikanti et al. 2022)
@@ -126,12 +127,33 @@ def plan_memory(run: RunConfig, gpus: int, strategy: Strategy) -> MemoryPlan:
 
 
 def exchange_host(run: RunConfig) -> int:
-    """Host bytes of the exchange on decode workers: the shared sum and the gathered updates,
-    decoded and on the wire (see the module docstring)."""
+    """Host bytes of the exchange on decode workers: the shared sum, the gathered updates,
+    decoded and on the wire, and each worker's index-decoder buffer for the largest stream (see
+    the module docstring)."""
     params = run.param_count()
     entries = params * run.codec.density  # per update, about: whole chunks dominate
     held = DECODED_BYTES_PER_ENTRY + WIRE_BYTES_PER_ENTRY
-    return int(FP32 * params + run.gather_size * entries * held)
+    return int(FP32 * params + run.gather_size * entries * held + decoder_buffers(run))
+
+
+def decoder_buffers(run: RunConfig) -> int:
+    """The index decoders' working buffers at once: one per decode worker (at most
+    `AUTO_MAX_WORKERS`), each sized for the model's largest stream (`codec.native`)."""
+    from codec.chunking import ChunkLayout
+    from codec.native.index_decode import scratch_bytes
+    from node.runtime.plan import model_spec
+    from node.window.pooled import AUTO_MAX_WORKERS
+
+    largest = max(
+        (
+            scratch_bytes(g.chunk_size, g.k, g.n_chunks)
+            for t in model_spec(run.model).tensors
+            for g in ChunkLayout.for_shape(t.shape, run.codec).groups
+            if 0 < g.k < g.chunk_size
+        ),
+        default=0,
+    )
+    return AUTO_MAX_WORKERS * largest
 
 
 def pick_sharding(choice: Sharding, run: RunConfig, world: int, gpu_memory: int | None) -> Strategy:

@@ -135,7 +135,8 @@ def load_run(ref: str) -> RunConfig:
 
 
 def load_key(args: argparse.Namespace) -> Keypair:
-    """Our hotkey, from ``--wallet``, ``--hotkey`` and ``--wallet-path``."""
+    """Our hotkey, from ``--wallet``, ``--hotkey`` and ``--wallet-path``; the first thing a node
+    loads, so it also refuses a command line without ``--chain`` or ``--store``."""
     from protocol.keys import load_hotkey
 
     if not args.chain or not args.store:
@@ -156,6 +157,7 @@ def connect(
     (`node.runtime.retention`).
     """
     from commands.doctor.chain import registration_check
+    from commands.doctor.report import Status
     from node.runtime.commit import commitment_for, ensure_commitment
     from node.runtime.preflight import PreflightError, check_bucket
     from node.runtime.read_key import require_committable
@@ -168,7 +170,7 @@ def connect(
     store = open_store(args.store)
     if preflight:
         registered = registration_check(chain, keypair, role)
-        if registered.fix:
+        if registered.status is Status.FAIL:
             raise PreflightError(f"{registered.detail}; {registered.fix}")
         check_bucket(store)
         apply_lifecycle(store)

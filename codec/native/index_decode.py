@@ -50,10 +50,9 @@ __all__ = ["MAX_KEPT_SCRATCH_BYTES", "decode_body", "scratch_bytes"]
 _SLOT_MASK = (1 << PRECISION_BITS) - 1
 _KEY_MASK = (1 << KEY_BITS) - 1
 
-OK, TRUNCATED, COLLAPSED, TAIL, RAW_TRUNCATED, PADDING_BYTES, PADDING_BITS = range(7)
+OK, TRUNCATED, TAIL, RAW_TRUNCATED, PADDING_BYTES, PADDING_BITS = range(6)
 _ERRORS = {
     TRUNCATED: "bit stream truncated",
-    COLLAPSED: "index stream is corrupt: a lane state collapsed",
     TAIL: "index stream is corrupt: lane states do not end where they began",
     RAW_TRUNCATED: "index stream truncated in its raw section",
     PADDING_BYTES: "trailing bytes after the index stream",
@@ -200,8 +199,12 @@ def _step(
 ) -> int:  # fmt: skip
     """One rANS step: lanes ``lanes[:count]`` each decode one symbol (table ``tids[i]``, value
     into ``values[i]``), then lanes from ``readers`` on read their renormalisation field. The
-    new cursor, or -1 when a lane's state collapsed, -2 when the stream ends first. (Everything
-    inline: this is where the decoder spends most of its time.)"""
+    new cursor, or -1 when the stream ends first. (Everything inline: this is where the decoder
+    spends most of its time.)
+
+    A field is at most R bits whatever the stream holds: a state starts a group at 2**R or more
+    and each symbol divides it by at most 2**M (x >> M, times a frequency of 1 or more), so after
+    the group's last symbol (R = GROUP * M) it is still 1 or more: no state collapses to 0."""
     _, _, value_base, coarse_key, coarse_record, entry_record, leaf_count, _, _ = tables
     for i in range(count):  # lanes are independent here: their loads overlap
         r = lanes[i]
@@ -235,10 +238,8 @@ def _step(
     # cursor links one lane to the next
     for i in range(readers, count):
         width = widths[i]
-        if width > STATE_BITS:
-            return -1
         if cursor + width > total_bits:
-            return -2
+            return -1
         r = lanes[i]
         x[r] = (x[r] << width) | ((pairs[cursor >> 5] >> (cursor & 31)) & ((1 << width) - 1))
         cursor += width
@@ -277,7 +278,7 @@ def _walk(
                 x, lanes, n, readers, row_tid, row_value, widths, pairs, total_bits, cursor, tables
             )
             if cursor < 0:
-                return (COLLAPSED if cursor == -1 else TRUNCATED), 0, 0
+                return TRUNCATED, 0, 0
             for r in range(n):
                 at = c * n + r
                 tid, d0, left = row_tid[r], dst[at], row_value[r]
@@ -348,7 +349,7 @@ def _walk(
                 widths, pairs, total_bits, cursor, tables,
             )  # fmt: skip
             if cursor < 0:
-                return (COLLAPSED if cursor == -1 else TRUNCATED), 0, 0
+                return TRUNCATED, 0, 0
         n_next = 0
         width = levels - level - 1
         for i in range(n_nodes):

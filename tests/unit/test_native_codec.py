@@ -126,6 +126,23 @@ def test_corrupt_streams_fail_alike_on_both_walks() -> None:
     assert refused > len(mutants) // 2
 
 
+def test_padding_bits_must_be_zero_on_both_walks() -> None:
+    """Fields are packed from the lowest bit, so the top bit of the last byte is padding unless
+    the stream fills it: set there, the stream is refused by both walks."""
+    rng = np.random.default_rng(11)
+    reasons = []
+    for n in range(8, 24):
+        body, c, k, n = _body(indices.encode(random_subsets(rng, n, 4096, 64), 4096))
+        flipped = body[:-1] + bytes([body[-1] | 0x80])
+        want = _outcome(reference_walk, flipped, c, k, n)
+        got = _outcome(native_walk, flipped, c, k, n)
+        assert isinstance(want, str) == isinstance(got, str)
+        if isinstance(want, str):
+            assert got == want
+            reasons.append(want)
+    assert "non-zero padding bits after the index stream" in reasons
+
+
 FUZZ = textwrap.dedent(
     """
     import numpy as np

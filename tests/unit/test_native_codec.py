@@ -224,3 +224,11 @@ def test_native_scatter_adds_what_index_add_adds(shape: tuple[int, ...], narrow:
         _index_add(want, piece, params, factor)
         scatter_add(got, piece, params, factor)
     assert torch.equal(got, want)
+
+
+def test_a_stream_too_large_for_int32_slots_is_refused_before_decoding() -> None:
+    """2**31 indices in one stream (what `indices.decode`'s default bound still lets through)
+    would overflow the walk's int32 output slots: refused before a bit is read."""
+    n, k = 1 << 21, 1024
+    with pytest.raises(DecodeError, match="more than the decoder holds"):
+        native_walk(bytes(n * 30 // 8), 4096, k, n)

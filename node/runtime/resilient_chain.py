@@ -2,9 +2,10 @@
 
 A node must keep going when the chain endpoint blips or goes down for minutes: `ChainUnavailable`
 (network, node down, locked database) and `BlockNotFinal` (the block asked for is not final yet;
-it soon will be) are retried with exponentially growing, fully jittered waits (at most
-`max_delay` apart) until `give_up_after_s` has passed since the call began, then raised with the
-time it tried. Every other error (not registered, invalid weights, a pruned block, ...)
+it soon will be) are retried with exponentially growing, fully jittered waits (the stores'
+`RetryPolicy`, at most `max_delay` apart: a node notices a chain that came back within a few
+seconds, a third of a block) until `give_up_after_s` has passed since the call began, then raised
+with the time it tried. Every other error (not registered, invalid weights, a pruned block, ...)
 propagates at once. Calls are made one at a time (a lock around each attempt): a peer's exchange
 thread (`miner.flight`) and its training thread share one client, which may not be thread-safe.
 """
@@ -12,7 +13,6 @@ thread (`miner.flight`) and its training thread share one client, which may not 
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +20,7 @@ from typing import Any, cast
 
 from protocol.chain.base import Chain
 from protocol.chain.errors import BlockNotFinal, ChainUnavailable
+from protocol.stores.retry import RetryPolicy
 
 log = logging.getLogger(f"tessera.{__name__}")
 
@@ -35,10 +36,10 @@ class ResilientChain:
         inner: Chain,
         give_up_after_s: float = GIVE_UP_AFTER_S,
         base_delay: float = 0.5,
-        max_delay: float = 15.0,
+        max_delay: float = 4.0,
     ) -> None:
         self._inner, self._give_up = inner, give_up_after_s
-        self._base, self._max = base_delay, max_delay
+        self._waits = RetryPolicy(base_delay=base_delay, max_delay=max_delay)
         self._lock = threading.Lock()
 
     def __getattr__(self, name: str) -> Any:
@@ -61,7 +62,7 @@ class ResilientChain:
                     return fn()
             except (ChainUnavailable, BlockNotFinal) as exc:
                 waited = time.monotonic() - begun
-                wait = random.uniform(0, min(self._max, self._base * 2 ** min(attempt - 1, 30)))
+                wait = self._waits.delay(attempt)
                 if waited + wait > self._give_up:
                     raise ChainUnavailable(
                         f"chain {what} kept failing for {waited:.0f} s ({exc}): check the chain "

@@ -38,7 +38,8 @@ class RetryPolicy:
             raise ValueError("delays must be >= 0")
 
     def delay(self, retry: int, rng: random.Random | None = None) -> float:
-        ceiling = min(self.max_delay, self.base_delay * (2 ** max(retry - 1, 0)))
+        doubling = 2 ** min(max(retry - 1, 0), 60)  # capped: a long outage counts many retries
+        ceiling = min(self.max_delay, self.base_delay * doubling)
         return (rng or random).uniform(0.0, ceiling)
 
 

@@ -162,6 +162,8 @@ def test_backoff_is_capped_and_jittered() -> None:
     assert all(0 <= d <= 1.0 for d in delays[1])
     assert all(0 <= d <= 2.0 for d in delays[3]) and max(delays[3]) > 1.0
     assert len({round(d, 6) for d in delays[2]}) > 100  # jitter, not a fixed schedule
+    # a chain outage of ten minutes counts thousands of retries (`ResilientChain`)
+    assert all(0 <= policy.delay(n, rng) <= 2.0 for n in (1025, 5000, 10**6))
 
 
 def test_transient_classification() -> None:

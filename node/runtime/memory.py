@@ -41,8 +41,10 @@ micro-batch. A CUDA context and allocator slack add ``OVERHEAD`` per GPU.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from typing import Literal
 
+from codec.spec import CodecParams
 from protocol.runconfig import ModelConfig, RunConfig
 
 __all__ = ["OVERHEAD", "SHARDINGS", "MemoryPlan", "pick_sharding", "plan_memory"]
@@ -139,21 +141,28 @@ def exchange_host(run: RunConfig) -> int:
 def decoder_buffers(run: RunConfig) -> int:
     """The index decoders' working buffers at once: one per decode worker (at most
     `AUTO_MAX_WORKERS`), each sized for the model's largest stream (`codec.native`)."""
+    from node.window.pooled import AUTO_MAX_WORKERS
+
+    return AUTO_MAX_WORKERS * _largest_stream_buffer(run.model, run.codec)
+
+
+@cache
+def _largest_stream_buffer(model: ModelConfig, codec: CodecParams) -> int:
+    """One decoder's buffer for the model's largest stream (computed once per model and codec:
+    `tessera plan` asks for each sharding of each preset)."""
     from codec.chunking import ChunkLayout
     from codec.native.index_decode import scratch_bytes
     from node.runtime.plan import model_spec
-    from node.window.pooled import AUTO_MAX_WORKERS
 
-    largest = max(
+    return max(
         (
             scratch_bytes(g.chunk_size, g.k, g.n_chunks)
-            for t in model_spec(run.model).tensors
-            for g in ChunkLayout.for_shape(t.shape, run.codec).groups
+            for t in model_spec(model).tensors
+            for g in ChunkLayout.for_shape(t.shape, codec).groups
             if 0 < g.k < g.chunk_size
         ),
         default=0,
     )
-    return AUTO_MAX_WORKERS * largest
 
 
 def pick_sharding(choice: Sharding, run: RunConfig, world: int, gpu_memory: int | None) -> Strategy:

@@ -122,8 +122,9 @@ def decode(
     triton: bool | None = None,
 ) -> torch.Tensor:
     """Decode bytes from `encode` into a LongTensor (n_chunks, k) with sorted rows, on `device`
-    (default: the CPU). On a CUDA device the rANS steps run as Triton kernels there; ``triton``
-    forces (True) or forbids (False) that. The indices are the same either way.
+    (default: the CPU). The split-tree walk runs compiled on the host and the indices are copied
+    to `device`; ``triton=True`` runs the rANS steps as Triton kernels on `device` instead, round
+    by round (on a GPU; the interpreter on the CPU). The indices are the same either way.
 
     Every malformed input raises `DecodeError`; allocations are bounded by `max_indices` and by
     what the input's length can possibly describe. `expect` = (chunk_size, k, n_chunks) makes
@@ -154,7 +155,7 @@ def decode(
     if n * STATE_BITS > 8 * len(body):
         raise DecodeError(f"{len(body)} bytes cannot hold {n} chunks")
     on = torch.device(device or "cpu")
-    if not (gpu.enabled(torch.empty(0, device=on)) if triton is None else triton):
+    if not triton:  # the compiled host walk, copied to the device: faster than the rounds on one
         from codec.native import index_decode  # numba, imported where it runs
 
         return torch.from_numpy(index_decode.decode_body(body, chunk_size, k, n)).to(device)

@@ -90,7 +90,8 @@ def index_speed(
     n_chunks: int = 16384, repeats: int = 3, seed: int = 1, device: str = "cpu"
 ) -> list[dict[str, float]]:
     """Encode and decode throughput (indices per wall second, best of `repeats`) per k, with
-    the time of a device-to-device copy of the decoded indices beside it on a GPU."""
+    the time of a device-to-device copy of the decoded indices beside it on a GPU and the decode
+    with its rANS steps as Triton kernels there (`decode_triton_M_per_s`)."""
     rng = np.random.default_rng(seed)
     dev = torch.device(device)
     rows = []
@@ -107,6 +108,10 @@ def index_speed(
                 "decode_M_per_s": idx.numel() / dec / 1e6,
             }
             if dev.type == "cuda":
+                rounds = best_seconds(
+                    lambda d=data: indices.decode(d, device=dev, triton=True), repeats, dev
+                )
+                row["decode_triton_M_per_s"] = idx.numel() / rounds / 1e6
                 copy = best_seconds(idx.clone, repeats, dev)
                 row["decode_vs_copy"] = dec / copy
                 row["encode_vs_copy"] = enc / copy

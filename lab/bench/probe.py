@@ -5,8 +5,11 @@ manifest waits for ``G`` probes; every validator then scores the rest. One probe
 `validator.scoring.LossProbe.score` runs: the losses of the peer's own samples at the start
 model, the update stepped in, the random and own samples' losses, the model restored, the
 consensus direction stepped in, the own samples' losses, the model restored (four forward passes
-of ``samples`` sequences, two steps, two restores). The reference, measured in the same run, is
-one forward pass of the same samples. Random tokens and a random sparse update of the run's
+of ``samples`` sequences, two steps, two restores), in the validator's precision (bf16 autocast
+on a GPU, fp32 elsewhere: `node.model.losses`). The reference, measured in the same run, is one
+forward pass of the same samples in that precision, and on a GPU one in fp32 as well, with how far
+bf16 moves a probe's readings: the largest per-sample loss gap and the gap in the update's mean
+gain on its own samples. Random tokens and a random sparse update of the run's
 codec: the cost does not depend on the values.
 """
 
@@ -15,12 +18,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
 import torch
 
 from codec.compress import Compressor
 from codec.spec import ModelSpec
 from node.model.llama import build_model
-from node.model.losses import row_losses
+from node.model.losses import bf16_by_default, row_losses
 from node.strategy import make_strategy
 from protocol.runconfig import RunConfig
 
@@ -62,6 +66,18 @@ def probe_cost(preset: str, samples: int, layers: int, device: str, repeats: int
     def forward() -> None:
         row_losses(model, own, micro, dev)
 
+    def forward_fp32() -> None:
+        row_losses(model, own, micro, dev, bf16=False)
+
+    def gain(bf16: bool) -> tuple[np.ndarray, float]:
+        before = row_losses(model, own, micro, dev, bf16=bf16)
+        with torch.no_grad():
+            for piece in update:
+                strategy.add_into(params[piece.name].data, piece, -1e-3)
+        after = row_losses(model, own, micro, dev, bf16=bf16)
+        restore()
+        return before, float((before - after).mean())
+
     def probe() -> None:
         row_losses(model, own, micro, dev)
         with torch.no_grad():
@@ -85,7 +101,14 @@ def probe_cost(preset: str, samples: int, layers: int, device: str, repeats: int
         "seq_len": run.seq_len,
         "micro_batch_size": micro,
     }
-    for name, fn in (("forward_s", forward), ("probe_s", probe)):
+    timed = [("forward_s", forward), ("probe_s", probe)]
+    if bf16_by_default(dev):
+        timed.append(("forward_fp32_s", forward_fp32))
+        (loss16, gain16), (loss32, gain32) = gain(True), gain(False)
+        out["loss_gap"] = float(np.abs(loss16 - loss32).max())
+        out["gain_bf16"], out["gain_fp32"] = gain16, gain32
+    out["precision"] = "bf16 autocast" if bf16_by_default(dev) else "fp32"
+    for name, fn in timed:
         fn()  # warm-up: kernels, allocator
         best = float("inf")
         for _ in range(repeats):

@@ -41,7 +41,8 @@ def _print(r: dict[str, Any]) -> None:
     console = Console()
     t = Table(
         title=f"{r['preset']} ({r['layers']} layers, {r['parameters'] / 1e6:,.1f} M parameters) "
-        f"on {r['device']}: {r['samples']} samples of {r['seq_len']} tokens, best of runs"
+        f"on {r['device']} ({r['precision']}): {r['samples']} samples of {r['seq_len']} tokens, "
+        "best of runs"
     )
     for col in ("what", "seconds", "× forward", "tokens/s"):
         t.add_column(col, justify="right")
@@ -50,5 +51,14 @@ def _print(r: dict[str, Any]) -> None:
               f"{tokens / r['forward_s']:,.0f}")  # fmt: skip
     t.add_row("one probe", f"{r['probe_s']:.3f}", f"{r['probe_vs_forward']:.2f}×",
               f"{r['tokens_per_s']:,.0f}")  # fmt: skip
+    if "forward_fp32_s" in r:
+        t.add_row("reference: one forward pass in fp32", f"{r['forward_fp32_s']:.3f}",
+                  f"{r['forward_fp32_s'] / r['forward_s']:.2f}×",
+                  f"{tokens / r['forward_fp32_s']:,.0f}")  # fmt: skip
     console.print(t)
+    if "loss_gap" in r:
+        console.print(
+            f"bf16 against fp32: largest per-sample loss gap {r['loss_gap']:.2e}; the update's "
+            f"mean gain on its own samples {r['gain_bf16']:.3e} (bf16) / {r['gain_fp32']:.3e} (fp32)"
+        )
     targets_table(console, r["checks"])

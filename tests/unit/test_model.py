@@ -7,6 +7,7 @@ import torch
 
 from node.data.sampling import assigned_batches
 from node.model.llama import CausalLM, build_model
+from node.model.losses import bf16_by_default, row_losses
 from protocol.runconfig import ModelConfig
 from tests.support.embedded_data import TINY, tiny_dataset
 
@@ -153,3 +154,19 @@ def test_bf16_autocast_runs_and_stays_close_to_fp32() -> None:
     loss.backward()
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters())
     assert abs(loss.item() - reference.item()) < 0.05
+
+
+def test_row_losses_run_bf16_only_where_asked_or_on_a_gpu() -> None:
+    """The validator's probe: fp32 on the CPU by default, the training recipe on a GPU, and the
+    bf16 readings close to the fp32 ones."""
+    cfg = small_cfg()
+    model = build_model(cfg, 2)
+    tokens = torch.randint(0, cfg.vocab_size, (5, 33), generator=torch.Generator().manual_seed(3))
+    cpu = torch.device("cpu")
+    fp32 = row_losses(model, tokens, 2, cpu, bf16=False)
+    assert fp32.shape == (5,) and fp32.dtype.name == "float64"
+    assert (row_losses(model, tokens, 2, cpu) == fp32).all()
+    bf16 = row_losses(model, tokens, 2, cpu, bf16=True)
+    assert (bf16 != fp32).any()  # autocast really ran
+    assert abs(bf16 - fp32).max() < 0.05
+    assert bf16_by_default(torch.device("cuda")) and not bf16_by_default(cpu)

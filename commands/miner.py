@@ -19,6 +19,14 @@ from commands.node_args import (
 from node.runtime.memory import SHARDINGS
 
 
+def _env_flag(name: str) -> bool | None:
+    """A boolean from the environment: "1" or "0", None when unset."""
+    value = os.environ.get(name)
+    if value not in (None, "0", "1"):
+        raise SystemExit(f"tessera miner: {name}={value!r}: set it to 1 or 0, or unset it")
+    return None if value is None else value == "1"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_node_arguments(parser)
     parser.add_argument(
@@ -30,16 +38,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--activation-checkpointing",
         action=argparse.BooleanOptionalAction,
-        default=os.environ.get("TESSERA_ACTIVATION_CHECKPOINTING", "0") == "1",
+        default=_env_flag("TESSERA_ACTIVATION_CHECKPOINTING"),
         help="recompute each decoder layer's activations in the backward pass (less memory, "
-        "about a third more compute) [env TESSERA_ACTIVATION_CHECKPOINTING=1]",
+        "about a third more compute); unset with --loss-chunk-tokens unset: the fastest recipe "
+        "the memory plan fits to the GPU [env TESSERA_ACTIVATION_CHECKPOINTING=1 or 0]",
     )
     parser.add_argument(
         "--loss-chunk-tokens",
         type=non_negative_int,
-        default=os.environ.get("TESSERA_LOSS_CHUNK_TOKENS", "0"),
+        default=os.environ.get("TESSERA_LOSS_CHUNK_TOKENS"),
         help="cross-entropy over this many positions at a time, so the fp32 logits of the whole "
-        "micro-batch never exist at once; 0: all at once [env TESSERA_LOSS_CHUNK_TOKENS]",
+        "micro-batch never exist at once; 0: all at once; unset: see --activation-checkpointing "
+        "[env TESSERA_LOSS_CHUNK_TOKENS]",
     )
     parser.add_argument(
         "--sharding",
@@ -51,9 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from miner.multigpu import init_peer_ranks
+    from miner.multigpu import init_peer_ranks, training_recipe
     from miner.peer import Peer
-    from miner.train import MemoryOptions
     from node.runtime.logs import setup_logging
     from node.runtime.preflight import check_disk, check_port_free
     from node.runtime.shutdown import Stopped, install_stop_handler
@@ -71,7 +80,9 @@ def run(args: argparse.Namespace) -> int:
         check_port_free(args.metrics_port)
     chain, store = connect(args, keypair, "miner", preflight=ranks.is_main)
     ranks.barrier()
-    memory = MemoryOptions(args.activation_checkpointing, args.loss_chunk_tokens)
+    memory = training_recipe(
+        run_cfg, ranks, device, args.activation_checkpointing, args.loss_chunk_tokens
+    )
     peer = Peer(
         run_cfg, keypair, chain, store, state, local_root=local_root(args), device=str(device),
         ranks=ranks, memory=memory, exchange_workers=args.exchange_workers,

@@ -25,7 +25,7 @@ from rich.table import Table
 
 from commands.arg_types import fraction, positive_int
 from commands.node_args import exchange_workers
-from node.runtime.memory import GIB, plan_memory
+from node.runtime.memory import GIB, RECIPES, STEP_TIME, pick_recipe, plan_memory
 from node.runtime.plan import (
     HARDWARE,
     REFERENCE,
@@ -119,12 +119,16 @@ def figures(run: RunConfig, box: Box, p: Plan) -> dict[str, Any]:
 
 
 def memory(run: RunConfig, box: Box, gpu_gib: float | None) -> dict[str, Any]:
-    """Memory per GPU of one peer under DDP and FSDP2 on the box's GPUs."""
+    """Memory per GPU of one peer under DDP and FSDP2 on the box's GPUs, with the fastest
+    training recipe that fits (the smallest where none does)."""
     gib = gpu_gib if gpu_gib is not None else box.hardware.memory_gib
     out: dict[str, Any] = {"gpus": box.devices, "gpu_gib": gib}
     for strategy in ("ddp", "fsdp2"):
-        m = plan_memory(run, box.devices, strategy)
+        recipe = pick_recipe(run, box.devices, strategy, int(gib * GIB))
+        m = plan_memory(run, box.devices, strategy, recipe)
         out[strategy] = {
+            "recipe": recipe.describe(),
+            "step_time": STEP_TIME[RECIPES.index(recipe)],
             "state_gib": m.state / GIB, "transient_gib": m.transient / GIB,
             "activations_gib": m.activations / GIB, "total_gib": m.total / GIB,
             "host_gib": m.host / GIB, "exchange_host_gib": m.exchange_host / GIB,
@@ -198,9 +202,18 @@ def _print(rows: list[dict[str, Any]]) -> None:
     for strategy in ("ddp", "fsdp2"):
         t.add_row(f"memory per GPU, {strategy.upper()}*", *(_memory_cell(r["memory"], strategy)
                                                         for r in rows))  # fmt: skip
+        t.add_row(f"training recipe, {strategy.upper()}", *(_recipe_cell(r["memory"], strategy)
+                                                         for r in rows))  # fmt: skip
     console = Console()
     console.print(t)
-    console.print("* activations in it: an estimate for one micro-batch (node/runtime/memory.py)")
+    console.print(
+        "* with the fastest training recipe that fits (node/runtime/memory.py: activations and "
+        "step times measured on one H100 at 1B)"
+    )
+
+
+def _recipe_cell(m: dict[str, Any], strategy: str) -> str:
+    return f"{m[strategy]['recipe']} ({m[strategy]['step_time']:.2f}× step time)"
 
 
 def _memory_cell(m: dict[str, Any], strategy: str) -> str:

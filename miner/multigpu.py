@@ -1,7 +1,8 @@
 """How the peer is laid over this box's ranks: DDP or FSDP2, and the weights layout that goes with it.
 
 `init_peer_ranks` joins the process group (`miner.ranks.init_ranks`) and, under torchrun, picks
-DDP or FSDP2 (`miner.fsdp`) by `node.runtime.memory.pick_sharding`; `peer_weights` is the weights
+DDP or FSDP2 (`miner.fsdp`) by `node.runtime.memory.pick_sharding`; `training_recipe` picks how
+the inner loop trades compute for memory on those ranks; `peer_weights` is the weights
 accessor of those ranks: whole tensors (`miner.weights.Weights`) or dim-0 shards
 (`miner.sharded_weights.ShardedWeights`).
 """
@@ -15,11 +16,11 @@ import torch
 from codec.spec import ModelSpec
 from miner.ranks import DistributedRanks, Ranks, init_ranks
 from miner.weights import Weights
-from node.runtime.memory import Sharding, pick_sharding
+from node.runtime.memory import PLAIN, MemoryOptions, Sharding, pick_recipe, pick_sharding
 from node.strategy import Strategy
 from protocol.runconfig import RunConfig
 
-__all__ = ["init_peer_ranks", "peer_weights"]
+__all__ = ["init_peer_ranks", "peer_weights", "training_recipe"]
 
 log = logging.getLogger(f"tessera.{__name__}")
 
@@ -54,3 +55,24 @@ def init_peer_ranks(device: str, run: RunConfig, sharding: Sharding) -> tuple[Ra
     from miner.fsdp import ShardedRanks  # imports torch._dynamo (seconds): only if used
 
     return ShardedRanks(ranks.rank, ranks.world, dev), dev
+
+
+def training_recipe(
+    run: RunConfig,
+    ranks: Ranks,
+    device: torch.device,
+    checkpoint_layers: bool | None,
+    loss_chunk_tokens: int | None,
+) -> MemoryOptions:
+    """The operator's recipe where either option is given; otherwise, on a GPU, the fastest one
+    whose memory plan fits it (`node.runtime.memory.pick_recipe`), and on the CPU activations
+    kept."""
+    if checkpoint_layers is not None or loss_chunk_tokens is not None:
+        return MemoryOptions(bool(checkpoint_layers), loss_chunk_tokens or 0)
+    if device.type != "cuda":
+        return PLAIN
+    memory = torch.cuda.get_device_properties(device).total_memory
+    picked = pick_recipe(run, ranks.world, "fsdp2" if ranks.sharded else "ddp", memory)
+    if ranks.is_main:
+        log.info("training recipe: %s (the fastest the memory plan fits)", picked.describe())
+    return picked

@@ -46,10 +46,11 @@ from miner.flight import Exchanged, Flight
 from miner.metrics import PeerMetrics
 from miner.multigpu import peer_weights
 from miner.ranks import Ranks
-from miner.train import PLAIN, InnerResult, MemoryOptions, make_optimizer, train_window
+from miner.train import InnerResult, make_optimizer, train_window
 from node.data.batches import assigned_batches, open_run_dataset
 from node.model.llama import build_model
 from node.runtime.clock import ChainClock
+from node.runtime.memory import PLAIN, MemoryOptions
 from node.runtime.phases import Phases
 from node.runtime.preflight import explain_os_error
 from node.runtime.progress import tracked

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from node.runtime.memory import PLAIN, MemoryOptions
 from protocol.runconfig import RunConfig
 
 
@@ -68,19 +69,6 @@ def lm_loss(model: torch.nn.Module, batch: torch.Tensor, chunk_tokens: int = 0) 
         return model(batch[:, :-1], targets=batch[:, 1:], loss_chunk_tokens=chunk_tokens)
     logits = model(batch[:, :-1])
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
-
-
-@dataclass(frozen=True)
-class MemoryOptions:
-    """How the inner loop trades compute for memory: the same maths in other roundings (float
-    tolerance, `tests/unit/test_train_memory.py`), so each peer picks its own."""
-
-    checkpoint_layers: bool = False  # recompute each decoder layer's activations in backward
-    loss_chunk_tokens: int = 0  # cross-entropy over this many positions at a time (0: all)
-
-
-PLAIN = MemoryOptions()
-"""Activations kept, the loss over all positions at once."""
 
 
 def _causal_lm(model: torch.nn.Module) -> torch.nn.Module:

@@ -23,10 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument(
         "what",
-        choices=["codec", "exchange", "probe", "train"],
+        choices=["codec", "exchange", "probe", "step", "train"],
         help="codec: index coder, values, compression speed; exchange: decoding and aggregating "
         "a window's updates at a preset's shapes; probe: the validator's loss probe of one "
-        "update at a preset's shapes; train: strategies' held-out loss",
+        "update at a preset's shapes; step: the inner loop's speed and memory per training "
+        "recipe; train: strategies' held-out loss",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument(
@@ -72,6 +73,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=64,
         help="random and own samples per probe (default 64)",
     )
+    step = parser.add_argument_group("step")
+    step.add_argument(
+        "--rows",
+        type=positive_int,
+        default=None,
+        help="sequences per inner step (default: four micro-batches); --repeats steps are timed",
+    )
     train.add_arguments(parser)
 
 
@@ -88,6 +96,10 @@ def run(args: argparse.Namespace) -> int:
         from lab.bench import probe_cli
 
         return probe_cli.run(args)
+    if args.what == "step":
+        from lab.bench import step_cli
+
+        return step_cli.run(args)
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -32,10 +32,15 @@ decoded until the sum (3 B per kept entry: int16 position, code, `codec.pool`), 
 shared memory until decoded (`WIRE_BYTES_PER_ENTRY`), and each worker's index-decoder buffer for
 the largest stream (`codec.native.index_decode.scratch_bytes`; 16 workers, the most `auto` picks).
 
-Activations are an estimate, not a measurement: ``34·hidden`` bytes per token per layer (bf16,
-attention through SDPA without the score matrix, no recomputation; Korthikanti et al. 2022)
-plus the logits, ``6·vocab`` bytes per token (bf16 logits and their fp32 loss copy), for one
-micro-batch. A CUDA context and allocator slack add ``OVERHEAD`` per GPU.
+Activations follow the training recipe (`MemoryOptions`), from constants measured on a GPU
+(`tessera bench step --preset 1B --device cuda`: the peak of allocated memory above the weights,
+gradients and AdamW moments, one H100, bf16 autocast over fp32 weights, micro-batch 8 × 2,048):
+``ACTIVATION_BYTES`` per hidden unit per layer per token kept for the backward pass (the fp32
+residual stream and RMSNorm inputs, the bf16 matmul inputs, SwiGLU's three intermediates), the
+logits' ``LOGIT_BYTES`` per vocabulary entry per token (bf16 logits, their fp32 copy, the fp32
+softmax and its gradient) for all positions at once or, with a chunked loss, one chunk's; with
+activation checkpointing only each layer's fp32 input is kept, plus one layer recomputed at a
+time. A CUDA context and allocator slack add ``OVERHEAD`` per GPU.
 """
 
 from __future__ import annotations
@@ -47,7 +52,17 @@ from typing import Literal
 from codec.spec import CodecParams
 from protocol.runconfig import ModelConfig, RunConfig
 
-__all__ = ["OVERHEAD", "SHARDINGS", "MemoryPlan", "pick_sharding", "plan_memory"]
+__all__ = [
+    "OVERHEAD",
+    "PLAIN",
+    "RECIPES",
+    "SHARDINGS",
+    "MemoryOptions",
+    "MemoryPlan",
+    "pick_recipe",
+    "pick_sharding",
+    "plan_memory",
+]
 
 GIB = 1 << 30
 OVERHEAD = 2 * GIB
@@ -57,7 +72,34 @@ EF_BYTES = 4
 FP32 = 4  # a pseudo-gradient, a mean, a momentum
 SAVED_BYTES = 12  # what state.pt holds per parameter besides the outer state: weights, moments
 DECODED_BYTES_PER_ENTRY = 3  # a decode worker's kept entry: int16 position and its code byte
+ACTIVATION_BYTES = 75  # per hidden unit, layer and token, kept for the backward pass (measured)
+LOGIT_BYTES = 11  # per vocabulary entry and token of the loss (measured)
+CHECKPOINT_BYTES = 4  # per hidden unit, layer and token with checkpointing: the fp32 layer input
 WIRE_BYTES_PER_ENTRY = 1.2  # an update on the wire: about 9.3 bits per kept entry
+
+
+@dataclass(frozen=True)
+class MemoryOptions:
+    """How the inner loop trades compute for memory: the same maths in other roundings (float
+    tolerance, `tests/unit/test_train_memory.py`), so each peer picks its own."""
+
+    checkpoint_layers: bool = False  # recompute each decoder layer's activations in backward
+    loss_chunk_tokens: int = 0  # cross-entropy over this many positions at a time (0: all)
+
+    def describe(self) -> str:
+        parts = ["layers recomputed"] if self.checkpoint_layers else []
+        if self.loss_chunk_tokens:
+            parts.append(f"loss in chunks of {self.loss_chunk_tokens:,}")
+        return ", ".join(parts) or "activations kept"
+
+
+PLAIN = MemoryOptions()
+"""Activations kept, the loss over all positions at once."""
+LOSS_CHUNK = 4096
+RECIPES = (PLAIN, MemoryOptions(False, LOSS_CHUNK), MemoryOptions(True, LOSS_CHUNK))
+"""From the fastest to the smallest."""
+STEP_TIME = (1.0, 1.08, 1.30)
+"""Each recipe's inner-step time against `PLAIN`'s (measured: one H100 at 1B)."""
 
 Strategy = Literal["ddp", "fsdp2"]
 Sharding = Literal["ddp", "fsdp2", "auto"]
@@ -75,6 +117,7 @@ class MemoryPlan:
     host: int  # rank 0's host memory while it writes state.pt
     exchange_host: int = 0  # rank 0's host memory for the exchange with decode workers
     overhead: int = OVERHEAD
+    options: MemoryOptions = PLAIN  # the training recipe the activations are for
 
     @property
     def total(self) -> int:
@@ -93,10 +136,16 @@ def _unit_params(m: ModelConfig) -> tuple[int, int]:
     return max(layer, root), largest_tensor
 
 
-def activation_bytes(run: RunConfig) -> int:
+def activation_bytes(run: RunConfig, options: MemoryOptions = PLAIN) -> int:
+    """Bytes one micro-batch keeps for its backward pass under `options` (module docstring)."""
     m = run.model
     tokens = run.micro_batch_size * run.seq_len
-    return tokens * (34 * m.hidden_size * m.n_layers + 6 * m.vocab_size)
+    if options.checkpoint_layers:
+        layers = CHECKPOINT_BYTES * m.hidden_size * m.n_layers + ACTIVATION_BYTES * m.hidden_size
+    else:
+        layers = ACTIVATION_BYTES * m.hidden_size * m.n_layers
+    loss_tokens = min(options.loss_chunk_tokens or tokens, tokens)
+    return tokens * layers + loss_tokens * LOGIT_BYTES * m.vocab_size
 
 
 def outer_bytes(run: RunConfig) -> int:
@@ -105,12 +154,15 @@ def outer_bytes(run: RunConfig) -> int:
     return FP32 * ((o.optimizer == "nesterov") + (o.delay == 1))
 
 
-def plan_memory(run: RunConfig, gpus: int, strategy: Strategy) -> MemoryPlan:
-    """Bytes per GPU of one peer of `run` on `gpus` GPUs (see the module docstring)."""
+def plan_memory(
+    run: RunConfig, gpus: int, strategy: Strategy, options: MemoryOptions = PLAIN
+) -> MemoryPlan:
+    """Bytes per GPU of one peer of `run` on `gpus` GPUs training with `options` (see the
+    module docstring)."""
     if gpus < 1:
         raise ValueError("gpus must be at least 1")
     params = run.param_count()
-    outer, activations = outer_bytes(run), activation_bytes(run)
+    outer, activations = outer_bytes(run), activation_bytes(run, options)
     deltas = FP32 * params // gpus  # the owned tensors' pseudo-gradients
     mean = 0 if run.outer.delay else FP32 * params  # delay 1: held, so part of `outer`
     saved = (SAVED_BYTES + outer) * params
@@ -125,7 +177,17 @@ def plan_memory(run: RunConfig, gpus: int, strategy: Strategy) -> MemoryPlan:
         exchange = deltas + mean // gpus + FP32 * tensor
         host = 2 * saved
     transient = max(training, exchange) - activations
-    return MemoryPlan(strategy, gpus, state, transient, activations, host, exchange_host(run))
+    return MemoryPlan(
+        strategy, gpus, state, transient, activations, host, exchange_host(run), options=options
+    )
+
+
+def pick_recipe(run: RunConfig, gpus: int, strategy: Strategy, gpu_memory: int) -> MemoryOptions:
+    """The fastest of `RECIPES` whose plan fits `gpu_memory` (the smallest when none does)."""
+    for options in RECIPES:
+        if plan_memory(run, gpus, strategy, options).fits(gpu_memory):
+            return options
+    return RECIPES[-1]
 
 
 def exchange_host(run: RunConfig) -> int:
@@ -167,11 +229,13 @@ def _largest_stream_buffer(model: ModelConfig, codec: CodecParams) -> int:
 
 def pick_sharding(choice: Sharding, run: RunConfig, world: int, gpu_memory: int | None) -> Strategy:
     """``ddp`` or ``fsdp2`` for a peer of `run` on `world` ranks; `gpu_memory` is one GPU's
-    bytes (None on the CPU, where ``auto`` means DDP)."""
+    bytes (None on the CPU, where ``auto`` means DDP). ``auto`` keeps DDP where some recipe
+    (`RECIPES`) fits it."""
     if choice not in SHARDINGS:
         raise ValueError(f"sharding must be one of {SHARDINGS}, got {choice!r}")
     if choice != "auto":
         return choice
-    if gpu_memory is None or plan_memory(run, world, "ddp").fits(gpu_memory):
+    if gpu_memory is None:
         return "ddp"
-    return "fsdp2"
+    fits = plan_memory(run, world, "ddp", pick_recipe(run, world, "ddp", gpu_memory))
+    return "ddp" if fits.fits(gpu_memory) else "fsdp2"

@@ -121,6 +121,8 @@ CASES: dict[str, tuple[str, ...]] = {
     "bench: bad workers": ("bench exchange --workers 0,x", "give positive worker counts"),
     "bench: negative numel": ("bench codec --numel -1", "'-1': give 1 or more"),
     "bench: probe preset": ("bench probe --preset nope", "--preset nope: unknown"),
+    "bench: step rows": ("bench step --rows 0", "'0': give 1 or more"),
+    "bench: step preset": ("bench step --preset nope", "--preset nope: unknown"),
     "plan: unknown preset": ("plan --preset huge", "unknown preset 'huge'"),
     "plan: no gpus": ("plan --gpus 0", "'0': give 1 or more"),
     "plan: mfu above one": ("plan --mfu 2", "at most 1"),
@@ -189,3 +191,15 @@ def test_the_list_is_long_enough_and_covers_every_command() -> None:
     assert len(CASES) >= 40
     covered = {line.split()[0] for line, _ in CASES.values()}
     assert covered >= set(COMMANDS) - {"doctor", "entrypoint"}  # their own report formats
+
+
+def test_a_bad_boolean_in_the_environment_ends_in_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TESSERA_ACTIVATION_CHECKPOINTING", "yes")
+    with pytest.raises(SystemExit) as stop:
+        main(["miner", "--help"])
+    assert (
+        stop.value.code
+        == "tessera miner: TESSERA_ACTIVATION_CHECKPOINTING='yes': set it to 1 or 0, or unset it"
+    )

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from miner.train import MemoryOptions, lm_loss, make_optimizer, train_window
+from miner.train import lm_loss, make_optimizer, train_window
 from node.model.llama import build_model
+from node.runtime.memory import MemoryOptions
 from protocol.runconfig import RunConfig
 
 RUN = RunConfig.preset("tiny", inner_steps=3, optimizer={"warmup_steps": 1})

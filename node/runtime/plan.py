@@ -43,14 +43,15 @@ from protocol.runconfig import ModelConfig, RunConfig
 from protocol.windows import WindowSchedule
 
 MFU = 0.40
-"""Model-FLOPs utilisation assumed on GPUs (the users' reference, issue 15)."""
+"""Model-FLOPs utilisation assumed on GPUs (the users' reference; measured: 1B on one H100,
+25–33 %, `tessera bench step`)."""
 
-GPU_HOST_EXCHANGE_RATE = 38.5e6
+GPU_HOST_EXCHANGE_RATE = 66.1e6
 """Entries per second the host of a GPU box decodes and sums a window's updates with 16 decode
-workers (`--exchange-workers`, `codec.pool`): measured on the 16-core host of one H200 at the
+workers (`--exchange-workers`, `codec.pool`): measured on the 16-core host of one H100 at the
 1B preset's shapes, the slower of two arrival orders, `tessera bench exchange --preset 1B
---peers 8 --layers 4 --workers 16` (2026-11-26: 38.5 and 40.9 M/s; one worker 7.0 M/s). The
-reference boxes have at least as many cores."""
+--peers 8 --layers 4 --workers 1,4,16 --device cuda` (2026-11-26: 66.7 and 66.1 M/s; one worker
+15.6 M/s). The reference boxes have at least as many cores."""
 
 CPU_EXCHANGE_RATE = 2.2e6
 """Entries per second the `tiny` preset's exchange runs at on its reference (one thread of the

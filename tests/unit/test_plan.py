@@ -53,7 +53,7 @@ def test_a_short_8b_window_and_the_exchange_rate() -> None:
     assert p.tokens == 7_864_320
     assert p.compute_s == pytest.approx(119.0, rel=0.02)
     assert p.window_s == 360 and p.busy == pytest.approx(0.33, abs=0.005)
-    assert p.decode_s == pytest.approx(20 * entries(short, model_spec(short.model)) / 38.5e6)
+    assert p.decode_s == pytest.approx(20 * entries(short, model_spec(short.model)) / 66.1e6)
     assert p.fits
     one_thread = plan(short, Box("h100", 8, 1.0, mfu=0.40, exchange_rate=7.0e6))
     assert not one_thread.fits and one_thread.decode_s > 5 * p.decode_s

@@ -32,6 +32,19 @@ def port(text: str) -> int:
     return value
 
 
+def listen_address(text: str) -> str:
+    """An IP address to listen on (127.0.0.1, 0.0.0.0, ::1, ...)."""
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an IP address: use 127.0.0.1 (this machine only) or 0.0.0.0 (every "
+            "interface)"
+        ) from None
+
+
 def _whole(text: str) -> int:
     try:
         return int(text)

@@ -325,8 +325,8 @@ def health(environ: dict[str, str], timeout: float = 5.0) -> str | None:
         return f"metrics on port {port} do not answer: {exc}"
     values = {s.name: s.value for f in text_string_to_metric_families(body) for s in f.samples}
     progress, window_s = (
-        values.get("tessera_last_progress_unixtime"),
-        values.get("tessera_window_seconds"),
+        values.get("tessera_last_progress_timestamp_seconds"),
+        values.get("tessera_window_length_seconds"),
     )
     if progress is None or window_s is None:
         return f"port {port} does not serve Tessera metrics"

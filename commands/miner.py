@@ -7,7 +7,7 @@ import argparse
 import logging
 import os
 
-from commands.arg_types import non_negative_int, port
+from commands.arg_types import non_negative_int
 from commands.node_args import (
     add_node_arguments,
     connect,
@@ -29,12 +29,6 @@ def _env_flag(name: str) -> bool | None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_node_arguments(parser)
-    parser.add_argument(
-        "--metrics-port",
-        type=port,
-        default=os.environ.get("TESSERA_METRICS_PORT", "0"),
-        help="serve Prometheus metrics on this port, 0: off [env TESSERA_METRICS_PORT]",
-    )
     parser.add_argument(
         "--activation-checkpointing",
         action=argparse.BooleanOptionalAction,
@@ -77,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     state = state_dir(args, "state", run_cfg, keypair.ss58_address)
     check_disk(state, needed=1 << 26)
     if args.metrics_port and ranks.is_main:
-        check_port_free(args.metrics_port)
+        check_port_free(args.metrics_port, args.metrics_host)
     chain, store = connect(args, keypair, "miner", preflight=ranks.is_main)
     ranks.barrier()
     memory = training_recipe(
@@ -88,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         ranks=ranks, memory=memory, exchange_workers=args.exchange_workers,
     )  # fmt: skip
     if args.metrics_port and ranks.is_main:
-        peer.metrics.serve(args.metrics_port)
+        peer.metrics.serve(args.metrics_port, args.metrics_host)
     logging.getLogger("tessera.miner").info(
         "run %s, uid %d, starting at window %d", run_cfg.run_id, peer.uid, peer.next_window
     )

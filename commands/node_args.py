@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from substrateinterface import Keypair
 
-from commands.arg_types import device, positive_int
+from commands.arg_types import device, listen_address, port, positive_int
 from node.runtime.atomic_files import remove_stale_temporaries
 from protocol.chain.base import Chain
 from protocol.chain.url import NETWORKS
@@ -112,6 +112,19 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["text", "json"],
         default=env("TESSERA_LOG_FORMAT", "text"),
         help="text lines or JSON lines [env TESSERA_LOG_FORMAT]",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=port,
+        default=env("TESSERA_METRICS_PORT", "0"),
+        help="serve Prometheus metrics on this port, 0: off [env TESSERA_METRICS_PORT]",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        type=listen_address,
+        default=env("TESSERA_METRICS_HOST", "127.0.0.1"),
+        help="the address the metrics listen on: 127.0.0.1 for this machine only, 0.0.0.0 for "
+        "every interface (inside a container that publishes the port) [env TESSERA_METRICS_HOST]",
     )
     parser.add_argument(
         "--exchange-workers",

@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from node.runtime.logs import setup_logging
-    from node.runtime.preflight import check_disk
+    from node.runtime.preflight import check_disk, check_port_free
     from node.runtime.shutdown import Stopped, install_stop_handler
     from validator.config import ValidatorConfig
     from validator.loop import Validator
@@ -47,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
     keypair = load_key(args)
     state = state_dir(args, "validator", run_cfg, keypair.ss58_address)
     check_disk(state)
+    if args.metrics_port:
+        check_port_free(args.metrics_port, args.metrics_host)
     chain, store = connect(args, keypair, "validator")
     cfg = ValidatorConfig(
         weights_every=args.weights_every,
@@ -58,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
         run_cfg, keypair, chain, store, state, cfg, local_root=local_root(args), device=args.device,
         exchange_workers=args.exchange_workers,
     )  # fmt: skip
+    if args.metrics_port:
+        validator.metrics.serve(args.metrics_port, args.metrics_host)
     logging.getLogger("tessera.validator").info(
         "run %s, uid %d, starting at window %d", run_cfg.run_id, validator.uid,
         validator.next_window,

@@ -135,8 +135,8 @@ class Peer:
         self.pooled = (
             PooledExchange.start(run, self.spec, exchange_workers) if self.ranks.is_main else None
         )
-        self.metrics = PeerMetrics()
-        self.metrics.window_seconds.set(run.timing.blocks_per_window * run.timing.block_time_s)
+        self.metrics = PeerMetrics(run.timing.blocks_per_window * run.timing.block_time_s)
+        self.metrics.identify(self.uid, keypair.ss58_address, run.run_id)
         self.delay = run.outer.delay
         self._flight: Flight | None = None  # the exchange in the air (`miner.flight`)
         self._exchanged: Flight | None = None  # the one this window landed (for its report)
@@ -231,7 +231,6 @@ class Peer:
 
     def _record(self, r: WindowReport) -> None:
         m = self.metrics
-        m.window.set(r.window)
         m.loss.set(r.loss)
         m.tokens_per_s.set(r.tokens_per_s)
         m.bytes_up.inc(r.upload_bytes)
@@ -239,7 +238,7 @@ class Peer:
         total = len(r.gathered) + len(r.dropped)
         m.gather_ok.set(len(r.gathered) / total if total else 0.0)
         m.window_lag.set(self.current_window() - r.window)
-        m.progress.set(time.time())
+        m.finished(r.window, r.seconds)
 
     def current_window(self) -> int:
         return self.clock.current_window()

@@ -72,6 +72,7 @@ from validator.classify import Measured, PeerCheck, check_window, mark_norm_outl
 from validator.config import ValidatorConfig
 from validator.copies import Sketch, SketchHistory, aggregate_sketch, sketch
 from validator.fetching import Upload, clear_spool, fetch_uploads, window_spool
+from validator.metrics import ValidatorMetrics
 from validator.ratings import Book, WindowOutcome
 from validator.reports import ScoreReport, WindowResult, build_report
 from validator.reveal import (
@@ -138,6 +139,8 @@ class Validator:
         self._reveal: SampleReveal | None = None  # the secret of the window being scored
         self._wrap_up_s: float | None = None  # the last window's work after scoring
         self._publish_s: float | None = None  # the last decision's publishing, as the lead
+        self.metrics = ValidatorMetrics(run.timing.blocks_per_window * run.timing.block_time_s)
+        self.metrics.identify(uid, keypair.ss58_address, run.run_id)
         clear_spool(state_dir)  # a crashed run's spool files
         self._restore()
 
@@ -184,12 +187,15 @@ class Validator:
         model must replay every aggregate; windows already past are fetched without waiting)."""
         reports = []
         for _ in range(windows):
+            begun = time.monotonic()
             try:
                 report = self.run_window(self.next_window)
             except BlockPruned as exc:  # down too long for a non-archive node: replay, go on
                 self._skip_pruned(exc)
                 continue
             reports.append(report)
+            took = {"window": time.monotonic() - begun, "after scoring": self._wrap_up_s or 0.0}
+            self.metrics.record(report, took)
             append_line(self.state_dir / REPORTS, report.model_dump_json())
             prune_own_bucket(
                 self.store, self.run, self.uid, self.keypair.ss58_address, report.window

@@ -49,13 +49,14 @@ def check_disk(directory: Path, needed: int = MIN_FREE_BYTES) -> None:
         )
 
 
-def check_port_free(port: int) -> None:
-    """The metrics port can be bound on every interface (as the metrics server will), so a busy
-    port stops the node before it touches its bucket or the chain."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+def check_port_free(port: int, host: str = "127.0.0.1") -> None:
+    """The metrics port can be bound on `host` (as the metrics server will), so a busy port stops
+    the node before it touches its bucket or the chain."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            probe.bind(("", port))
+            probe.bind((host, port))
         except OSError as exc:
             raise PreflightError(
                 f"--metrics-port {port} is in use ({exc.strerror}): pick a free port, or 0 for off"

@@ -206,3 +206,59 @@ def test_every_compose_variable_is_in_env_example_and_back() -> None:
     used = set(re.findall(r"(?<!\$)\$\{([A-Z][A-Z0-9_]*)", text)) - {"HOME"}
     documented = set(_env_lines(DOCKER / ".env.example"))
     assert used == documented, (used - documented, documented - used)
+
+
+# -- the monitoring profile ----------------------------------------------------------------------
+
+MONITORING = DOCKER / "monitoring"
+
+
+def _served_series() -> set[str]:
+    """Every series name a miner's and a validator's registries serve (counters with ``_total``)."""
+    from miner.metrics import PeerMetrics
+    from validator.metrics import ValidatorMetrics
+
+    names: set[str] = set()
+    for metrics in (PeerMetrics(60.0), ValidatorMetrics(60.0)):
+        for family in metrics.registry.collect():
+            names.add(family.name)
+            names.update(s.name for s in family.samples)
+    return names
+
+
+def test_the_dashboard_queries_only_series_the_nodes_serve() -> None:
+    dashboard = json.loads((MONITORING / "grafana" / "dashboards" / "tessera.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    queried = {name for e in exprs for name in re.findall(r"\btessera_[a-z_]+", e)}
+    assert not queried - _served_series(), queried - _served_series()
+    # what an operator opens it for: loss, throughput, pay and verdicts
+    wanted = {"tessera_miner_inner_loss", "tessera_miner_tokens_per_second",
+              "tessera_validator_weight", "tessera_validator_peers"}  # fmt: skip
+    assert wanted <= queried
+
+
+@needs_compose
+def test_prometheus_scrapes_every_node_where_it_listens(project: Path) -> None:
+    """Each target of docker/monitoring/prometheus.yml is a node service of the compose file whose
+    metrics listen on that port on every interface of its container; the monitoring services
+    publish on 127.0.0.1 only and mount files that exist."""
+    import yaml
+
+    services = render(project, "miner", "validator", "local", "monitoring")["services"]
+    config = yaml.safe_load((MONITORING / "prometheus.yml").read_text())
+    targets = [
+        t for job in config["scrape_configs"] for s in job["static_configs"] for t in s["targets"]
+    ]
+    assert len(targets) == 4
+    for target in targets:
+        name, port = target.split(":")
+        env = services[name]["environment"]
+        assert env["TESSERA_METRICS_PORT"] == port, name
+        assert env.get("TESSERA_METRICS_HOST") == "0.0.0.0", name  # reachable from Prometheus
+        assert [p["target"] for p in services[name]["ports"]] == [int(port)], name
+    for name in ("prometheus", "grafana"):
+        assert all(p["host_ip"] == "127.0.0.1" for p in services[name]["ports"])
+        for volume in services[name]["volumes"]:
+            if volume["type"] == "bind":
+                relative = Path(volume["source"]).relative_to(project)
+                assert (DOCKER / relative).exists(), relative

@@ -172,8 +172,7 @@ def test_health_is_the_metrics_endpoint_answering_and_the_windows_moving() -> No
     port = _free_port()
     env = {"TESSERA_METRICS_PORT": str(port)}
     assert "do not answer" in (health(env, timeout=2) or "")
-    metrics = PeerMetrics()
-    metrics.window_seconds.set(60.0)
+    metrics = PeerMetrics(60.0)
     metrics.serve(port)
     assert health(env) is None  # just started
     stuck_for = STUCK_WINDOWS * 60.0 + STUCK_GRACE_S + 5

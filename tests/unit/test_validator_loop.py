@@ -3,13 +3,17 @@ published history instead of starting from the initial weights; its scoring keep
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 from substrateinterface import Keypair
 
 from codec.aggregate import update_norm
@@ -299,3 +303,77 @@ def test_a_lead_whose_spool_disk_is_full_decides_nothing_and_rates_nobody(
     assert v.book.final_scores() == before and v.next_window == window + 1
     chain.close()
     admin.close()
+
+
+def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        body = r.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(body)
+        for s in family.samples
+    }
+
+
+def test_the_metrics_say_what_the_window_decided(tmp_path: Path) -> None:
+    """A lead validator decides window 1 with two peers' updates; its Prometheus endpoint (on
+    127.0.0.1) then serves who it is, the window, its phases, the verdicts, rules and weights
+    of the published report."""
+    clock, admin, chain = _chain(tmp_path, validators=1)
+    for i, key in enumerate(KEYS):
+        chain.commit(key, render_commitment(commitment_for(f"file://{tmp_path}?bucket=bucket{i}")))
+    store = open_store(f"file://{tmp_path}?bucket=bucket0")
+    v = Validator(RUN, KEYS[0], chain, store, tmp_path / "state0", local_root=tmp_path)
+    window = 1
+    gen = torch.Generator().manual_seed(1)
+    for uid in (2, 3):  # two peers' updates of window 1, in their buckets
+        comp = Compressor(v.spec, RUN.codec)
+        sparse = [
+            comp.compress(n, torch.randn(p.shape, generator=gen) * 1e-3, 0.95)
+            for n, p in v.model.named_parameters()
+        ]
+        peer = open_store(f"file://{tmp_path}?bucket=bucket{uid}")
+        key = update_key(RUN.run_id, window, uid, KEYS[uid].ss58_address)
+        peer.put(key, encode_signed(sparse, RUN, v.spec, window, uid, KEYS[uid]))
+        stored = GENESIS + (v.clock.schedule.first_block(window) + 1) * BLOCK_TIME  # chain time
+        [path] = tmp_path.glob(f"bucket{uid}/**/{key.rsplit('/', 1)[-1]}")
+        os.utime(path, (stored, stored))
+    clock.at(v.clock.gather_block(window) + 1)
+    v.next_window = window
+    port = _free_port()
+    v.metrics.serve(port)
+    [report] = v.run_windows(1)
+    got = _scrape(port)
+    info = (("hotkey", KEYS[0].ss58_address), ("role", "validator"), ("run_id", RUN.run_id),
+            ("uid", "0"))  # fmt: skip
+    assert got[("tessera_node_info", info)] == 1
+    assert got[("tessera_window", ())] == window
+    assert got[("tessera_phase_seconds", (("phase", "window"),))] > 0
+    assert time.time() - got[("tessera_last_progress_timestamp_seconds", ())] < 60
+    verdicts = {
+        dict(k)["verdict"]: n for (name, k), n in got.items() if name == "tessera_validator_peers"
+    }
+    assert set(verdicts) == {v.value for v in Verdict}  # every verdict has a series, 0 or more
+    assert sum(verdicts.values()) == len(report.peers)
+    for p in report.peers:
+        assert verdicts[p.verdict.value] >= 1
+        assert got[("tessera_validator_rule_peers", (("rule", p.rule),))] >= 1
+    weights = {
+        int(dict(k)["uid"]): w for (name, k), w in got.items() if name == "tessera_validator_weight"
+    }
+    assert weights == pytest.approx(report.weights)  # none yet after one window: no series
+    assert got[("tessera_validator_selected_updates", ())] == len(report.selected) == 3
+    assert got[("tessera_validator_applied_updates", ())] == len(report.aggregated)
+    assert (
+        got[("tessera_validator_fetched_bytes_total", ())]
+        == sum(p.n_bytes for p in report.peers)
+        > 0
+    )
+    chain.close()
+    admin.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -25,7 +25,7 @@ Every method is a collective: all ranks call it in the same order (tensors in sp
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -261,7 +261,8 @@ def load_full(model: torch.nn.Module, full: Mapping[str, torch.Tensor] | None) -
     """Set every (sharded) parameter from rank 0's `full` values (collective; others pass None)."""
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
-            p.to_local().copy_(scatter(full[name] if full is not None else None, p))
+            shard = cast(DTensor, p)  # FSDP2 made every parameter a DTensor
+            shard.to_local().copy_(scatter(full[name] if full is not None else None, shard))
 
 
 def full_state(
@@ -270,8 +271,8 @@ def full_state(
     """The model's and the optimizer's whole state dicts on the CPU (collective; the
     optimizer's keyed by parameter name)."""
     return (
-        get_model_state_dict(model, options=_FULL),
-        get_optimizer_state_dict(model, optimizer, options=_FULL),
+        cast(dict[str, torch.Tensor], get_model_state_dict(model, options=_FULL)),
+        cast(dict[str, Any], get_optimizer_state_dict(model, optimizer, options=_FULL)),
     )
 
 

@@ -108,7 +108,7 @@ def train_window(
     """Run the inner steps of `window` on `batches`; `on_step(step, loss)` reports progress. The
     losses stay on the device until the step is done (one host sync per step)."""
     model.train()
-    _causal_lm(model).checkpoint_layers = memory.checkpoint_layers
+    setattr(_causal_lm(model), "checkpoint_layers", memory.checkpoint_layers)  # noqa: B010
     losses: list[float] = []
     tokens = 0
     start = time.perf_counter()

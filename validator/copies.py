@@ -222,7 +222,8 @@ def explain(x: Sketch, pool: Sequence[Sketch], max_sources: int = MAX_SOURCES) -
             cols.append((s, a))
             alone.append(float(target @ a) ** 2 / (na * energy))
     short = [cols[i] for i in np.argsort(alone)[::-1][:_SHORTLIST]]
-    residual, basis, chosen = target.copy(), [], []
+    residual, chosen = target.copy(), []
+    basis: list[np.ndarray] = []
     for _ in range(min(max_sources, len(short))):
         best, best_gain, best_dir = None, 0.0, None
         for j, (_, a) in enumerate(short):
@@ -238,7 +239,7 @@ def explain(x: Sketch, pool: Sequence[Sketch], max_sources: int = MAX_SOURCES) -
             gain = float(residual @ d) ** 2
             if gain > best_gain:
                 best, best_gain, best_dir = j, gain, d
-        if best is None or best_gain <= 1e-6 * energy:
+        if best is None or best_dir is None or best_gain <= 1e-6 * energy:
             break
         chosen.append(best)
         basis.append(best_dir)

@@ -25,7 +25,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
 import torch
@@ -409,7 +409,7 @@ class Validator:
     def _publish(self, window: int, report: ScoreReport) -> None:
         run_id, hk, uid = self.run.run_id, self.keypair.ss58_address, self.uid
         body = {"run_id": run_id, "window": window, "uid": uid, "fingerprint": self.fingerprint}
-        steps = [
+        steps: list[tuple[str, Callable[[], object]]] = [
             ("fingerprint", lambda: self.store.put(
                 fingerprint_key(run_id, window, uid, hk), json.dumps(body).encode())),
             ("scores", lambda: self.store.put(

@@ -53,8 +53,8 @@ class WindowScorer:
             {
                 u: c.upload.fetched.update
                 for u, c in checks.items()
-                if c.upload and c.upload.fetched.ok
-            }  # type: ignore[misc]
+                if c.upload and c.upload.fetched.update is not None
+            }
         )
         self.accepted = [u for u in self.fetched if _finite_ok(checks[u])]
         consensus = book.consensus({u: checks[u].hotkey for u in self.accepted})

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 
 import numpy as np
 import torch
@@ -100,8 +101,8 @@ def index_speed(
             idx = torch.from_numpy(random_subsets(rng, n_chunks, CHUNK, k)).to(dev)
             data = indices.encode(idx, CHUNK)
             indices.decode(data, device=dev)  # warm the tables (and the kernels)
-            enc = best_seconds(lambda idx=idx: indices.encode(idx, CHUNK), repeats, dev)
-            dec = best_seconds(lambda d=data: indices.decode(d, device=dev), repeats, dev)
+            enc = best_seconds(partial(indices.encode, idx, CHUNK), repeats, dev)
+            dec = best_seconds(partial(indices.decode, data, device=dev), repeats, dev)
             row = {
                 "k": k,
                 "encode_M_per_s": idx.numel() / enc / 1e6,
@@ -109,7 +110,7 @@ def index_speed(
             }
             if dev.type == "cuda":
                 rounds = best_seconds(
-                    lambda d=data: indices.decode(d, device=dev, triton=True), repeats, dev
+                    partial(indices.decode, data, device=dev, triton=True), repeats, dev
                 )
                 row["decode_triton_M_per_s"] = idx.numel() / rounds / 1e6
                 copy = best_seconds(idx.clone, repeats, dev)

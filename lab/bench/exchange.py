@@ -33,6 +33,7 @@ from lab.bench.codec import one_thread
 from lab.bench.compress import student_t3
 from node.runtime.plan import layers_spec, model_spec
 from node.strategy import make_strategy
+from node.strategy.base import Meta
 from protocol.runconfig import RunConfig
 
 __all__ = ["bench_exchange", "encode_updates"]
@@ -48,7 +49,7 @@ def encode_updates(run: RunConfig, spec: ModelSpec, peers: int, seed: int = 0) -
         deltas = {t.name: student_t3(t.shape, gen).mul_(scale) for t in spec.tensors}
         with torch.no_grad():
             pieces = strategy.encode(deltas, window=10**6)  # past the error-feedback freeze
-        meta = {"run_id": run.run_id, "window": 0, "uid": uid, "hotkey": "5" * 48}
+        meta: Meta = {"run_id": run.run_id, "window": 0, "uid": uid, "hotkey": "5" * 48}
         out[uid] = strategy.to_bytes(pieces, meta, lambda _d: bytes(64))
         del deltas, pieces
     return out

@@ -83,7 +83,7 @@ def collect(
     # the windows the honest peers trained (the validator runs one more, in case they start late)
     trained = {w for m in world.of_kind("honest") for w in peer_logs[m.name]}
     windows = sorted(trained or scores)
-    rows = []
+    rows: list[WindowRow] = []
     for w in windows:
         by_uid = {p["uid"]: p for p in scores.get(w, {}).get("peers", [])}
         weights = {int(k): v for k, v in scores.get(w, {}).get("weights", {}).items()}
@@ -118,8 +118,8 @@ def collect(
                 peers=peers,
             )
         )
-    trained = [r for r in rows if any(p.kind == "honest" and p.loss for p in r.peers)]
-    last = (trained or rows)[-1].peers if rows else []
+    trained_rows = [r for r in rows if any(p.kind == "honest" and p.loss for p in r.peers)]
+    last = (trained_rows or rows)[-1].peers if rows else []
     return SimReport(
         run_id=world.run.run_id,
         dense_bytes=dense_bytes,

@@ -88,7 +88,7 @@ def _level_code(value: float) -> int:
     """The scale code whose chunk scale is exactly `value` (1.0 is exact in E4M2)."""
     from codec.quantize import SCALE_LUT
 
-    return int((value == SCALE_LUT).nonzero()[0])
+    return int(torch.nonzero(torch.eq(SCALE_LUT, value))[0])
 
 
 def at_the_cap(update: Sequence[SparseTensor], cap: float) -> list[SparseTensor]:

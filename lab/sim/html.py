@@ -7,6 +7,7 @@ import html
 import io
 import re
 from collections.abc import Callable
+from typing import Any
 
 import matplotlib
 
@@ -55,10 +56,11 @@ def loss_plot(ax: plt.Axes, r: SimReport) -> None:
             ax.plot(
                 xs, ys, lw=0.8, alpha=0.5, ls=":", color=colours[name], label=f"{name}: inner loss"
             )
-    for field, style, label in (
+    lines: tuple[tuple[str, dict[str, Any], str], ...] = (
         ("synced_loss", {"color": "black", "lw": 2.5}, "validator's model (held-out)"),
         ("ddp_loss", {"color": "dimgray", "lw": 2, "ls": "--"}, "DDP, same tokens (held-out)"),
-    ):
+    )
+    for field, style, label in lines:
         pts = [(row.window, getattr(row, field)) for row in r.windows]
         pts = [(w, v) for w, v in pts if v is not None]
         if pts:

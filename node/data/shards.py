@@ -23,7 +23,7 @@ import hashlib
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Final, Literal, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
@@ -55,7 +55,7 @@ __all__ = [
 ]
 
 INDEX_NAME = "index.json"
-SHARD_FORMAT = "tessera-shards/v1"
+SHARD_FORMAT: Final = "tessera-shards/v1"
 MAX_INDEX_BYTES = 64 << 20
 _NPY_HEADER_SLACK = 4096
 _SHARD_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}\.npy$"
@@ -210,7 +210,7 @@ class ShardWriter:
             tokenizer_sha256=self._tokenizer_sha,
             vocab_size=self.vocab_size,
             eos_id=self._eos_id,
-            dtype=self.dtype.name,  # type: ignore[arg-type]
+            dtype=self.dtype.name,
             shards=tuple(self._entries),
         )
         write_json_atomic(self.out_dir / INDEX_NAME, index.model_dump(mode="json"))

@@ -39,6 +39,7 @@ from codec.chunking import ChunkLayout
 from codec.spec import ModelSpec
 from node.model.llama import CausalLM
 from node.strategy import make_strategy
+from node.strategy.base import Meta
 from protocol.runconfig import ModelConfig, RunConfig
 from protocol.windows import WindowSchedule
 
@@ -221,7 +222,12 @@ def _sample(run: RunConfig) -> tuple[ModelSpec, bytes, int]:
     deltas = {t.name: torch.randn(t.shape, generator=gen) * 1e-3 for t in spec.tensors}
     with torch.no_grad():
         pieces = strategy.encode(deltas, 0)
-    meta = {"run_id": run.run_id, "window": 0, "uid": 0, "hotkey": "5" * 48}  # real field sizes
+    meta: Meta = {
+        "run_id": run.run_id,
+        "window": 0,
+        "uid": 0,
+        "hotkey": "5" * 48,
+    }  # real field sizes
     data = strategy.to_bytes(pieces, meta, lambda _digest: bytes(64))
     return spec, data, entries(run, spec)
 
@@ -261,7 +267,7 @@ def measure_decode_rate(run: RunConfig, workers: int, repeats: int = 3, updates:
         deltas = {
             t.name: torch.randn(t.shape, generator=gen) * 1e-3 * (uid + 1) for t in spec.tensors
         }
-        meta = {"run_id": run.run_id, "window": 0, "uid": uid, "hotkey": "5" * 48}
+        meta: Meta = {"run_id": run.run_id, "window": 0, "uid": uid, "hotkey": "5" * 48}
         with torch.no_grad():
             datas.append(peer.to_bytes(peer.encode(deltas, 10**6), meta, lambda _d: bytes(64)))
     n = updates * entries(run, spec)

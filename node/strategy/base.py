@@ -29,7 +29,7 @@ bounded by the value cap. Raising ``B`` above every honest norm takes a strict m
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Protocol
 
 import torch
@@ -54,15 +54,21 @@ class Piece(Protocol):
 class Header(Protocol):
     """The signed header of an update on the wire."""
 
-    meta: dict[str, str | int]
-    sig: bytes
+    @property
+    def meta(self) -> Mapping[str, str | int]: ...
+
+    @property
+    def sig(self) -> bytes: ...
 
 
 class Decoded(Protocol):
     """A strictly decoded update: its header and one piece per tensor of the spec."""
 
-    header: Any
-    tensors: Any
+    @property
+    def header(self) -> Any: ...
+
+    @property
+    def tensors(self) -> Any: ...
 
     @property
     def digest(self) -> bytes: ...
@@ -163,13 +169,13 @@ class Strategy(ABC):
 
     # -- the window's consensus --------------------------------------------------------------
 
-    def mean(self, updates: Mapping[Hashable, Update]) -> dict[str, torch.Tensor]:
+    def mean(self, updates: Mapping[Any, Update]) -> dict[str, torch.Tensor]:
         """The validated, clipped mean of a window's updates in ascending key order
         (zeros when there are none); a tensor an update leaves out counts as zero for it.
 
         Two passes that each look at one update at a time (validate and norm, then sum), so a
         lazy mapping (`node.window.gather.Pieces`) never has two decoded at once."""
-        keys = sorted(updates)  # type: ignore[type-var]
+        keys = sorted(updates)
         norms = []
         for key in keys:
             peer = self._by_name(updates[key])
@@ -223,7 +229,7 @@ class Strategy(ABC):
         """The model set to `next_weights` of ``start`` (default: its own weights)."""
         self.outer.advance(model, start)
 
-    def step(self, model: torch.nn.Module, updates: Mapping[Hashable, Update]) -> None:
+    def step(self, model: torch.nn.Module, updates: Mapping[Any, Update]) -> None:
         """One window of the consensus schedule from the model's current weights, as validators
         and history replay take it: with ``outer.delay = 0`` this window's mean is applied; with
         ``delay = 1`` the previous window's held mean is, and this window's is held."""

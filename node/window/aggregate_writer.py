@@ -13,7 +13,7 @@ written in turn: the same bytes `msgpack.packb` gives (tested), with one update 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import BinaryIO
+from typing import IO
 
 import msgpack
 from substrateinterface import Keypair
@@ -40,7 +40,7 @@ def bin_header(n: int) -> bytes:
 
 
 def write_aggregate(
-    out: BinaryIO,
+    out: IO[bytes],
     run: RunConfig,
     window: int,
     uid: int,

@@ -128,9 +128,9 @@ def update_request(
 
 
 def fetch_all(
-    requests: Mapping[Hashable, FetchRequest],
+    requests: Mapping[Any, FetchRequest],
     run: RunConfig,
-    pools: Mapping[Hashable, Hashable] | None = None,
+    pools: Mapping[Any, Hashable] | None = None,
     on_done: Callable[[Any, Got | StoreError], None] | None = None,
 ) -> dict:
     """`fetch_many` with the run's budget, minimum rate and grace (and the caller's pools and

@@ -112,7 +112,7 @@ def publish_aggregate(
     bodies = {k: InMemory.of(v) if isinstance(v, bytes) else v for k, v in updates.items()}
     key = aggregate_key(run.run_id, window, uid, keypair.ss58_address)
     with tempfile.NamedTemporaryFile(dir=scratch, prefix="aggregate-") as out:
-        write_aggregate(out, run, window, uid, keypair, bodies, hotkeys)
+        write_aggregate(out.file, run, window, uid, keypair, bodies, hotkeys)
         out.flush()
         store.put_file(key, out.name)
     return key

@@ -6,6 +6,7 @@ import abc
 from collections.abc import Sequence
 from datetime import datetime
 from types import TracebackType
+from typing import Self
 
 from substrateinterface import Keypair
 
@@ -112,7 +113,7 @@ class Chain(abc.ABC):
     def close(self) -> None:  # noqa: B027 - optional hook, most backends have something to close
         """Release connections. The handle must not be used afterwards."""
 
-    def __enter__(self) -> Chain:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(

@@ -12,6 +12,7 @@ import multiprocessing as mp
 import queue
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 from typing import Any
 
 import torch
@@ -37,10 +38,7 @@ def run_all(
 ) -> list[Curve]:
     """Every method's `Curve`, in the order given."""
     if jobs <= 1 or len(methods) <= 1:
-        return [
-            run_method(m, setup, lambda w, loss, i=i: report(i, w, loss))
-            for i, m in enumerate(methods)
-        ]
+        return [run_method(m, setup, partial(report, i)) for i, m in enumerate(methods)]
     parts = {
         "base": setup.base, "uids": setup.uids, "windows": setup.windows,
         "heldout": setup.heldout, "data_run_id": setup.data_run_id,

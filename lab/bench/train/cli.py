@@ -48,6 +48,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"methods to compare, NAME[:KEY=VALUE,...] (default: {DEFAULT_STRATEGIES})",
     )
     g.add_argument(
+        "--tune",
+        action="store_true",
+        help="every baseline over a grid (DDP: three learning rates; dense local SGD: three "
+        "outer learning rates; DiLoCo: two outer learning rates x two momenta), ratios against "
+        "each family's best; instead of --strategies",
+    )
+    g.add_argument(
         "--heldout", type=positive_int, default=None, help="held-out samples scored (128)"
     )
     g.add_argument("--seed", type=int, default=None, help="the first run seed (the preset's)")
@@ -74,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     from lab.bench.train import report
     from lab.bench.train.engine import Setup, heldout_set
     from lab.bench.train.parallel import run_all
-    from lab.bench.train.specs import parse_methods
+    from lab.bench.train.specs import parse_methods, tuned_strategies
     from node.data.batches import open_run_dataset
     from node.model.llama import build_model
     from protocol.runconfig import RunConfig
@@ -91,13 +98,20 @@ def run(args: argparse.Namespace) -> int:
         overrides["inner_steps"] = args.inner_steps or 2
     if args.seeds < 1:
         raise SystemExit(f"--seeds {args.seeds}: train from at least one seed")
+    if args.tune and args.strategies:
+        raise SystemExit("--tune and --strategies: give one (--tune sets the methods)")
     first = RunConfig.preset(args.preset, **overrides)
     start = first.seed if args.seed is None else args.seed
     bases = [RunConfig.preset(args.preset, **overrides, seed=start + i) for i in range(args.seeds)]
     base = bases[0]
     try:
         methods_by_seed = [
-            parse_methods(args.strategies or (QUICK_STRATEGIES if quick else DEFAULT_STRATEGIES), b)
+            parse_methods(
+                tuned_strategies(b)
+                if args.tune
+                else args.strategies or (QUICK_STRATEGIES if quick else DEFAULT_STRATEGIES),
+                b,
+            )
             for b in bases
         ]
     except SpecError as exc:
@@ -161,7 +175,13 @@ def _print(rows: list[dict], summary: dict, out: Path) -> None:
     for cells in table_rows(rows):
         t.add_row(*cells)
     console.print(t)
+    console.print(f"best DDP: {summary['best_ddp'] or '–'}")
     console.print(f"best dense local method: {summary['best_dense'] or '–'}")
+    tuned = {f: b for f, b in summary["best_of_family"].items() if f != b}
+    if tuned:
+        console.print(
+            "best of each tuned family: " + "; ".join(f"{f}: {b}" for f, b in tuned.items())
+        )
     console.print(WITHIN_SPREAD)
     for name, ok in summary["checks"].items():
         console.print(f"  {name}: " + ("[green]met[/]" if ok else "[red]missed[/]"))

@@ -17,9 +17,12 @@ Extra: ``final_loss_all_applied`` is the final loss with every window's aggregat
 the difference exceeds the larger of the two methods' spreads (``vs_ddp_beyond_spread``,
 ``vs_best_dense_beyond_spread``; None with one seed).
 
-Ratios: each method's final loss over DDP's and over the **best dense local method** (the lowest
-final loss among the dense methods other than DDP, in the same run); bytes over a dense float32
-pseudo-gradient (4 bytes per parameter) and over that best dense method's bytes.
+Ratios: each method's final loss over **the best DDP** (the lowest final loss among the DDP
+configurations: one, or the learning rates of ``--tune``) and over the **best dense local method**
+(the lowest final loss among the dense methods other than DDP, in the same run); bytes over a
+dense float32 pseudo-gradient (4 bytes per parameter) and over that best dense method's bytes.
+``family`` groups the configurations of one tuned baseline; the summary names each family's best
+(``best_of_family``).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ def result_row(c: Curve, tokens_per_window: int) -> dict[str, Any]:
     return {
         "strategy": m.strategy,
         "label": m.label,
+        "family": m.family,
         "dense": m.dense,
         "final_loss": c.loss[-1] if c.loss else math.nan,
         "final_loss_all_applied": c.applied_loss
@@ -105,9 +109,18 @@ def _beyond_spread(a: dict[str, Any], b: dict[str, Any] | None) -> bool | None:
 
 def summarise(rows: list[dict[str, Any]], dense_fp32_bytes: int) -> dict[str, Any]:
     """Per-method ratios (added to each row) and the targets' checks."""
-    ddp = next((r for r in rows if r["strategy"] == "ddp"), None)
+    ddps = [r for r in rows if r["strategy"] == "ddp"]
+    ddp = min(ddps, key=lambda r: r["final_loss"]) if ddps else None
     local_dense = [r for r in rows if r["dense"] and r["strategy"] != "ddp"]
     best = min(local_dense, key=lambda r: r["final_loss"]) if local_dense else None
+    families: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        known = families.get(r["family"])
+        if known is None or r["final_loss"] < known["final_loss"]:
+            families[r["family"]] = r
+    sizes = {f: sum(r["family"] == f for r in rows) for f in families}
+    for r in rows:
+        r["best_in_family"] = sizes[r["family"]] > 1 and families[r["family"]] is r
     for r in rows:
         r["vs_ddp"] = r["final_loss"] / ddp["final_loss"] if ddp else None
         r["vs_best_dense"] = r["final_loss"] / best["final_loss"] if best else None
@@ -133,6 +146,8 @@ def summarise(rows: list[dict[str, Any]], dense_fp32_bytes: int) -> dict[str, An
     return {
         "dense_fp32_bytes": dense_fp32_bytes,
         "best_dense": best["label"] if best else None,
+        "best_ddp": ddp["label"] if ddp else None,
+        "best_of_family": {f: r["label"] for f, r in families.items()},
         "checks": checks,
     }
 
@@ -148,7 +163,7 @@ def table_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
 
     return [
         [
-            r["label"],
+            r["label"] + (" (best)" if r.get("best_in_family") else ""),
             f"{r['final_loss']:.4f}",
             spread(r),
             ratio(r["vs_ddp"], beyond=r.get("vs_ddp_beyond_spread")),
@@ -166,7 +181,7 @@ COLUMNS = [
     "method",
     "final held-out loss",
     "seed spread",
-    "× DDP",
+    "× best DDP",
     "× best dense",
     "bytes/window/replica",
     "of dense fp32",
@@ -179,6 +194,7 @@ def markdown(rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(rows)]
     lines.append("")
+    lines.append(f"best DDP: {summary['best_ddp'] or '–'}")
     lines.append(f"best dense local method: {summary['best_dense'] or '–'}")
     lines.append(WITHIN_SPREAD)
     for name, ok in summary["checks"].items():

@@ -36,6 +36,9 @@ select        lagged | now (now: bench only)       greedylore
 basis         greedy | random (random: bench only) greedylore
 dtype         dense.dtype (bf16 | fp32)            diloco, greedylore
 label         the name shown in the table          all
+family        the baseline family it tunes (its    all
+              best configuration is the one
+              every ratio is taken against)
 ============  ===================================  ==================================
 
 ``h`` must divide the run's H: the method then takes H / h outer steps per bench window, each
@@ -61,7 +64,7 @@ DEFAULT_STRATEGIES = (
 )
 QUICK_STRATEGIES = "ddp,diloco:outer=sgd,alpha=1,dtype=fp32,sparseloco"
 
-_COMMON = {"lr", "warmup", "inner", "label"}
+_COMMON = {"lr", "warmup", "inner", "label", "family"}
 _LOCAL = _COMMON | {"alpha", "outer", "momentum", "delay", "land", "h"}
 _SPARSE = _LOCAL | {"k", "bits", "beta", "freeze"}
 KEYS: dict[str, set[str]] = {
@@ -94,6 +97,36 @@ class MethodSpec:
     @property
     def dense(self) -> bool:
         return self.strategy in ("ddp", "diloco")
+
+    @property
+    def family(self) -> str:
+        """The baseline family this configuration belongs to (itself when it names none)."""
+        return self.options.get("family") or self.label
+
+
+DDP_LR_FACTORS = (0.5, 1.0, 2.0)
+DENSE_ALPHAS = (0.7, 1.0, 1.4)
+DILOCO_GRID = ((0.3, 0.7), (0.3, 0.9), (0.7, 0.7), (0.7, 0.9))  # (alpha, momentum)
+
+
+def tuned_strategies(base: RunConfig) -> str:
+    """``--tune``: every baseline over a grid, each configuration tagged with its family, and
+    SparseLoCo at the run's settings: DDP over three learning rates (its batch is R times a
+    replica's), dense local SGD over three outer learning rates, DiLoCo over two outer learning
+    rates and two momenta."""
+    lr = base.optimizer.lr
+    items = [f"ddp:lr={lr * f:.3g},family=DDP,label=DDP lr {lr * f:.3g}" for f in DDP_LR_FACTORS]
+    items += [
+        f"diloco:outer=sgd,alpha={a},dtype=fp32,family=dense local SGD,"
+        f"label=dense local SGD alpha {a}"
+        for a in DENSE_ALPHAS
+    ]
+    items += [
+        f"diloco:outer=nesterov,alpha={a},momentum={m},dtype=bf16,family=DiLoCo,"
+        f"label=DiLoCo alpha {a} momentum {m}"
+        for a, m in DILOCO_GRID
+    ]
+    return ",".join([*items, "sparseloco"])
 
 
 def split_items(text: str | list[str]) -> list[str]:
@@ -215,7 +248,7 @@ def parse_methods(text: str | list[str], base: RunConfig) -> list[MethodSpec]:
 
 
 def _label(name: str, options: dict[str, str]) -> str:
-    shown = {k: v for k, v in options.items() if k != "label"}
+    shown = {k: v for k, v in options.items() if k not in ("label", "family")}
     return name + (" " + " ".join(f"{k}={v}" for k, v in shown.items()) if shown else "")
 
 

@@ -27,7 +27,7 @@ def test_simulation_with_every_adversary(
     code = main(
         ["sim", "--peers", "2", "--windows", "3", "--out", "demo", "--adversaries", kinds, *FAST]
     )
-    assert code == 0, sorted(p.name for p in (out / "logs").iterdir())
+    assert code == 0, _log_tails(out)
     # a line per window while it runs; in the last one every adversary is paid nothing, by a rule
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("window ")]
     assert [x.split(":")[0] for x in lines] == [f"window {w}" for w in range(4)], lines
@@ -83,7 +83,7 @@ def test_simulation_with_ordinary_faults(
     argv = ["sim", "--peers", "2", "--windows", "6", "--out", str(out), "--no-baseline"]
     faults = "store-errors,lead-restart,lead-down,chain-stall"
     code = main([*argv, "--faults", faults, *FAST])
-    assert code == 0, sorted(p.name for p in (out / "logs").iterdir())
+    assert code == 0, _log_tails(out)
     injected = capsys.readouterr().out.split("store faults injected: ")[1].splitlines()[0]
     assert all(f"{kind} ×" in injected for kind in ("503", "lost answer", "throttled")), injected
     report = json.loads((out / "report.json").read_text())
@@ -132,6 +132,15 @@ def test_simulation_on_an_s3_server(
     report = json.loads((out / "report.json").read_text())
     assert report["diverged"] == []
     assert all(w > 0 for name, w in report["final_weights"].items() if name.startswith("peer"))
+
+
+def _log_tails(out: Path, lines: int = 25) -> str:
+    """The last lines of every member's log: what a failed run says when its folder is gone."""
+    tails = []
+    for log in sorted((out / "logs").glob("*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        tails.append(f"--- {log.name}\n" + "\n".join(tail))
+    return "\n".join(tails)
 
 
 def _write_reports(world: World, losses: dict[str, list[float]], fps: dict[str, list[str]]) -> None:

@@ -11,7 +11,8 @@ from typing import Any
 # `tiny` trains on two CPU cores in minutes; its SparseLoCo settings (k, α) are tuned with
 # `tessera bench train`. Batch, inner steps and window length of 150M and up come from the
 # throughput model (`node.runtime.plan`, `tessera plan --suggest`): training fills over 90 % of
-# each window on the preset's reference box while upload, gather and decode fit in the rest;
+# each window on the preset's reference box (at the MFU measured on one H100, with the training
+# recipe the box's memory allows) while upload, gather and decode fit in the rest;
 # `manifest_wait_s` and `fetch_budget_s` cover the decode and download there. Warmup keeps the
 # earlier presets' warmup tokens; `total_windows` keeps their wall-clock length. The larger
 # presets' codec follows the SparseLoCo paper (docs/training.md).
@@ -75,7 +76,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "seq_len": 1024,
         "micro_batch_size": 16,
         "batch_size": 512,
-        "inner_steps": 410,
+        "inner_steps": 335,
         "optimizer": {"lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 62},
         "outer": {"total_windows": 444},
         "timing": {"blocks_per_window": 45, "upload_deadline_blocks": 2},
@@ -99,7 +100,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "seq_len": 2048,
         "micro_batch_size": 8,
         "batch_size": 512,
-        "inner_steps": 800,
+        "inner_steps": 611,
         "optimizer": {"lr": 6e-4, "min_lr": 6e-5, "warmup_steps": 250},
         "outer": {"total_windows": 556},
         "timing": {"blocks_per_window": 180, "upload_deadline_blocks": 3},
@@ -123,7 +124,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "seq_len": 2048,
         "micro_batch_size": 4,
         "batch_size": 512,
-        "inner_steps": 685,
+        "inner_steps": 434,
         "optimizer": {"lr": 3e-4, "min_lr": 3e-5, "warmup_steps": 500},
         "outer": {"total_windows": 300},
         "timing": {"blocks_per_window": 1000, "upload_deadline_blocks": 3},
@@ -147,7 +148,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "seq_len": 2048,
         "micro_batch_size": 1,
         "batch_size": 512,
-        "inner_steps": 665,
+        "inner_steps": 420,
         "optimizer": {"lr": 1.5e-4, "min_lr": 1.5e-5, "warmup_steps": 250},
         "outer": {"total_windows": 71},
         "timing": {"blocks_per_window": 8500, "upload_deadline_blocks": 5},

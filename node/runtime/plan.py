@@ -3,7 +3,8 @@
 Used by `tessera plan`, `tessera doctor` and the presets' test. Per window (``outer.delay = 0``,
 everything in sequence)::
 
-    compute = 6 · P · T / (devices · peak · MFU)        P: parameters, T: tokens per window
+    compute = 6 · P · T · S / (devices · peak · MFU)    P: parameters, T: tokens per window,
+                                                         S: the training recipe's step time
     comm    = upload + gather wait + download + decode
     upload  = U / link                                   U: bytes of one update
     gather wait = the gather grace after the deadline    (`WindowSchedule.gather_grace_blocks`)
@@ -18,7 +19,9 @@ one window later: hence ``compute + comm <= window``. With ``outer.delay = 1`` (
 the communication of ``w`` runs while ``w + 1`` trains, so it only has to fit in a window.
 
 Stated figures (each a constant below): peak bf16 dense FLOP/s from the vendors' datasheets, the
-MFU assumption (40 % on GPUs), the link speed of the reference box, and the rate its host decodes
+MFU (33 % on GPUs with activations kept: measured at 1B on one H100, assumed at every size), the
+training recipe the box's memory allows (`node.runtime.memory.pick_recipe`) and its step time
+(`STEP_TIME`), the link speed of the reference box, and the rate its host decodes
 and sums updates (measured with decode workers, `GPU_HOST_EXCHANGE_RATE`; `tessera plan --measure`
 measures this machine's). The update size is measured: an update of the
 run's strategy and codec is encoded from a fixed Gaussian sample (`update_size`). Not
@@ -38,14 +41,24 @@ import torch
 from codec.chunking import ChunkLayout
 from codec.spec import ModelSpec
 from node.model.llama import CausalLM
+from node.runtime.memory import (
+    GIB,
+    PLAIN,
+    RECIPES,
+    STEP_TIME,
+    MemoryOptions,
+    pick_recipe,
+    pick_sharding,
+)
 from node.strategy import make_strategy
 from node.strategy.base import Meta
 from protocol.runconfig import ModelConfig, RunConfig
 from protocol.windows import WindowSchedule
 
-MFU = 0.40
-"""Model-FLOPs utilisation assumed on GPUs (the users' reference; measured: 1B on one H100,
-25–33 %, `tessera bench step`)."""
+MFU = 0.33
+"""Model-FLOPs utilisation on GPUs with activations kept: 32.7 % measured at 1B on one H100
+(`tessera bench step --preset 1B --device cuda`), assumed for every size and box; a recipe that
+recomputes takes `STEP_TIME` longer per step."""
 
 GPU_HOST_EXCHANGE_RATE = 66.1e6
 """Entries per second the host of a GPU box decodes and sums a window's updates with 16 decode
@@ -157,6 +170,7 @@ class Plan:
     decode_s: float
     fetch_budget_s: float
     manifest_wait_s: float
+    recipe: MemoryOptions = PLAIN
 
     @property
     def comm_s(self) -> float:
@@ -299,6 +313,16 @@ def _best(fn: Callable[[], object], repeats: int) -> float:
     return max(best, 1e-9)
 
 
+def box_recipe(run: RunConfig, box: Box) -> MemoryOptions:
+    """The training recipe a peer of `run` takes on `box` (`tessera miner`'s default: the
+    sharding and the fastest recipe its GPUs' memory fits); activations kept on a CPU."""
+    if box.gpu == "cpu":
+        return PLAIN
+    memory = int(box.hardware.memory_gib * GIB)
+    strategy = pick_sharding("auto", run, box.devices, memory)
+    return pick_recipe(run, box.devices, strategy, memory)
+
+
 def plan(
     run: RunConfig,
     box: Box,
@@ -311,7 +335,9 @@ def plan(
     params = run.param_count()
     tokens = run.inner_steps * run.batch_size * run.seq_len
     flops = 6.0 * params * tokens
-    compute_s = tokens / tokens_per_s if tokens_per_s else flops / box.flops
+    recipe = box_recipe(run, box)
+    step_time = STEP_TIME[RECIPES.index(recipe)]
+    compute_s = tokens / tokens_per_s if tokens_per_s else step_time * flops / box.flops
     update = update_size(run)
     link = box.link_gbps * 1e9 / 8  # bytes per second
     schedule = WindowSchedule.from_run(run)
@@ -328,6 +354,7 @@ def plan(
         decode_s=run.gather_size * update.entries / decode_rate,
         fetch_budget_s=run.consensus.fetch_budget_s,
         manifest_wait_s=run.consensus.manifest_wait_s,
+        recipe=recipe,
     )
 
 

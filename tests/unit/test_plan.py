@@ -12,6 +12,7 @@ from codec.compress import Compressor
 from codec.spec import ModelSpec
 from commands.cli import main
 from node.model.llama import build_model
+from node.runtime.memory import PLAIN, RECIPES, STEP_TIME
 from node.runtime.plan import (
     CPU_PRESETS,
     REFERENCE,
@@ -44,15 +45,17 @@ def test_the_cpu_test_preset_keeps_up_with_its_windows(name: str) -> None:
 
 
 def test_a_short_8b_window_and_the_exchange_rate() -> None:
-    """An 8B window of 30 steps × 128 × 2048 tokens in 30 blocks: 7.9 M tokens, 119 s of compute
-    on 8 × H100 at 40 % MFU, 33 % of a 360 s window. Its exchange (20 updates of 125 M entries)
-    fits beside the training at the host's rate with decode workers, not on one thread."""
+    """An 8B window of 30 steps × 128 × 2048 tokens in 30 blocks: 7.9 M tokens, 119 s of FLOPs
+    on 8 × H100 at 40 % MFU, longer by the recipe 80 GiB GPUs need (layers recomputed), so 43 %
+    of a 360 s window. Its exchange (20 updates of 125 M entries) fits beside the training at the
+    host's rate with decode workers, not on one thread."""
     short = RunConfig.preset("8B", inner_steps=30, batch_size=128, timing={"blocks_per_window": 30})
     p = plan(short, Box("h100", 8, 1.0, mfu=0.40))
     assert p.params == LLAMA3_8B_PARAMS
     assert p.tokens == 7_864_320
-    assert p.compute_s == pytest.approx(119.0, rel=0.02)
-    assert p.window_s == 360 and p.busy == pytest.approx(0.33, abs=0.005)
+    assert p.recipe == RECIPES[-1] and p.recipe.checkpoint_layers
+    assert p.compute_s == pytest.approx(119.0 * STEP_TIME[-1], rel=0.02)
+    assert p.window_s == 360 and p.busy == pytest.approx(0.43, abs=0.005)
     assert p.decode_s == pytest.approx(20 * entries(short, model_spec(short.model)) / 66.1e6)
     assert p.fits
     one_thread = plan(short, Box("h100", 8, 1.0, mfu=0.40, exchange_rate=7.0e6))
@@ -125,3 +128,13 @@ def test_plan_command_prints_the_figures(capsys: pytest.CaptureFixture[str]) -> 
     assert main(["plan", "--preset", "8B"]) == 0
     out = capsys.readouterr().out
     assert "busy: training" in out and "8 × H100 SXM" in out
+
+
+def test_the_recipe_the_box_memory_allows_sets_the_step_time() -> None:
+    """1B under DDP: an H200 (141 GiB) keeps every activation; an H100 (80 GiB) of the same peak
+    rate needs the loss in chunks and trains that much slower; the CPU box keeps activations."""
+    run = RunConfig.preset("1B")
+    roomy, tight = plan(run, Box("h200", 8, 1.0)), plan(run, Box("h100", 8, 1.0))
+    assert roomy.recipe == PLAIN and tight.recipe == RECIPES[1]
+    assert tight.compute_s / roomy.compute_s == pytest.approx(STEP_TIME[1])
+    assert plan(RunConfig.preset("tiny"), REFERENCE["tiny"]).recipe == PLAIN

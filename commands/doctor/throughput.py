@@ -50,7 +50,7 @@ def _skip_reason(run: RunConfig, device: str, gpus: Sequence[Gpu]) -> str | None
 
 def verdict(run: RunConfig, p: Plan, measured: str) -> Check:
     """The row for a plan built from a measured training rate."""
-    busy = f"{p.busy:.0%} busy" if p.busy <= 1 else "longer than the window"
+    busy = f"{p.busy:.0%} busy" + ("" if p.busy <= 1 else ": longer than the window")
     detail = (
         f"{measured}: a window's {p.tokens:,} tokens train in {p.compute_s:,.1f} s of its "
         f"{p.window_s:,.0f} s ({busy}); the exchange takes {p.comm_s:,.1f} s "

@@ -82,6 +82,10 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         if chosen in (None, name):
             module = importlib.import_module(module_path)
             module.add_arguments(sp)
+            if argv is not None and any(a.dest == "config" for a in sp._actions):
+                from commands.config_file import apply_config_file
+
+                apply_config_file(sp, argv)
             runner: Callable[[argparse.Namespace], int] = module.run
             sp.set_defaults(_run=runner)
     return parser
@@ -108,7 +112,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     reports (`OSError`) ends in one line, ``tessera <command>: <what is wrong>``, and exit code 1;
     Ctrl-C in ``tessera <command>: interrupted`` and 130. ``--debug`` shows tracebacks instead."""
     words = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser(words).parse_args(words)
+    try:
+        parser = build_parser(words)
+    except TesseraError as exc:  # a config file that cannot be used: before anything runs
+        print(f"tessera {_chosen(words)}: {_one_line(str(exc))}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(words)
     where = f"tessera {args.command}"
     try:
         return int(args._run(args) or 0)

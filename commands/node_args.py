@@ -11,6 +11,7 @@ import torch
 from substrateinterface import Keypair
 
 from commands.arg_types import device, listen_address, port, positive_int
+from commands.config_file import add_config_argument
 from node.runtime.atomic_files import remove_stale_temporaries
 from protocol.chain.base import Chain
 from protocol.chain.url import NETWORKS
@@ -26,6 +27,7 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
     Bittensor spellings (``--wallet.name``, ``--wallet.hotkey``, ``--wallet.path``,
     ``--subtensor.network``, ``--subtensor.chain_endpoint``) are accepted as well."""
     env = os.environ.get
+    add_config_argument(parser)
     parser.add_argument(
         "--run",
         "--run-config",  # under torchrun: its --run-path makes --run ambiguous

@@ -43,6 +43,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     (root / "bad.json").write_text("{not json")
     (root / "field.json").write_text(json.dumps({"name": "x", "inner_steps": -3}))
     (root / "notdata").mkdir()
+    (root / "unknown.toml").write_text('run = "tiny"\ncolour = "blue"\n')
+    (root / "broken.toml").write_text("run = \n")
+    (root / "nested.toml").write_text("[store]\nurl = 'x'\n")
+    (root / "zero.toml").write_text("windows = 0\n")
     bucket = root / "buckets" / "mine"
     chain = f"local://{db}"
     miner = [
@@ -101,6 +105,11 @@ CASES: dict[str, tuple[str, ...]] = {
     "miner: metrics host": ("miner {m} --metrics-host localhost", "is not an IP address"),
     "validator: metrics host": ("validator {m} --metrics-host 1.2.3", "is not an IP address"),
     "validator: port busy": ("validator {m} --metrics-port {port}", "is in use"),
+    "miner: config unknown key": ("miner {m} --config {root}/unknown.toml", "no setting 'colour'"),
+    "miner: config not toml": ("miner {m} --config {root}/broken.toml", "is not valid TOML"),
+    "miner: config missing": ("miner {m} --config {root}/none.toml", "No such file"),
+    "miner: config nested": ("miner {m} --config {root}/nested.toml", "must be one value"),
+    "validator: config value": ("validator {m} --config {root}/zero.toml", "'0': give 1 or more"),
     "miner: loss chunks": ("miner {m} --loss-chunk-tokens -5", "'-5': give 0 or more"),
     "miner: log level": ("miner {m} --log-level loud", "invalid choice: 'LOUD'"),
     "validator: no permit": ("validator {m} --commit", "has no validator permit"),

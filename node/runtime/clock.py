@@ -25,12 +25,14 @@ class ChainClock:
             time.sleep(min(1.0, self.timing.block_time_s / 4))
 
     def deadline_s(self, window: int) -> float:
-        """The window's upload deadline in epoch seconds, from the chain's timestamps: anchored
-        at the window's first block, or at the head while that block does not exist yet (a
-        window trained before the run's start block, or ahead of the chain)."""
-        anchor = min(self.schedule.first_block(window), self.chain.block())
+        """The window's upload deadline in epoch seconds, from the chain's timestamps: the
+        deadline block's own timestamp once it exists (what every node reads alike at the
+        gather, however long the chain stalled before it), else estimated from the head a block
+        time per block (a window trained ahead of the chain)."""
+        deadline = self.schedule.deadline_block(window)
+        anchor = min(deadline, self.chain.block())
         return estimate_block_time(
-            self.schedule.deadline_block(window),
+            deadline,
             anchor,
             self.chain.block_timestamp(anchor).timestamp(),
             self.timing.block_time_s,

@@ -7,6 +7,7 @@ through probation slots.
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -144,3 +145,39 @@ def test_a_deadline_before_its_window_begins_is_estimated_from_the_head(tmp_path
     clock.at(31)
     first = times.chain.block_timestamp(30).timestamp()
     assert times.deadline_s(0) == pytest.approx(first + 12 * BLOCK_TIME)
+
+
+class _Stalled:
+    """A chain whose blocks from `after` on came `stall_s` late (no block was produced for that
+    long): every later block's timestamp is shifted, as on a real chain after a stall."""
+
+    def __init__(self, chain: LocalChain, after: int, stall_s: float) -> None:
+        self._chain, self.after, self.stall_s = chain, after, stall_s
+
+    def block_timestamp(self, block: int) -> datetime:
+        ts = self._chain.block_timestamp(block)
+        return ts + timedelta(seconds=self.stall_s) if block > self.after else ts
+
+    def __getattr__(self, name: str):  # noqa: ANN204 - everything else is the real chain's
+        return getattr(self._chain, name)
+
+
+def test_a_stall_before_the_deadline_moves_the_deadline_with_it(tmp_path: Path) -> None:
+    """The chain stops for 60 s inside window 0 (after block 35): its deadline block (42) comes
+    60 s later, and an upload stored in those 60 s is on time. Once the deadline block exists
+    every node reads the deadline from its own timestamp, not from the window's first block."""
+    clock = Clock(GENESIS, BLOCK_TIME)
+    path = tmp_path / "chain.db"
+    create_local_chain(path, NETUID, block_time=BLOCK_TIME, clock=clock)
+    run = RunConfig.preset(
+        "tiny", name="stall", timing={"blocks_per_window": 10, "upload_deadline_blocks": 2,
+                                      "start_block": 30, "block_time_s": BLOCK_TIME},
+    )  # fmt: skip
+    chain = _Stalled(LocalChain(path, NETUID, clock=clock), after=35, stall_s=60.0)
+    times = ChainClock(chain, run)  # type: ignore[arg-type]
+    clock.at(45)  # past the deadline block: the gather
+    stalled_deadline = chain.block_timestamp(42).timestamp()
+    assert times.deadline_s(0) == pytest.approx(stalled_deadline)
+    assert stalled_deadline == pytest.approx(
+        chain.block_timestamp(30).timestamp() + 12 * BLOCK_TIME + 60
+    )

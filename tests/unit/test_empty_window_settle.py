@@ -15,13 +15,9 @@ import pytest
 import torch
 
 from miner.flight import Exchanged, Flight
-from miner.peer import Peer
 from node.window.consensus import Agreement
-from protocol.chain import open_chain
-from protocol.chain.local_db import LocalChainDB, create_local_chain
-from protocol.keys import create_hotkey
 from protocol.runconfig import RunConfig
-from protocol.stores import open_store
+from tests.support.local_peer import local_peer
 
 WINDOW = 3  # past the error feedback's freeze
 
@@ -30,12 +26,7 @@ def _error_feedback_after_landing(tmp_path: Path, applied: str) -> tuple[float, 
     """The error feedback's squared norm before and after our update of `WINDOW` lands with
     `applied`: ``"ours"``, ``"others"`` (a set without us) or ``"nothing"``."""
     run = RunConfig.preset("tiny", name="settle", outer={"ef_freeze_fraction": 0.0})
-    create_local_chain(tmp_path / "chain.db", 1, block_time=0.5)
-    keypair = create_hotkey("sim", "peer", root=tmp_path / "wallets")
-    LocalChainDB(tmp_path / "chain.db").register(1, keypair.ss58_address)
-    chain = open_chain(f"local://{tmp_path / 'chain.db'}", netuid=1)
-    store = open_store(f"file://{tmp_path / 'buckets'}?bucket=peer")
-    peer = Peer(run, keypair, chain, store, tmp_path / "state", local_root=tmp_path / "buckets")
+    peer = local_peer(tmp_path, run)
     origin = peer.weights.start()
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():  # what training would have moved

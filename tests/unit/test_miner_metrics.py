@@ -12,12 +12,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from miner.peer import Peer, WindowReport
-from protocol.chain import open_chain
-from protocol.chain.local_db import LocalChainDB, create_local_chain
-from protocol.keys import create_hotkey
+from miner.peer import WindowReport
 from protocol.runconfig import RunConfig
-from protocol.stores import open_store
+from tests.support.local_peer import local_peer
 
 
 def _free_port() -> int:
@@ -28,12 +25,7 @@ def _free_port() -> int:
 
 def test_a_finished_window_is_served_under_prometheus_names(tmp_path: Path) -> None:
     run = RunConfig.preset("tiny", name="metrics")
-    create_local_chain(tmp_path / "chain.db", 1, block_time=0.5)
-    keypair = create_hotkey("sim", "peer", root=tmp_path / "wallets")
-    LocalChainDB(tmp_path / "chain.db").register(1, keypair.ss58_address)
-    chain = open_chain(f"local://{tmp_path / 'chain.db'}", netuid=1)
-    store = open_store(f"file://{tmp_path / 'buckets'}?bucket=peer")
-    peer = Peer(run, keypair, chain, store, tmp_path / "state", local_root=tmp_path / "buckets")
+    peer = local_peer(tmp_path, run)
     port = _free_port()
     peer.metrics.serve(port)
     report = WindowReport(
@@ -49,7 +41,7 @@ def test_a_finished_window_is_served_under_prometheus_names(tmp_path: Path) -> N
             for family in text_string_to_metric_families(r.read().decode())
             for s in family.samples
         }
-    info = (("hotkey", keypair.ss58_address), ("role", "miner"), ("run_id", run.run_id),
+    info = (("hotkey", peer.keypair.ss58_address), ("role", "miner"), ("run_id", run.run_id),
             ("uid", str(peer.uid)))  # fmt: skip
     assert got[("tessera_node_info", info)] == 1
     assert got[("tessera_window", ())] == 4
@@ -64,4 +56,4 @@ def test_a_finished_window_is_served_under_prometheus_names(tmp_path: Path) -> N
     assert got[("tessera_miner_uploaded_bytes_total", ())] == 2 * 1000  # a counter: twice
     assert got[("tessera_miner_downloaded_bytes_total", ())] == 2 * 3000
     assert got[("tessera_miner_gather_success_ratio", ())] == pytest.approx(3 / 4)
-    chain.close()
+    peer.chain.close()

@@ -19,23 +19,15 @@ from miner.flight import Exchanged, Flight
 from miner.peer import Peer
 from node.strategy.outer import land_by_step
 from node.window.consensus import Agreement
-from protocol.chain import open_chain
-from protocol.chain.local_db import LocalChainDB, create_local_chain
-from protocol.keys import create_hotkey
 from protocol.runconfig import RunConfig
-from protocol.stores import open_store
+from tests.support.local_peer import local_peer
 
 HOLD_S = 5.0  # how long the exchange stays in the air after the peer reached land_by_step
 
 
 def _peer(tmp_path: Path) -> Peer:
     run = RunConfig.preset("tiny", name="landing", inner_steps=10, outer={"delay": 1})
-    create_local_chain(tmp_path / "chain.db", 1, block_time=0.5)
-    keypair = create_hotkey("sim", "peer", root=tmp_path / "wallets")
-    LocalChainDB(tmp_path / "chain.db").register(1, keypair.ss58_address)
-    chain = open_chain(f"local://{tmp_path / 'chain.db'}", netuid=1)
-    store = open_store(f"file://{tmp_path / 'buckets'}?bucket=peer")
-    return Peer(run, keypair, chain, store, tmp_path / "state", local_root=tmp_path / "buckets")
+    return local_peer(tmp_path, run)
 
 
 def _inner_steps_done(optimizer: torch.optim.Optimizer) -> int:

@@ -126,10 +126,8 @@ def test_probation_bound_follows_the_run(fraction: float, slots: int) -> None:
     assert probation_slots(run) == slots
 
 
-def test_a_deadline_before_its_window_begins_is_estimated_from_the_head(tmp_path: Path) -> None:
-    """A peer that trains a window before the chain reaches its first block (window 0 before the
-    run's start block, or a fast peer) still knows its upload deadline: the head's timestamp plus
-    a block time per block; once the first block exists its own timestamp anchors it."""
+def _window_at_block_30(tmp_path: Path) -> tuple[Clock, LocalChain, RunConfig]:
+    """A chain at genesis and a run whose window 0 is blocks 30-39, its deadline block 42."""
     clock = Clock(GENESIS, BLOCK_TIME)
     path = tmp_path / "chain.db"
     create_local_chain(path, NETUID, block_time=BLOCK_TIME, clock=clock)
@@ -137,7 +135,15 @@ def test_a_deadline_before_its_window_begins_is_estimated_from_the_head(tmp_path
         "tiny", name="early", timing={"blocks_per_window": 10, "upload_deadline_blocks": 2,
                                       "start_block": 30, "block_time_s": BLOCK_TIME},
     )  # fmt: skip
-    times = ChainClock(LocalChain(path, NETUID, clock=clock), run)
+    return clock, LocalChain(path, NETUID, clock=clock), run
+
+
+def test_a_deadline_before_its_window_begins_is_estimated_from_the_head(tmp_path: Path) -> None:
+    """A peer that trains a window before the chain reaches its first block (window 0 before the
+    run's start block, or a fast peer) still knows its upload deadline: the head's timestamp plus
+    a block time per block; once the first block exists its own timestamp anchors it."""
+    clock, chain, run = _window_at_block_30(tmp_path)
+    times = ChainClock(chain, run)
     clock.at(5)  # window 0 begins at block 30, its deadline is block 42
     head = times.chain.block()
     expected = times.chain.block_timestamp(head).timestamp() + (42 - head) * BLOCK_TIME
@@ -166,14 +172,8 @@ def test_a_stall_before_the_deadline_moves_the_deadline_with_it(tmp_path: Path) 
     """The chain stops for 60 s inside window 0 (after block 35): its deadline block (42) comes
     60 s later, and an upload stored in those 60 s is on time. Once the deadline block exists
     every node reads the deadline from its own timestamp, not from the window's first block."""
-    clock = Clock(GENESIS, BLOCK_TIME)
-    path = tmp_path / "chain.db"
-    create_local_chain(path, NETUID, block_time=BLOCK_TIME, clock=clock)
-    run = RunConfig.preset(
-        "tiny", name="stall", timing={"blocks_per_window": 10, "upload_deadline_blocks": 2,
-                                      "start_block": 30, "block_time_s": BLOCK_TIME},
-    )  # fmt: skip
-    chain = _Stalled(LocalChain(path, NETUID, clock=clock), after=35, stall_s=60.0)
+    clock, local, run = _window_at_block_30(tmp_path)
+    chain = _Stalled(local, after=35, stall_s=60.0)
     times = ChainClock(chain, run)  # type: ignore[arg-type]
     clock.at(45)  # past the deadline block: the gather
     stalled_deadline = chain.block_timestamp(42).timestamp()

@@ -133,7 +133,7 @@ CASES: dict[str, tuple[str, ...]] = {
     "bench: bad workers": ("bench exchange --workers 0,x", "give positive worker counts"),
     "bench: negative numel": ("bench codec --numel -1", "'-1': give 1 or more"),
     "bench: probe preset": ("bench probe --preset nope", "--preset nope: unknown"),
-    "bench: tune and strategies": ("bench train --tune --strategies ddp", "give one"),
+    "bench: tune with a bad method": ("bench train --tune --strategies nope", "unknown strategy"),
     "bench: step rows": ("bench step --rows 0", "'0': give 1 or more"),
     "bench: step preset": ("bench step --preset nope", "--preset nope: unknown"),
     "plan: unknown preset": ("plan --preset huge", "unknown preset 'huge'"),

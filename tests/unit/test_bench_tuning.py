@@ -29,6 +29,9 @@ def test_the_grid_covers_each_baseline_family() -> None:
     assert {m.run.outer.optimizer for m in diloco} == {"nesterov"}
     assert len({(m.run.outer.alpha, m.run.outer.momentum) for m in diloco}) == 4
     assert [m.run.codec for m in families["sparseloco"]] == [base.codec]
+    mine = parse_methods(tuned_strategies(base, ["sparseloco:k=64", "demo"]), base)
+    assert len(mine) == len(methods) + 1 and mine[:-2] == methods[:-1]  # the same grid
+    assert mine[-2].run.codec.k == 64 and mine[-1].strategy == "demo"
 
 
 def _row(label: str, strategy: str, family: str, loss: float, dense: bool = True) -> dict:

@@ -51,8 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tune",
         action="store_true",
         help="every baseline over a grid (DDP: three learning rates; dense local SGD: three "
-        "outer learning rates; DiLoCo: two outer learning rates x two momenta), ratios against "
-        "each family's best; instead of --strategies",
+        "outer learning rates; DiLoCo: two outer learning rates x two momenta) beside the "
+        "methods of --strategies (default: sparseloco), ratios against each family's best",
     )
     g.add_argument(
         "--heldout", type=positive_int, default=None, help="held-out samples scored (128)"
@@ -98,8 +98,6 @@ def run(args: argparse.Namespace) -> int:
         overrides["inner_steps"] = args.inner_steps or 2
     if args.seeds < 1:
         raise SystemExit(f"--seeds {args.seeds}: train from at least one seed")
-    if args.tune and args.strategies:
-        raise SystemExit("--tune and --strategies: give one (--tune sets the methods)")
     first = RunConfig.preset(args.preset, **overrides)
     start = first.seed if args.seed is None else args.seed
     bases = [RunConfig.preset(args.preset, **overrides, seed=start + i) for i in range(args.seeds)]
@@ -107,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         methods_by_seed = [
             parse_methods(
-                tuned_strategies(b)
+                tuned_strategies(b, args.strategies or "sparseloco")
                 if args.tune
                 else args.strategies or (QUICK_STRATEGIES if quick else DEFAULT_STRATEGIES),
                 b,

@@ -109,11 +109,11 @@ DENSE_ALPHAS = (0.7, 1.0, 1.4)
 DILOCO_GRID = ((0.3, 0.7), (0.3, 0.9), (0.7, 0.7), (0.7, 0.9))  # (alpha, momentum)
 
 
-def tuned_strategies(base: RunConfig) -> str:
-    """``--tune``: every baseline over a grid, each configuration tagged with its family, and
-    SparseLoCo at the run's settings: DDP over three learning rates (its batch is R times a
-    replica's), dense local SGD over three outer learning rates, DiLoCo over two outer learning
-    rates and two momenta."""
+def tuned_strategies(base: RunConfig, methods: str | list[str] = "sparseloco") -> str:
+    """``--tune``: every baseline over a grid, each configuration tagged with its family, then
+    `methods` (``--strategies``; SparseLoCo at the run's settings by default): DDP over three
+    learning rates (its batch is R times a replica's), dense local SGD over three outer learning
+    rates, DiLoCo over two outer learning rates and two momenta."""
     lr = base.optimizer.lr
     items = [f"ddp:lr={lr * f:.3g},family=DDP,label=DDP lr {lr * f:.3g}" for f in DDP_LR_FACTORS]
     items += [
@@ -126,7 +126,7 @@ def tuned_strategies(base: RunConfig) -> str:
         f"label=DiLoCo alpha {a} momentum {m}"
         for a, m in DILOCO_GRID
     ]
-    return ",".join([*items, "sparseloco"])
+    return ",".join([*items, *split_items(methods)])
 
 
 def split_items(text: str | list[str]) -> list[str]:

@@ -21,7 +21,14 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 from commands.arg_types import positive_int
@@ -122,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
     curves_by_seed = []
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("{task.fields[loss]}"), TimeElapsedColumn(), console=console,
+        TextColumn("{task.fields[loss]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+        console=console,
     ) as progress:  # fmt: skip
         for b, methods in zip(bases, methods_by_seed, strict=True):
             name = [m.label + (f" (seed {b.seed})" if args.seeds > 1 else "") for m in methods]
@@ -130,8 +138,12 @@ def run(args: argparse.Namespace) -> int:
 
             def show(i: int, w: int, loss: float, tasks: list = tasks, name: list = name) -> None:
                 progress.update(tasks[i], completed=w + 1, loss=f"loss {loss:.4f}")
-                if not console.is_terminal:  # a log file gets one line per window
-                    console.print(f"{name[i]}: window {w + 1}/{windows} held-out loss {loss:.4f}")
+                if not console.is_terminal:  # a log file gets one line per window, with an ETA
+                    left = progress.tasks[tasks[i]].time_remaining
+                    eta = f", about {left:.0f} s left" if left is not None else ""
+                    console.print(
+                        f"{name[i]}: window {w + 1}/{windows} held-out loss {loss:.4f}{eta}"
+                    )
 
             setup = Setup(b, dataset, tuple(range(replicas)), windows, heldout, b.run_id)
             curves_by_seed.append(run_all(methods, setup, jobs, threads, show))

@@ -50,6 +50,7 @@ from miner.train import InnerResult, make_optimizer, train_window
 from node.data.batches import assigned_batches, open_run_dataset
 from node.model.llama import build_model
 from node.runtime.clock import ChainClock
+from node.runtime.logs import fields
 from node.runtime.memory import PLAIN, MemoryOptions
 from node.runtime.phases import Phases
 from node.runtime.preflight import explain_os_error
@@ -189,6 +190,12 @@ class Peer:
                 window, reports[-1].loss, reports[-1].tokens_per_s, reports[-1].upload_bytes,
                 reports[-1].upload_s, reports[-1].gathered, reports[-1].fingerprint[:12],
                 reports[-1].seconds["window"], window + 1, self._opens_in(window + 1),
+                extra=fields(
+                    window=window, loss=reports[-1].loss, tokens_per_s=reports[-1].tokens_per_s,
+                    upload_bytes=reports[-1].upload_bytes, download_bytes=reports[-1].download_bytes,
+                    gathered=reports[-1].gathered, applied=reports[-1].applied,
+                    seconds=reports[-1].seconds,
+                ),
             )  # fmt: skip
         if self._flight is not None:  # finish the last exchange: the saved state holds its mean
             self._land_and_hold()

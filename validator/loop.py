@@ -38,6 +38,7 @@ from node.data.batches import open_run_dataset
 from node.model.fingerprint import fingerprint
 from node.model.llama import build_model
 from node.runtime.clock import ChainClock
+from node.runtime.logs import fields
 from node.runtime.report_log import REPORTS, append_line
 from node.runtime.retention import prune_own_bucket
 from node.strategy import make_strategy
@@ -194,17 +195,23 @@ class Validator:
                 self._skip_pruned(exc)
                 continue
             reports.append(report)
-            took = {"window": time.monotonic() - begun, "after scoring": self._wrap_up_s or 0.0}
-            self.metrics.record(report, took)
-            append_line(self.state_dir / REPORTS, report.model_dump_json())
-            prune_own_bucket(
-                self.store, self.run, self.uid, self.keypair.ss58_address, report.window
-            )
-            log.info(
-                "window %d: aggregated %s, weights %s (%s)", report.window, report.aggregated,
-                {u: round(w, 3) for u, w in report.weights.items()}, report.weights_status,
-            )  # fmt: skip
+            self._record(report, time.monotonic() - begun)
         return reports
+
+    def _record(self, report: ScoreReport, seconds: float) -> None:
+        """A decided window in the metrics, the local report log and the log; our bucket pruned."""
+        took = {"window": seconds, "after scoring": self._wrap_up_s or 0.0}
+        self.metrics.record(report, took)
+        append_line(self.state_dir / REPORTS, report.model_dump_json())
+        prune_own_bucket(self.store, self.run, self.uid, self.keypair.ss58_address, report.window)
+        log.info(
+            "window %d: aggregated %s, weights %s (%s)", report.window, report.aggregated,
+            {u: round(w, 3) for u, w in report.weights.items()}, report.weights_status,
+            extra=fields(
+                window=report.window, aggregated=report.aggregated, weights=report.weights,
+                verdicts={p.uid: p.verdict.value for p in report.peers}, seconds=took,
+            ),
+        )  # fmt: skip
 
     def current_window(self) -> int:
         return self.clock.current_window()

@@ -1,7 +1,9 @@
 """Logging for long-running roles: readable lines by default, JSON lines with `--log-format json`.
 
 JSON records carry `ts`, `level`, `logger` and `msg` (plus `exc` for exceptions), one object per
-line, ready for log shippers. Nothing here ever formats credentials: write keys cannot be
+line, ready for log shippers, and the record's own fields (``log.info(..., extra=fields(window=3,
+loss=5.2))``) as keys of their own, so a shipper filters on ``window`` or plots ``loss`` without
+parsing the message. Nothing here ever formats credentials: write keys cannot be
 serialised (`protocol.credentials`) and read keys are public by design.
 """
 
@@ -14,17 +16,29 @@ from datetime import UTC, datetime
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
+FIELDS = "tessera_fields"
+"""The attribute of a log record that carries its structured fields (`fields`)."""
+
+
+def fields(**values: object) -> dict[str, dict[str, object]]:
+    """``extra=`` for a log call whose values the JSON lines carry as keys of their own."""
+    return {FIELDS: values}
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        out = {
+        out: dict[str, object] = {
             "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        extra = getattr(record, FIELDS, None)
+        if isinstance(extra, dict):
+            out |= {k: v for k, v in extra.items() if k not in out}
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out)
+        return json.dumps(out, default=str)
 
 
 ROOT = "tessera"

@@ -8,6 +8,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from node.runtime.logs import fields
+
 __all__ = ["Phases"]
 
 
@@ -28,7 +30,10 @@ class Phases:
             took = time.monotonic() - begun
             self.seconds[name] = self.seconds.get(name, 0.0) + took
             extra = f" ({detail})" if detail else ""
-            self.log.info("%s %d: %s %.1f s%s", self.what, self.window, name, took, extra)
+            self.log.info(
+                "%s %d: %s %.1f s%s", self.what, self.window, name, took, extra,
+                extra=fields(window=self.window, phase=name, seconds=took),
+            )  # fmt: skip
 
     @property
     def elapsed(self) -> float:

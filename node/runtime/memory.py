@@ -117,7 +117,6 @@ class MemoryPlan:
     host: int  # rank 0's host memory while it writes state.pt
     exchange_host: int = 0  # rank 0's host memory for the exchange with decode workers
     overhead: int = OVERHEAD
-    options: MemoryOptions = PLAIN  # the training recipe the activations are for
 
     @property
     def total(self) -> int:
@@ -177,9 +176,7 @@ def plan_memory(
         exchange = deltas + mean // gpus + FP32 * tensor
         host = 2 * saved
     transient = max(training, exchange) - activations
-    return MemoryPlan(
-        strategy, gpus, state, transient, activations, host, exchange_host(run), options=options
-    )
+    return MemoryPlan(strategy, gpus, state, transient, activations, host, exchange_host(run))
 
 
 def pick_recipe(run: RunConfig, gpus: int, strategy: Strategy, gpu_memory: int) -> MemoryOptions:

@@ -25,7 +25,7 @@ from rich.table import Table
 
 from commands.arg_types import fraction, positive_int
 from commands.node_args import exchange_workers
-from node.runtime.memory import GIB, RECIPES, STEP_TIME, pick_recipe, plan_memory
+from node.runtime.memory import GIB, pick_recipe, plan_memory, step_time
 from node.runtime.plan import (
     HARDWARE,
     REFERENCE,
@@ -128,7 +128,7 @@ def memory(run: RunConfig, box: Box, gpu_gib: float | None) -> dict[str, Any]:
         m = plan_memory(run, box.devices, strategy, recipe)
         out[strategy] = {
             "recipe": recipe.describe(),
-            "step_time": STEP_TIME[RECIPES.index(recipe)],
+            "step_time": step_time(recipe),
             "state_gib": m.state / GIB, "transient_gib": m.transient / GIB,
             "activations_gib": m.activations / GIB, "total_gib": m.total / GIB,
             "host_gib": m.host / GIB, "exchange_host_gib": m.exchange_host / GIB,

@@ -21,7 +21,7 @@ the communication of ``w`` runs while ``w + 1`` trains, so it only has to fit in
 Stated figures (each a constant below): peak bf16 dense FLOP/s from the vendors' datasheets, the
 MFU (33 % on GPUs with activations kept: measured at 1B on one H100, assumed at every size), the
 training recipe the box's memory allows (`node.runtime.memory.pick_recipe`) and its step time
-(`STEP_TIME`), the link speed of the reference box, and the rate its host decodes
+(`step_time`), the link speed of the reference box, and the rate its host decodes
 and sums updates (measured with decode workers, `GPU_HOST_EXCHANGE_RATE`; `tessera plan --measure`
 measures this machine's). The update size is measured: an update of the
 run's strategy and codec is encoded from a fixed Gaussian sample (`update_size`). Not
@@ -41,15 +41,7 @@ import torch
 from codec.chunking import ChunkLayout
 from codec.spec import ModelSpec
 from node.model.llama import CausalLM
-from node.runtime.memory import (
-    GIB,
-    PLAIN,
-    RECIPES,
-    STEP_TIME,
-    MemoryOptions,
-    pick_recipe,
-    pick_sharding,
-)
+from node.runtime.memory import GIB, PLAIN, MemoryOptions, pick_recipe, pick_sharding, step_time
 from node.strategy import make_strategy
 from node.strategy.base import Meta
 from protocol.runconfig import ModelConfig, RunConfig
@@ -58,7 +50,7 @@ from protocol.windows import WindowSchedule
 MFU = 0.33
 """Model-FLOPs utilisation on GPUs with activations kept: 32.7 % measured at 1B on one H100
 (`tessera bench step --preset 1B --device cuda`), assumed for every size and box; a recipe that
-recomputes takes `STEP_TIME` longer per step."""
+recomputes takes `step_time` longer per step."""
 
 GPU_HOST_EXCHANGE_RATE = 66.1e6
 """Entries per second the host of a GPU box decodes and sums a window's updates with 16 decode
@@ -336,8 +328,7 @@ def plan(
     tokens = run.inner_steps * run.batch_size * run.seq_len
     flops = 6.0 * params * tokens
     recipe = box_recipe(run, box)
-    step_time = STEP_TIME[RECIPES.index(recipe)]
-    compute_s = tokens / tokens_per_s if tokens_per_s else step_time * flops / box.flops
+    compute_s = tokens / tokens_per_s if tokens_per_s else step_time(recipe) * flops / box.flops
     update = update_size(run)
     link = box.link_gbps * 1e9 / 8  # bytes per second
     schedule = WindowSchedule.from_run(run)

@@ -87,6 +87,9 @@ def box_for(run: RunConfig, args: argparse.Namespace) -> Box:
     """The preset's reference box with the options given on the command line."""
     box = REFERENCE.get(run.preset_name, REFERENCE["8B"])
     changes = {"gpu": args.gpu, "devices": args.gpus, "link_gbps": args.link_gbps, "mfu": args.mfu}
+    if args.gpu is not None and args.gpu != box.gpu:  # another kind: its measured probe rate
+        kind = REFERENCE["8B"] if args.gpu != "cpu" else REFERENCE["tiny"]
+        changes["probe_mfu"] = kind.probe_mfu
     return replace(box, **{k: v for k, v in changes.items() if v is not None})
 
 
@@ -109,6 +112,8 @@ def figures(run: RunConfig, box: Box, p: Plan) -> dict[str, Any]:
         "gather_wait_s": p.grace_s,
         "download_s": p.download_s,
         "decode_s": p.decode_s,
+        "validator_probes_s": p.probes_s,
+        "manifest_wait_s": p.manifest_wait_s,
         "comm_s": p.comm_s,
         "busy": p.busy,
         "comm_share": p.comm_share,
@@ -175,6 +180,7 @@ ROWS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("gather wait (skew grace)", "gather_wait_s", lambda v: f"{v:,.0f} s"),
     ("download (gather)", "download_s", lambda v: f"{v:,.1f} s"),
     ("decode and sum", "decode_s", lambda v: f"{v:,.1f} s"),
+    ("lead's probes before its manifest", "validator_probes_s", lambda v: f"{v:,.0f} s"),
     ("communication", "comm_s", lambda v: f"{v:,.1f} s"),
     ("window", "window_s", lambda v: f"{v:,.0f} s"),
     ("busy: training", "busy", lambda v: f"{v:.1%}"),

@@ -11,7 +11,9 @@ everything in sequence)::
     download = G · U / link                              G: run.gather_size
     decode  = G · E / exchange rate                      E: entries of one update
     busy    = compute / window;  fits when compute + comm <= window
-    budgets: download <= consensus.fetch_budget_s, decode <= consensus.manifest_wait_s
+    probes  = G · 4.03 · 2 · P · 64 · seq_len / (peak · 34 %)   the lead's probes of the
+              selected updates before its manifest, on one GPU in bf16 (`tessera bench probe`)
+    budgets: download <= consensus.fetch_budget_s, decode + probes <= consensus.manifest_wait_s
 
 A peer starts training window ``w`` once it has gathered and applied ``w − 1`` (at the gather
 point of ``w − 1`` plus download and decode) and must have uploaded ``w`` by the deadline of ``w``,
@@ -59,6 +61,17 @@ workers (`--exchange-workers`, `codec.pool`): measured on the 16-core host of on
 --peers 8 --layers 4 --workers 1,4,16 --device cuda` (2026-11-26: 66.7 and 66.1 M/s; one worker
 15.6 M/s). The reference boxes have at least as many cores."""
 
+PROBE_FORWARD_MFU = 0.34
+"""Model-FLOPs utilisation of the validator's bf16 forward passes on a GPU: 34.0 % measured at 1B
+on one H100 (64 × 2,048 tokens in 0.963 s, `tessera bench probe --preset 1B --device cuda`)."""
+CPU_PROBE_FORWARD_MFU = 0.56
+"""The same on the CPU box's stated peak: `tiny` on dev-2c, 64 × 128 tokens in 0.239 s (`tessera
+bench probe --preset tiny`)."""
+PROBE_FORWARDS = 4.03
+"""One probe's time in forward passes of its samples (measured there: 3.884 s per probe)."""
+PROBE_SAMPLES = 64
+"""Samples per forward pass of a probe (`ValidatorConfig.n_own`, `n_random`)."""
+
 CPU_EXCHANGE_RATE = 2.2e6
 """Entries per second the `tiny` preset's exchange runs at on its reference (one thread of the
 2-core development machine, no workers): its tensors are small, so the fixed cost per tensor
@@ -101,6 +114,7 @@ class Box:
     link_gbps: float
     mfu: float = MFU
     exchange_rate: float = GPU_HOST_EXCHANGE_RATE
+    probe_mfu: float = PROBE_FORWARD_MFU  # the validator's forward passes
 
     @property
     def hardware(self) -> Hardware:
@@ -118,7 +132,9 @@ class Box:
 
 
 REFERENCE: dict[str, Box] = {
-    "tiny": Box("cpu", 1, 1.0, mfu=0.10, exchange_rate=CPU_EXCHANGE_RATE),
+    "tiny": Box(
+        "cpu", 1, 1.0, mfu=0.10, exchange_rate=CPU_EXCHANGE_RATE, probe_mfu=CPU_PROBE_FORWARD_MFU
+    ),
     "150M": Box("h100", 1, 1.0),
     "1B": Box("h100", 8, 1.0),
     "8B": Box("h100", 8, 1.0),
@@ -163,6 +179,7 @@ class Plan:
     fetch_budget_s: float
     manifest_wait_s: float
     recipe: MemoryOptions = PLAIN
+    probes_s: float = 0.0  # the lead's probes of the selected updates, before its manifest
 
     @property
     def comm_s(self) -> float:
@@ -185,9 +202,12 @@ class Plan:
     @property
     def budgets_fit(self) -> bool:
         """The run's consensus bounds leave room for the exchange: the gather's download fits its
-        budget, and the wait for the lead's manifest covers decoding (the lead decodes at least
-        the gathered updates before it publishes)."""
-        return self.download_s <= self.fetch_budget_s and self.decode_s <= self.manifest_wait_s
+        budget, and the wait for the lead's manifest covers decoding and probing the selected
+        updates (the lead does both before it publishes)."""
+        return (
+            self.download_s <= self.fetch_budget_s
+            and self.decode_s + self.probes_s <= self.manifest_wait_s
+        )
 
     @property
     def fits_overlapped(self) -> bool:
@@ -305,6 +325,13 @@ def _best(fn: Callable[[], object], repeats: int) -> float:
     return max(best, 1e-9)
 
 
+def probe_seconds(run: RunConfig, box: Box) -> float:
+    """One probe of one update on one of the box's accelerators (`PROBE_FORWARDS` forward
+    passes of `PROBE_SAMPLES` sequences at the box's `probe_mfu`)."""
+    flops = 2.0 * run.param_count() * PROBE_SAMPLES * run.seq_len
+    return PROBE_FORWARDS * flops / (box.hardware.peak_flops * box.probe_mfu)
+
+
 def box_recipe(run: RunConfig, box: Box) -> MemoryOptions:
     """The training recipe a peer of `run` takes on `box` (`tessera miner`'s default: the
     sharding and the fastest recipe its GPUs' memory fits); activations kept on a CPU."""
@@ -346,6 +373,7 @@ def plan(
         fetch_budget_s=run.consensus.fetch_budget_s,
         manifest_wait_s=run.consensus.manifest_wait_s,
         recipe=recipe,
+        probes_s=run.gather_size * probe_seconds(run, box),
     )
 
 

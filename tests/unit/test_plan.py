@@ -138,3 +138,19 @@ def test_the_recipe_the_box_memory_allows_sets_the_step_time() -> None:
     assert roomy.recipe == PLAIN and tight.recipe == RECIPES[1]
     assert tight.compute_s / roomy.compute_s == pytest.approx(STEP_TIME[1])
     assert plan(RunConfig.preset("tiny"), REFERENCE["tiny"]).recipe == PLAIN
+
+
+def test_the_leads_probes_count_against_the_manifest_wait() -> None:
+    """The lead probes every selected update before its manifest: the probes grow with the gather
+    size and the model, not with how many hotkeys are registered, and a run whose manifest wait
+    cannot hold them does not fit its budgets."""
+    run = RunConfig.preset("1B")
+    p = plan(run, REFERENCE["1B"])
+    assert p.probes_s > 0 and p.decode_s + p.probes_s <= p.manifest_wait_s and p.budgets_fit
+    doubled = plan(RunConfig.preset("1B", gather_size=2 * run.gather_size), REFERENCE["1B"])
+    assert doubled.probes_s == pytest.approx(2 * p.probes_s)
+    bigger = plan(RunConfig.preset("8B"), REFERENCE["1B"])
+    ratio = RunConfig.preset("8B").param_count() / run.param_count()
+    assert bigger.probes_s == pytest.approx(ratio * p.probes_s)
+    short = RunConfig.preset("1B", consensus={"manifest_wait_s": p.probes_s / 2})
+    assert not plan(short, REFERENCE["1B"]).budgets_fit

@@ -31,7 +31,7 @@ from codec.pool import AggregatePool
 from codec.spec import ModelSpec
 from lab.bench.codec import one_thread
 from lab.bench.compress import student_t3
-from node.runtime.plan import layers_spec, model_spec
+from node.model.shapes import layers_spec, model_spec
 from node.strategy import make_strategy
 from node.strategy.base import Meta
 from protocol.runconfig import RunConfig

@@ -218,7 +218,7 @@ def _largest_stream_buffer(model: ModelConfig, codec: CodecParams) -> int:
     `tessera plan` asks for each sharding of each preset)."""
     from codec.chunking import ChunkLayout
     from codec.native.index_decode import scratch_bytes
-    from node.runtime.plan import model_spec
+    from node.model.shapes import model_spec
 
     return max(
         (

@@ -42,11 +42,11 @@ import torch
 
 from codec.chunking import ChunkLayout
 from codec.spec import ModelSpec
-from node.model.llama import CausalLM
+from node.model.shapes import layers_spec, model_spec
 from node.runtime.memory import GIB, PLAIN, MemoryOptions, pick_recipe, pick_sharding, step_time
 from node.strategy import make_strategy
 from node.strategy.base import Meta
-from protocol.runconfig import ModelConfig, RunConfig
+from protocol.runconfig import RunConfig
 from protocol.windows import WindowSchedule
 
 MFU = 0.33
@@ -213,23 +213,6 @@ class Plan:
     def fits_overlapped(self) -> bool:
         """With ``outer.delay = 1``: training and, beside it, the exchange each fit a window."""
         return max(self.compute_s, self.comm_s) <= self.window_s
-
-
-def model_spec(cfg: ModelConfig) -> ModelSpec:
-    """The model's tensors, built on the meta device (no memory, any size)."""
-    with torch.device("meta"):
-        model = CausalLM(cfg)
-    model.tie_weights()
-    return ModelSpec.from_module(model)
-
-
-def layers_spec(cfg: ModelConfig, layers: int) -> ModelSpec:
-    """The model's tensors of its first ``layers`` decoder layers (all of its tensors for 0)."""
-    spec = model_spec(cfg)
-    if layers <= 0:
-        return spec
-    keep = tuple(f".layers.{i}." for i in range(layers))
-    return ModelSpec(tensors=tuple(t for t in spec.tensors if any(k in t.name for k in keep)))
 
 
 def entries(run: RunConfig, spec: ModelSpec) -> int:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from codec.chunking import ChunkLayout
-from node.runtime.plan import model_spec
+from node.model.shapes import model_spec
 from protocol.runconfig import RunConfig
 
 ROOT = Path(__file__).resolve().parents[2]

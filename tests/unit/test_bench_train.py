@@ -44,7 +44,7 @@ def test_quick_bench_writes_the_stable_schema(tmp_path: Path) -> None:
     assert rows["diloco"]["bytes_per_window"] == pytest.approx(dense, rel=0.01)  # fp32 values
     assert rows["sparseloco"]["bytes_per_window"] < 0.03 * dense
     assert (tmp_path / "bench.png").stat().st_size > 10_000
-    assert "× DDP" in (tmp_path / "bench.md").read_text()
+    assert "× best DDP" in (tmp_path / "bench.md").read_text()
 
 
 def test_seeds_give_each_method_a_mean_and_a_spread(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from codec.compress import Compressor
 from codec.spec import ModelSpec
 from commands.cli import main
 from node.model.llama import build_model
+from node.model.shapes import model_spec
 from node.runtime.memory import PLAIN, RECIPES, STEP_TIME
 from node.runtime.plan import (
     CPU_PRESETS,
@@ -19,7 +20,6 @@ from node.runtime.plan import (
     TARGET_BUSY,
     Box,
     entries,
-    model_spec,
     plan,
     suggest,
     update_size,

@@ -14,7 +14,7 @@ from substrateinterface import Keypair
 
 from codec.compress import Compressor
 from lab.bench.compress import student_t3
-from node.runtime.plan import model_spec
+from node.model.shapes import model_spec
 from node.strategy import make_strategy
 from node.window.buckets import PeerBucket
 from node.window.exchange import encode_signed

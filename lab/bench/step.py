@@ -8,7 +8,7 @@ memory above the weights and AdamW moments, less the gradients (what the micro-b
 activations and the loss really took), beside the memory plan's `activation_bytes`, and the
 model FLOPs utilisation (``6 · parameters · tokens/s`` over the GPU's peak bf16 rate,
 `node.runtime.plan.HARDWARE`). The reference is the plain recipe's step time, measured in the
-same run: each recipe's ratio to it is what `node.runtime.memory.STEP_TIME` assumes.
+same run: each recipe's ratio to it is what `node.runtime.memory.step_time` assumes.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 
 from miner.train import make_optimizer, train_window
 from node.model.llama import build_model
-from node.runtime.memory import FP32, RECIPES, STEP_TIME, MemoryOptions, activation_bytes
+from node.runtime.memory import FP32, RECIPES, MemoryOptions, activation_bytes, step_time
 from node.runtime.plan import HARDWARE
 from protocol.runconfig import RunConfig
 
@@ -60,8 +60,7 @@ def step_cost(
         results.append(_one_recipe(model, optimizer, batches, run, dev, options, params, peak))
     results.reverse()
     plain = results[0].get("s_per_step")
-    for row, expected in zip(results, STEP_TIME, strict=True):
-        row["planned_step_time"] = expected
+    for row in results:
         if plain and "s_per_step" in row:
             row["step_time"] = row["s_per_step"] / plain
     return {
@@ -93,6 +92,7 @@ def _one_recipe(
         "checkpoint_layers": options.checkpoint_layers,
         "loss_chunk_tokens": options.loss_chunk_tokens,
         "planned_activation_bytes": activation_bytes(run, options),
+        "planned_step_time": step_time(options),
     }
     cuda = dev.type == "cuda"
     try:

@@ -27,7 +27,9 @@ from commands.arg_types import fraction, positive_int
 from commands.node_args import exchange_workers
 from node.runtime.memory import GIB, pick_recipe, plan_memory, step_time
 from node.runtime.plan import (
+    CPU_PROBE_FORWARD_MFU,
     HARDWARE,
+    PROBE_FORWARD_MFU,
     REFERENCE,
     TARGET_BUSY,
     Box,
@@ -88,8 +90,7 @@ def box_for(run: RunConfig, args: argparse.Namespace) -> Box:
     box = REFERENCE.get(run.preset_name, REFERENCE["8B"])
     changes = {"gpu": args.gpu, "devices": args.gpus, "link_gbps": args.link_gbps, "mfu": args.mfu}
     if args.gpu is not None and args.gpu != box.gpu:  # another kind: its measured probe rate
-        kind = REFERENCE["8B"] if args.gpu != "cpu" else REFERENCE["tiny"]
-        changes["probe_mfu"] = kind.probe_mfu
+        changes["probe_mfu"] = CPU_PROBE_FORWARD_MFU if args.gpu == "cpu" else PROBE_FORWARD_MFU
     return replace(box, **{k: v for k, v in changes.items() if v is not None})
 
 

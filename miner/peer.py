@@ -390,7 +390,7 @@ class Peer:
         with phases("gather", f"{len(peers)} selected"):
             fetched = gather(peers, self.cfg, self.spec, window, deadline, self.pooled)
         with phases("wait for the manifest"):
-            manifest = wait_for_manifest(roster, self.cfg, window, self.chain.block)
+            manifest = wait_for_manifest(roster, self.cfg, window, self.chain)
         agreed = agree(roster, fetched, manifest, start_fp, self.cfg, self.spec)
         return Exchanged(upload_bytes, upload_s, fetched, agreed, phases.seconds)
 

@@ -27,16 +27,18 @@ from substrateinterface import Keypair
 from codec.spec import ModelSpec
 from node.window.consensus import (
     Agreement,
+    ChainTime,
     Roster,
     agree,
     manifest_cutoff_block,
     may_publish,
     published_manifest,
+    wait_for_manifest,
 )
 from node.window.history import publish_aggregate
 from node.window.manifest import Entry, WindowManifest, publish_manifest
 from protocol.runconfig import RunConfig
-from protocol.stores import ObjectStore, StoreError
+from protocol.stores import ObjectExists, ObjectStore, StoreError
 from validator.admission import Admission
 from validator.checks import Verdict
 from validator.classify import PeerCheck
@@ -87,28 +89,29 @@ def publish_decision(
     manifest: WindowManifest,
     uploads: Mapping[int, Upload],
     scratch: Path,
-) -> bool:
-    """The aggregate object first (peers fall back on its copies), then the manifest; the
-    aggregate is written in `scratch`, one update read back from the spool at a time. Whether
-    both were stored."""
+    block_now: Callable[[], int],
+) -> None:
+    """The aggregate object first (peers fall back on its copies), then the manifest, if the
+    chain is still before the last block to publish once the aggregate is stored; the aggregate
+    is written in `scratch`, one update read back from the spool at a time. The manifest is
+    written once (`ObjectStore.put_new`): a retry after a lost answer never re-dates it, and a
+    lead never replaces a decision it published. Failures are logged: whether a manifest counts
+    is read back like every node reads it (`wait_for_manifest`)."""
     applied = {u: uploads[u].body for u in manifest.uids}
     hotkeys = {e.uid: e.hotkey for e in manifest.entries}
+    window = manifest.window
     try:
         publish_aggregate(
-            store,
-            run,
-            manifest.window,
-            manifest.validator_uid,
-            keypair,
-            applied,  # type: ignore[arg-type]
-            hotkeys,
-            scratch,
-        )
+            store, run, window, manifest.validator_uid, keypair, applied, hotkeys, scratch  # type: ignore[arg-type]
+        )  # fmt: skip
+        if not may_publish(run, window, block_now()):
+            log.error("window %d: the aggregate took too long: no manifest published", window)
+            return
         publish_manifest(store, manifest, keypair)
+    except ObjectExists:
+        log.warning("window %d: a manifest of ours is already stored: it stands", window)
     except StoreError as exc:
-        log.error("window %d: publishing the manifest failed: %s", manifest.window, exc)
-        return False
-    return True
+        log.error("window %d: publishing the manifest failed: %s", window, exc)
 
 
 def lead_decision(
@@ -121,42 +124,46 @@ def lead_decision(
     uploads: Mapping[int, Upload],
     fingerprint_start: str,
     scratch: Path,
-    block_now: Callable[[], int],
+    chain: ChainTime,
     admission: Admission,
 ) -> Agreement:
-    """The lead's agreement for the roster's window (`roster.lead` is us): the manifest it
-    already published for that window, if any (a lead restarted between publishing and saving
-    its state must never publish a second decision: peers may have applied the first), followed
-    like any manifest; else a new decision, published (`publish_decision`) and applied while the
-    chain is before the cutoff; else nothing (`nothing_applied`)."""
+    """The lead's agreement for the roster's window (`roster.lead` is us). A manifest we already
+    published for the window (before a restart) stands: peers may have applied it. Otherwise,
+    while the chain is before the last block to publish, a new decision is published
+    (`publish_decision`). Either way the lead then reads its manifest back as every node does and
+    applies what counts (`wait_for_manifest`: stored by the cutoff block's timestamp), or
+    nothing (`nothing_applied`)."""
     if roster.lead is None or roster.lead.hotkey != keypair.ss58_address:
         raise ValueError("lead_decision is the lead's: the roster names another lead")
     window = roster.window
-    published = _own_manifest(roster, run, window)
-    if published is not None:
-        log.warning("window %d: adopting the manifest we published before a restart", window)
-        return follow(roster, uploads, published, fingerprint_start, run, spec)
-    if not may_publish(run, window, block_now()):
-        why = f"too late to publish before block {manifest_cutoff_block(run, window)}"
+    manifest = None
+    if _own_manifest(roster, run, window):
+        log.warning("window %d: a manifest we published before a restart stands", window)
+    elif may_publish(run, window, chain.block()):
+        manifest = lead_manifest(
+            run, window, roster, checks, admission, roster.lead.uid, keypair.ss58_address,
+            fingerprint_start,
+        )  # fmt: skip
+        publish_decision(store, run, keypair, manifest, uploads, scratch, chain.block)
+    else:
+        log.warning("window %d: too late to publish a manifest", window)
+    counted = wait_for_manifest(roster, run, window, chain)
+    if counted is None:
+        why = f"none stored by block {manifest_cutoff_block(run, window)}"
         return nothing_applied(store, run, keypair, window, roster.lead.uid, why)
-    manifest = lead_manifest(
-        run, window, roster, checks, admission, roster.lead.uid, keypair.ss58_address,
-        fingerprint_start,
-    )  # fmt: skip
-    if publish_decision(store, run, keypair, manifest, uploads, scratch):
+    if counted == manifest:
         return lead_agreement(manifest, uploads)
-    if _own_manifest(roster, run, window) == manifest:  # the PUT failed late: stored after all
-        return lead_agreement(manifest, uploads)
-    return nothing_applied(store, run, keypair, window, roster.lead.uid, "manifest not stored")
+    return follow(roster, uploads, counted, fingerprint_start, run, spec)
 
 
-def _own_manifest(roster: Roster, run: RunConfig, window: int) -> WindowManifest | None:
-    """One look at the manifest we (the lead) published for `window`; None if unreadable."""
+def _own_manifest(roster: Roster, run: RunConfig, window: int) -> bool:
+    """Whether we (the lead) have a manifest stored for `window`; True if we cannot tell (the
+    read back then decides)."""
     try:
-        return published_manifest(roster, run, window)
+        return published_manifest(roster, run, window) is not None
     except StoreError as exc:
         log.error("window %d: cannot read our own manifest: %s", window, exc)
-        return None
+        return True
 
 
 def nothing_applied(

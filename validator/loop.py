@@ -266,11 +266,11 @@ class Validator:
             begun = time.monotonic()
             agreed = lead_decision(
                 self.store, self.run, self.spec, self.keypair, roster, checks, uploads,
-                self.fingerprint, spool, self.chain.block, admission,
+                self.fingerprint, spool, self.chain, admission,
             )  # fmt: skip
             self._publish_s = time.monotonic() - begun
             return agreed
-        manifest = wait_for_manifest(roster, self.run, window, self.chain.block)
+        manifest = wait_for_manifest(roster, self.run, window, self.chain)
         agreed = follow(roster, uploads, manifest, self.fingerprint, self.run, self.spec)
         for uid in mark_equivocations(checks, agreed):
             log.warning("window %d: uid %d equivocated: %s", window, uid, checks[uid].detail)

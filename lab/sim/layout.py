@@ -55,9 +55,10 @@ def sim_run_config(
 ) -> RunConfig:
     """The tiny preset with a clock fast enough for a simulation on a laptop.
 
-    A gather may take a fifth of a window, and a peer waits up to another half of a window for
-    the lead validator's manifest (`node.window.consensus`): the lead scores the selected updates
-    for evidence of training before it decides (`validator.admission`).
+    A gather may take a fifth of a window, and the lead validator has another 40 % of a window to
+    publish its manifest (`node.window.consensus`): it scores the selected updates for evidence of
+    training before it decides (`validator.admission`). A peer that finds none waits a few blocks
+    more (the settle block), and still has a fifth of a window to train the next one.
     """
     window_s = block_time * blocks_per_window
     return RunConfig.preset(
@@ -65,7 +66,7 @@ def sim_run_config(
         name="sim",
         strategy=strategy,
         outer={"total_windows": max(windows, 1), "delay": delay},
-        consensus={"fetch_budget_s": max(2.0, window_s / 5), "manifest_wait_s": window_s / 2},
+        consensus={"fetch_budget_s": max(2.0, window_s / 5), "manifest_wait_s": 0.4 * window_s},
         timing={
             "block_time_s": block_time,
             "blocks_per_window": blocks_per_window,

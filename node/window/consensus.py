@@ -18,12 +18,14 @@ The rule (reasoning and attacks in docs/consensus.md):
    takes the one outer step (`node.strategy`). The lead can leave updates out (censor);
    it cannot put in anything a selected peer did not sign, nor move the model further than the
    outer step's bounds allow.
-4. **Waiting for it, by the chain's clock.** The manifest of window ``w`` counts only if it is
-   published before the window's cutoff block (`manifest_cutoff_block`: the gather block plus
-   ``fetch_budget_s + manifest_wait_s`` in blocks). The lead publishes only while the chain is
-   more than `PUBLISH_MARGIN_S` before the cutoff; every node reads until the chain has reached the
-   cutoff and then once more (`wait_for_manifest`). The last read starts after every timely
-   manifest is stored, so every honest node sees the same thing whatever its load.
+4. **Waiting for it, by the chain's clock.** The manifest of window ``w`` counts only if the
+   lead's store dated it by the timestamp of the window's cutoff block (`manifest_cutoff_block`:
+   the gather block plus ``fetch_budget_s + manifest_wait_s`` in blocks), within the clock-skew
+   tolerance (`judge`). The lead begins its PUT only while the chain is more than
+   `PUBLISH_MARGIN_S` before the cutoff and writes it once; every node (the lead too) reads until
+   it can judge what it finds or the chain has reached the settle block, and then once more
+   (`wait_for_manifest`). A PUT completed late is dated late and counts for nobody, so every
+   honest node applies the same thing whatever its load and whenever the PUT landed.
 5. **Without a manifest** by the cutoff (or with one that does not resolve), a node applies
    nothing for the window, as the lead does when it is too late to publish: every honest node
    takes the same (empty) step and keeps its update's error feedback. Only a run without any
@@ -40,7 +42,9 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
+from typing import Protocol
 
 from codec.spec import ModelSpec
 from node.strategy.base import Decoded
@@ -57,6 +61,7 @@ from node.window.manifest import (
 from node.window.selection import select_peers
 from protocol.chain.base import Chain
 from protocol.chain.models import Metagraph
+from protocol.naming import applied_key
 from protocol.runconfig import RunConfig
 from protocol.stores import ObjectNotFound, StoreError
 from protocol.windows import WindowSchedule
@@ -117,23 +122,52 @@ def _lead(metagraph: Metagraph, buckets: Mapping[int, PeerBucket]) -> PeerBucket
 
 
 PUBLISH_MARGIN_S = 2.0
-"""How long (at least one block) before the cutoff block the lead stops publishing a manifest: its
-PUT of about a kilobyte must be stored before any node's last read (docs/consensus.md)."""
+"""How long (at least one block) before the cutoff block the lead stops starting a manifest PUT."""
+
+MANIFEST_SETTLE_S = 2.0
+"""How long after the latest store time that counts a node waits before its last read: a
+manifest its store dated on time is visible by then (an HTTP date is cut to the whole second, and
+a store completes a PUT of a kilobyte well within another; docs/consensus.md)."""
 
 READ_RETRY_S = 30.0
-"""How long past the cutoff a node keeps retrying a manifest read that failed (not a 404)."""
+"""How long past the settle block a node keeps retrying a manifest read that failed (not a 404)."""
+
+
+class ChainTime(Protocol):
+    """The chain's clock as the manifest rule reads it (`protocol.chain.base.Chain` is one)."""
+
+    def block(self) -> int: ...
+
+    def block_timestamp(self, block: int) -> datetime: ...
+
+
+@dataclass(frozen=True)
+class StoredManifest:
+    """The lead's verified manifest and the time its store gives for it (``Last-Modified``)."""
+
+    manifest: WindowManifest
+    stored_at: datetime
 
 
 def manifest_cutoff_block(run: RunConfig, window: int) -> int:
-    """The block before which the lead's manifest of `window` must be stored to count: the gather
-    block plus ``fetch_budget_s + manifest_wait_s`` worth of blocks."""
+    """The block by whose timestamp the lead's manifest of `window` must be stored to count: the
+    gather block plus ``fetch_budget_s + manifest_wait_s`` worth of blocks."""
     wait_s = run.consensus.fetch_budget_s + run.consensus.manifest_wait_s
     schedule = WindowSchedule.from_run(run)
     return schedule.gather_block(window) + math.ceil(wait_s / run.timing.block_time_s)
 
 
+def settle_block(run: RunConfig, window: int) -> int:
+    """The block from which a node's read of `window`'s manifest is its last: the clock-skew
+    tolerance and `MANIFEST_SETTLE_S` (at least one block) after the cutoff block."""
+    settle_s = run.timing.clock_skew_tolerance_s + MANIFEST_SETTLE_S
+    return manifest_cutoff_block(run, window) + max(
+        1, math.ceil(settle_s / run.timing.block_time_s)
+    )
+
+
 def last_publish_block(run: RunConfig, window: int) -> int:
-    """The block from which the lead no longer publishes `window`'s manifest: `PUBLISH_MARGIN_S`
+    """The block from which the lead no longer starts `window`'s manifest PUT: `PUBLISH_MARGIN_S`
     (and at least one block) before the cutoff block."""
     margin = max(1, math.ceil(PUBLISH_MARGIN_S / run.timing.block_time_s))
     return manifest_cutoff_block(run, window) - margin
@@ -144,52 +178,86 @@ def may_publish(run: RunConfig, window: int, block: int) -> bool:
     return block < last_publish_block(run, window)
 
 
+def stored_on_time(stored_at: datetime, bound: datetime, run: RunConfig) -> bool:
+    """Whether a manifest stored at `stored_at` (its store's time) counts against `bound` (a
+    block's chain timestamp), within the run's clock-skew tolerance."""
+    late_by = (stored_at - bound).total_seconds()
+    return late_by <= run.timing.clock_skew_tolerance_s
+
+
+def judge(
+    stored: StoredManifest, head: int, run: RunConfig, window: int, chain: ChainTime
+) -> bool | None:
+    """Whether `stored`, read with the chain at block `head`, counts: once the chain has reached
+    the cutoff block, by that block's timestamp; before it, True if it is on time even against
+    the head's (block timestamps never go back), else None (not known yet)."""
+    cutoff = manifest_cutoff_block(run, window)
+    if head >= cutoff:
+        return stored_on_time(stored.stored_at, chain.block_timestamp(cutoff), run)
+    if stored_on_time(stored.stored_at, chain.block_timestamp(head), run):
+        return True
+    return None
+
+
 def wait_for_manifest(
-    roster: Roster, run: RunConfig, window: int, block_now: Callable[[], int]
+    roster: Roster, run: RunConfig, window: int, chain: ChainTime
 ) -> WindowManifest | None:
-    """The lead's verified manifest of `window`, read until the chain (`block_now`) has reached
-    the cutoff block and then once more; None if there is none (or the one published is invalid:
-    that is logged, and every honest node finds it invalid alike). A read that fails (not a 404)
-    is retried for up to `READ_RETRY_S` past the cutoff."""
+    """The lead's verified manifest of `window` if its store dated it by the cutoff block's
+    timestamp; None if there is none, if it was stored later, or if it is invalid (logged; every
+    honest node finds it so alike). A node reads until a manifest is judged (`judge`) or the
+    chain has reached the settle block, and then once more: every manifest stored on time is
+    visible to that last read, whatever the node's load. A read that fails (not a 404) is
+    retried for up to `READ_RETRY_S` past the settle block."""
     if roster.lead is None:  # a run without validators: nobody publishes one
         return None
-    cutoff = manifest_cutoff_block(run, window)
+    last = settle_block(run, window)
     begun = time.monotonic()
-    log.info("window %d: waiting for the lead's manifest until block %d", window, cutoff)
+    log.info(
+        "window %d: waiting for the lead's manifest stored by block %d",
+        window,
+        manifest_cutoff_block(run, window),
+    )
     give_up: float | None = None
     while True:
-        past = block_now() >= cutoff  # before the read: a read begun after the cutoff is final
-        if past and give_up is None:
+        head = chain.block()
+        final = head >= last  # before the read: a read begun after the settle block is final
+        if final and give_up is None:
             give_up = time.monotonic() + READ_RETRY_S
         try:
-            manifest = published_manifest(roster, run, window)
+            stored = published_manifest(roster, run, window)
         except StoreError as exc:
             log.warning("window %d: the lead's manifest is unreadable: %s", window, exc)
             if give_up is not None and time.monotonic() > give_up:
                 return None
         else:
-            if manifest is not None or past:
+            counts = judge(stored, head, run, window, chain) if stored is not None else None
+            if counts is not None or final:
                 took = time.monotonic() - begun
-                found = "found" if manifest is not None else "none by the cutoff"
+                found = "none by the cutoff"
+                if stored is not None:
+                    found = "found" if counts else f"stored after the cutoff ({stored.stored_at})"
                 log.info("window %d: lead's manifest: %s after %.1f s", window, found, took)
-                return manifest
+                return stored.manifest if stored is not None and counts else None
         time.sleep(min(MANIFEST_POLL_MAX_S, max(MANIFEST_POLL_S, run.timing.block_time_s / 4)))
 
 
-def published_manifest(roster: Roster, run: RunConfig, window: int) -> WindowManifest | None:
-    """One read of the lead's manifest of `window`: None when there is no lead, no manifest, or
-    an invalid one (logged); `StoreError` when the read itself failed."""
+def published_manifest(roster: Roster, run: RunConfig, window: int) -> StoredManifest | None:
+    """One read of the lead's manifest of `window` and its store time: None when there is no
+    lead, no manifest, or an invalid one (logged); `StoreError` when the read itself failed."""
     lead = roster.lead
     if lead is None:
         return None
     cap = manifest_cap(run.gather_size)
+    key = applied_key(run.run_id, window, lead.uid, lead.hotkey)
     try:
-        return read_manifest(lead.store, run.run_id, window, lead.uid, lead.hotkey, cap)
+        info = lead.store.head(key)
+        manifest = read_manifest(lead.store, run.run_id, window, lead.uid, lead.hotkey, cap)
     except ObjectNotFound:
         return None
     except ManifestError as exc:
         log.warning("window %d: manifest of validator uid %d invalid: %s", window, lead.uid, exc)
         return None
+    return StoredManifest(manifest, info.last_modified)
 
 
 def check_manifest(manifest: WindowManifest, roster: Roster) -> None:

@@ -100,7 +100,8 @@ class WindowManifest(BaseModel):
 
 
 def publish_manifest(store: ObjectStore, manifest: WindowManifest, keypair: Keypair) -> str:
-    """Sign and publish `manifest` in our bucket; returns its key."""
+    """Sign and publish `manifest` in our bucket, once: `ObjectExists` if a manifest of ours is
+    stored for the window already (it stands; a retry never re-dates it). Returns its key."""
     body = manifest.canonical()
     sig = sign_object(
         keypair,
@@ -113,7 +114,7 @@ def publish_manifest(store: ObjectStore, manifest: WindowManifest, keypair: Keyp
     key = applied_key(
         manifest.run_id, manifest.window, manifest.validator_uid, manifest.validator_hotkey
     )
-    store.put(key, json.dumps({"body": json.loads(body), "sig": sig.hex()}).encode())
+    store.put_new(key, json.dumps({"body": json.loads(body), "sig": sig.hex()}).encode())
     return key
 
 

@@ -40,8 +40,12 @@ def fsync_dir(directory: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_write(dest: str | os.PathLike[str], *, fsync: bool = True) -> Iterator[int]:
-    """Yield a file descriptor of a new temporary file; rename it onto `dest` on clean exit."""
+def atomic_write(
+    dest: str | os.PathLike[str], *, fsync: bool = True, replace: bool = True
+) -> Iterator[int]:
+    """Yield a file descriptor of a new temporary file; rename it onto `dest` on clean exit.
+    With ``replace=False`` it is linked to `dest` only if nothing is there (`FileExistsError`
+    otherwise, `dest` untouched)."""
     target = Path(dest)
     tmp = target.parent / temp_name()
     fd = os.open(tmp, _FLAGS, 0o666)
@@ -53,7 +57,11 @@ def atomic_write(dest: str | os.PathLike[str], *, fsync: bool = True) -> Iterato
                 os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, target)
+        if replace:
+            os.replace(tmp, target)
+        else:
+            os.link(tmp, target)  # atomic, and refused if `target` exists
+            os.unlink(tmp)
         committed = True
     finally:
         if not committed:

@@ -13,6 +13,8 @@ Semantics shared by all backends (the contract tests in tests/unit/test_stores_c
 - `get_to_file` writes to a temporary file next to `path` and renames it into place; on any
   failure no file (neither `path` nor the temporary) is left behind and `path` is untouched;
 - `put` is atomic: readers see the old object or the new one, never a mix;
+- `put_new` stores only if the key is free (S3's ``If-None-Match: *``), else `ObjectExists`:
+  a retried write whose first answer was lost never replaces (and re-dates) what it stored;
 - `delete` is idempotent (deleting a missing key is not an error), as in S3;
 - `head`/`list` report sizes and UTC-aware `last_modified` timestamps; `list` returns entries
   sorted by key, skips entries whose keys break the key rules, and raises `ListingTooLarge`
@@ -114,6 +116,11 @@ class ObjectStore(ReadableStore):
     @abstractmethod
     def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
         """Store `data` under `key`, replacing any previous object atomically."""
+
+    @abstractmethod
+    def put_new(self, key: str, data: bytes | bytearray | memoryview) -> None:
+        """Store `data` under `key` only if no object is stored there; `ObjectExists` if one is
+        (perhaps our own earlier try, whose answer was lost)."""
 
     @abstractmethod
     def put_file(self, key: str, path: str | os.PathLike[str]) -> int:

@@ -18,6 +18,7 @@ __all__ = [
     "FetchTimeout",
     "InvalidKey",
     "ListingTooLarge",
+    "ObjectExists",
     "ObjectNotFound",
     "ObjectTooLarge",
     "ReadOnlyStoreError",
@@ -48,6 +49,14 @@ class ObjectNotFound(StoreError):
 
     def __init__(self, key: str, where: str) -> None:
         super().__init__(f"object {key!r} not found in {where}")
+        self.key = key
+
+
+class ObjectExists(StoreError):
+    """A create-only write (`ObjectStore.put_new`) found the key already stored."""
+
+    def __init__(self, key: str, where: str) -> None:
+        super().__init__(f"object {key!r} already exists in {where}")
         self.key = key
 
 

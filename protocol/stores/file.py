@@ -23,6 +23,7 @@ from protocol.stores.atomic import atomic_write, write_all
 from protocol.stores.base import DEFAULT_LIST_LIMIT, ObjectInfo, ObjectStore, check_max_bytes
 from protocol.stores.errors import (
     ListingTooLarge,
+    ObjectExists,
     ObjectNotFound,
     ObjectTooLarge,
     ReadOnlyStoreError,
@@ -187,6 +188,20 @@ class FileStore(ObjectStore):
         try:
             with atomic_write(path, fsync=self._fsync) as fd:
                 write_all(fd, data)
+        except IsADirectoryError:
+            raise StoreError(f"cannot store {key!r}: other objects live under it") from None
+        except OSError as exc:
+            raise StoreError(f"cannot store {key!r} in {self.location}: {exc.strerror}") from exc
+
+    def put_new(self, key: str, data: bytes | bytearray | memoryview) -> None:
+        self._require_writable("put")
+        path = self._path(key)
+        self._prepare_parent(key, path)
+        try:
+            with atomic_write(path, fsync=self._fsync, replace=False) as fd:
+                write_all(fd, data)
+        except FileExistsError:
+            raise ObjectExists(key, self.location) from None
         except IsADirectoryError:
             raise StoreError(f"cannot store {key!r}: other objects live under it") from None
         except OSError as exc:

@@ -37,6 +37,7 @@ from protocol.stores.errors import (
     AccessDenied,
     InvalidKey,
     ListingTooLarge,
+    ObjectExists,
     ObjectNotFound,
     ObjectTooLarge,
     ReadOnlyStoreError,
@@ -429,6 +430,22 @@ class S3Store(ObjectStore):
         else:
             self._put_multipart(key, len(view), lambda off, n: view[off : off + n].tobytes())
 
+    def put_new(self, key: str, data: bytes | bytearray | memoryview) -> None:
+        self._require_writable("put")
+        validate_key(key)
+        body = bytes(data)
+        if len(body) > self._cfg.multipart_threshold:
+            raise StoreError(f"a create-only write of {key!r} must fit one request")
+        try:
+            self._put_single(key, body, IfNoneMatch="*")
+        except StoreError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, ClientError) and (
+                error_code(cause) == "PreconditionFailed" or http_status(cause) == 412
+            ):
+                raise ObjectExists(key, self.location) from None
+            raise
+
     def put_file(self, key: str, path: str | os.PathLike[str]) -> int:
         self._require_writable("put_file")
         validate_key(key)
@@ -471,8 +488,8 @@ class S3Store(ObjectStore):
         )
         self._call("put lifecycle of", self._bucket, put)
 
-    def _put_single(self, key: str, body: bytes) -> None:
-        kwargs: dict[str, Any] = {"Bucket": self._bucket, "Key": key, "Body": body}
+    def _put_single(self, key: str, body: bytes, **conditions: str) -> None:
+        kwargs: dict[str, Any] = {"Bucket": self._bucket, "Key": key, "Body": body, **conditions}
         if self._cfg.content_md5:
             kwargs["ContentMD5"] = md5_b64(body)
         self._call("put", key, lambda: self._client.put_object(**kwargs))

@@ -36,7 +36,7 @@ from protocol.keys import create_hotkey
 from protocol.naming import ObjectKind, aggregate_key, applied_key
 from protocol.runconfig import RunConfig
 from protocol.signing import payload_digest, sign_object
-from protocol.stores import open_store
+from protocol.stores import ObjectExists, open_store
 from protocol.stores.spool import InMemory
 from tests.support.directions import along
 
@@ -191,7 +191,10 @@ def test_manifest_refuses_tampering_and_other_signers(tmp_path: Path, keys: dict
     with pytest.raises(ManifestError, match="signature"):
         read()
 
+    store.delete(key)
     publish_manifest(store, manifest, keys[0])  # signed by someone else
+    with pytest.raises(ObjectExists):  # a manifest is published once
+        publish_manifest(store, manifest, lead)
     with pytest.raises(ManifestError, match="signature"):
         read()
 

@@ -33,6 +33,7 @@ from node.window.manifest import (
 from protocol.keys import create_hotkey
 from protocol.runconfig import RunConfig
 from protocol.stores import open_store
+from tests.support.chain_time import SteppingChain
 from tests.support.lead_views import checked_views, lead_roster
 from validator.admission import Admission
 from validator.agreement import lead_decision, mark_equivocations
@@ -82,7 +83,8 @@ def test_a_restarted_lead_adopts_the_manifest_it_published(
 
     def decide() -> Agreement:
         return lead_decision(
-            store, RUN, SPEC, keys[LEAD], roster, checks, uploads, START, scratch, lambda: 0, ALL  # type: ignore[arg-type]
+            store, RUN, SPEC, keys[LEAD], roster, checks, uploads, START, scratch,
+            SteppingChain(0), ALL,  # type: ignore[arg-type]
         )  # fmt: skip
 
     first = decide()

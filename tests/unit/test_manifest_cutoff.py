@@ -1,17 +1,20 @@
-"""The manifest counts only if it is stored before the window's cutoff block, and every node reads
-until the chain has reached that block: what a node applies does not depend on its load.
+"""The manifest counts only if the lead's store dated it by the cutoff block's timestamp, and every
+node reads until the chain has reached the settle block: what a node applies does not depend on
+its load or on when the lead's PUT completed.
 
 - a prompt node and one that comes to read long after the cutoff (loaded, or restarted) see the
   same manifest;
-- without one, a node reads until the cutoff block and not a block less, and then applies
+- without one, a node reads until the settle block and not a block less, and then applies
   nothing (not its own choice, which differs from node to node);
+- a manifest stored after the cutoff (a PUT throttled past it) counts for nobody: not for a node
+  that reads it, nor for one whose last read came before it landed, nor for the lead;
 - a lead too late to publish before the cutoff, or whose manifest could not be stored, publishes
   no manifest and an empty aggregate, so the history replays what every node applied.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -28,6 +31,7 @@ from node.window.consensus import (
     agree,
     manifest_cutoff_block,
     may_publish,
+    settle_block,
     wait_for_manifest,
 )
 from node.window.exchange import encode_signed
@@ -38,6 +42,7 @@ from protocol.keys import create_hotkey
 from protocol.naming import applied_key
 from protocol.runconfig import RunConfig
 from protocol.stores import open_store
+from tests.support.chain_time import SteppingChain
 from tests.support.lead_views import checked_views, lead_roster
 from validator.admission import Admission
 from validator.agreement import lead_decision
@@ -82,20 +87,6 @@ def _manifest(keys: dict[int, Keypair]) -> WindowManifest:
     )  # fmt: skip
 
 
-def _clock(first: int, on: dict[int, Callable[[], None]] | None = None) -> Callable[[], int]:
-    """A chain that moves one block per look, from `first`; `on[b]` runs when block b is seen."""
-    seen = iter(range(first, 1 << 30))
-    hooks = dict(on or {})
-
-    def block_now() -> int:
-        b = next(seen)
-        if b in hooks:
-            hooks.pop(b)()
-        return b
-
-    return block_now
-
-
 def _views(keys: dict[int, Keypair]) -> tuple[dict[int, Fetched], dict[int, Upload], dict]:
     data = {
         u: encode_signed(
@@ -129,25 +120,43 @@ def test_a_prompt_and_a_loaded_node_see_the_same_manifest(
         publish_manifest(store, _manifest(keys), keys[LEAD])  # type: ignore[arg-type]
 
     gather = CUTOFF - 40
-    prompt = wait_for_manifest(roster, RUN, WINDOW, _clock(gather, {publish_at: publish}))
-    loaded = wait_for_manifest(roster, RUN, WINDOW, _clock(CUTOFF + 500))
+    prompt = wait_for_manifest(roster, RUN, WINDOW, SteppingChain(gather, {publish_at: publish}))
+    # the loaded node reads 500 blocks after the cutoff, on the same chain's timestamps
+    at_gather = SteppingChain(gather).first_at
+    loaded_chain = SteppingChain(CUTOFF + 500, first_at=at_gather + timedelta(seconds=540))
+    loaded = wait_for_manifest(roster, RUN, WINDOW, loaded_chain)
     assert prompt == loaded == _manifest(keys)
 
 
-def test_without_a_manifest_a_node_reads_until_the_cutoff_then_applies_nothing(
+def test_a_manifest_stored_after_the_cutoff_counts_for_nobody(
+    tmp_path: Path, keys: dict[int, Keypair]
+) -> None:
+    """The lead began its PUT in time, but its store took it after the cutoff block's timestamp
+    (throttled): the prompt node's last read came first and saw nothing, a loaded node reads it
+    later; both apply nothing."""
+    store = open_store(f"file://{tmp_path}?bucket=lead")
+    roster = _roster(keys, store)
+    settle = settle_block(RUN, WINDOW)
+    # block timestamps put the cutoff 100 s in the past: whatever is stored now is late
+    past = SteppingChain(CUTOFF).first_at - timedelta(seconds=100)
+    prompt = SteppingChain(CUTOFF - 3, first_at=past - timedelta(seconds=3))
+    assert wait_for_manifest(roster, RUN, WINDOW, prompt) is None
+    assert prompt.seen[-1] == settle
+    publish_manifest(store, _manifest(keys), keys[LEAD])  # type: ignore[arg-type]
+    loaded = SteppingChain(settle + 50, first_at=past + timedelta(seconds=settle + 50 - CUTOFF))
+    assert wait_for_manifest(roster, RUN, WINDOW, loaded) is None
+    on_time = SteppingChain(CUTOFF + 1)  # the same object, had the cutoff been now
+    assert wait_for_manifest(roster, RUN, WINDOW, on_time) == _manifest(keys)
+
+
+def test_without_a_manifest_a_node_reads_until_the_settle_block_then_applies_nothing(
     tmp_path: Path, keys: dict[int, Keypair]
 ) -> None:
     store = open_store(f"file://{tmp_path}?bucket=lead")
     roster = _roster(keys, store)
-    looked: list[int] = []
-    clock = _clock(CUTOFF - 5)
-
-    def block_now() -> int:
-        looked.append(clock())
-        return looked[-1]
-
-    assert wait_for_manifest(roster, RUN, WINDOW, block_now) is None
-    assert looked[-1] == CUTOFF  # not a block less
+    chain = SteppingChain(CUTOFF - 5)
+    assert wait_for_manifest(roster, RUN, WINDOW, chain) is None
+    assert chain.seen[-1] == settle_block(RUN, WINDOW) > CUTOFF  # not a block less
     fetched, _, _ = _views(keys)
     agreed = agree(roster, fetched, None, START, RUN, SPEC)
     assert agreed.updates == {} and not agreed.forked  # every node alike, not its own copies
@@ -161,16 +170,53 @@ def test_a_lead_too_late_for_the_cutoff_publishes_no_manifest_and_an_empty_histo
     late = CUTOFF - 1  # inside the margin: a PUT now could land after some node's last read
     assert not may_publish(RUN, WINDOW, late)
     agreed = lead_decision(
-        store, RUN, SPEC, keys[LEAD], roster, checks, uploads, START, scratch, lambda: late, ALL  # type: ignore[arg-type]
+        store, RUN, SPEC, keys[LEAD], roster, checks, uploads, START, scratch,
+        SteppingChain(late), ALL,  # type: ignore[arg-type]
     )  # fmt: skip
     assert agreed.updates == {} and agreed.manifest is None
     assert not store.exists(applied_key(RUN.run_id, WINDOW, LEAD, keys[LEAD].ss58_address))
     history = read_aggregate_bytes(store, RUN, SPEC, WINDOW, LEAD, keys[LEAD].ss58_address)  # type: ignore[arg-type]
     assert history == {}
     on_time = lead_decision(
-        store, RUN, SPEC, keys[LEAD], roster, checks, uploads, START, scratch, lambda: late - 10, ALL  # type: ignore[arg-type]
+        store, RUN, SPEC, keys[LEAD], roster, checks, uploads, START, scratch,
+        SteppingChain(late - 10), ALL,  # type: ignore[arg-type]
     )  # fmt: skip
     assert on_time.manifest is not None and sorted(on_time.updates) == [0, 1]
+
+
+def test_a_lead_past_its_last_block_after_the_aggregate_publishes_no_manifest(
+    keys: dict[int, Keypair], lead_view: tuple
+) -> None:
+    """Uploading the aggregate took the lead into the margin before the cutoff: it does not begin
+    the manifest's PUT then (it could land after some node's last read)."""
+    store, roster, uploads, checks, scratch = lead_view
+    last = CUTOFF - 2  # the last block to publish: the margin is two blocks of 1 s
+    assert may_publish(RUN, WINDOW, last - 1) and not may_publish(RUN, WINDOW, last)
+    agreed = lead_decision(
+        store, RUN, SPEC, keys[LEAD], roster, checks, uploads, START, scratch,
+        SteppingChain(last - 1), ALL,  # type: ignore[arg-type]
+    )  # fmt: skip
+    assert not store.exists(applied_key(RUN.run_id, WINDOW, LEAD, keys[LEAD].ss58_address))
+    assert agreed.updates == {} and agreed.manifest is None
+
+
+def test_a_lead_whose_manifest_is_stored_after_the_cutoff_applies_nothing(
+    keys: dict[int, Keypair], lead_view: tuple
+) -> None:
+    """The lead judges its own manifest by the rule every node applies: began in time, stored
+    (by its store's clock) after the cutoff block's timestamp, it counts for nobody, and the
+    lead's history says the window applied nothing."""
+    store, roster, uploads, checks, scratch = lead_view
+    start = CUTOFF - 20
+    assert may_publish(RUN, WINDOW, start)
+    chain = SteppingChain(start, first_at=SteppingChain(0).first_at - timedelta(seconds=200))
+    agreed = lead_decision(
+        store, RUN, SPEC, keys[LEAD], roster, checks, uploads, START, scratch, chain, ALL  # type: ignore[arg-type]
+    )  # fmt: skip
+    assert store.exists(applied_key(RUN.run_id, WINDOW, LEAD, keys[LEAD].ss58_address))
+    assert agreed.updates == {} and agreed.manifest is None
+    history = read_aggregate_bytes(store, RUN, SPEC, WINDOW, LEAD, keys[LEAD].ss58_address)  # type: ignore[arg-type]
+    assert history == {}
 
 
 def test_a_lead_whose_manifest_cannot_be_stored_applies_nothing(
@@ -180,7 +226,8 @@ def test_a_lead_whose_manifest_cannot_be_stored_applies_nothing(
     key = applied_key(RUN.run_id, WINDOW, LEAD, keys[LEAD].ss58_address)
     (tmp_path / "lead" / key / "blocker").mkdir(parents=True)  # its PUT fails
     agreed = lead_decision(
-        store, RUN, SPEC, keys[LEAD], roster, checks, uploads, START, scratch, lambda: 0, ALL  # type: ignore[arg-type]
+        store, RUN, SPEC, keys[LEAD], roster, checks, uploads, START, scratch, SteppingChain(0),
+        ALL,  # type: ignore[arg-type]
     )  # fmt: skip
     assert agreed.updates == {} and agreed.manifest is None
     history = read_aggregate_bytes(store, RUN, SPEC, WINDOW, LEAD, keys[LEAD].ss58_address)  # type: ignore[arg-type]
@@ -191,7 +238,8 @@ def test_a_run_without_validators_does_not_wait_for_a_manifest(keys: dict[int, K
     """Nobody publishes one: the node applies its own verified copies at once."""
     roster = _roster(keys, None)
     roster = Roster(WINDOW, roster.block, roster.metagraph, {}, {}, [0, 1], None)
-    assert wait_for_manifest(roster, RUN, WINDOW, lambda: 0) is None  # the chain never moves
+    chain = SteppingChain(0, stop_at=0)  # the chain never moves
+    assert wait_for_manifest(roster, RUN, WINDOW, chain) is None
     fetched, _, _ = _views(keys)
     agreed = agree(roster, fetched, None, START, RUN, SPEC)
     assert sorted(agreed.updates) == [0, 1] and agreed.note == "no validator: own choice"

@@ -14,6 +14,7 @@ from protocol.stores import (
     DEFAULT_LIST_LIMIT,
     InvalidKey,
     ListingTooLarge,
+    ObjectExists,
     ObjectNotFound,
     ObjectStore,
     ObjectTooLarge,
@@ -105,6 +106,20 @@ def test_overwrite_replaces_whole_object(store: ObjectStore) -> None:
     store.put("k", b"short")
     assert store.get("k", 1 << 20) == b"short"
     assert store.head("k").size == 5
+
+
+def test_put_new_never_replaces_or_redates_a_stored_object(store: ObjectStore) -> None:
+    """A create-only write stores a free key once; a second one (a retry after a lost answer,
+    or other bytes) is refused and leaves the first object, and its time, as they were."""
+    store.put_new("once", b"first")
+    stamp = store.head("once").last_modified
+    for again in (b"first", b"other bytes"):
+        with pytest.raises(ObjectExists):
+            store.put_new("once", again)
+    assert store.get("once", 100) == b"first"
+    assert store.head("once").last_modified == stamp
+    store.put("once", b"replaced")  # a plain put still replaces
+    assert store.get("once", 100) == b"replaced"
 
 
 def test_multi_part_sized_object(store: ObjectStore) -> None:

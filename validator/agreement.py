@@ -25,6 +25,7 @@ from pathlib import Path
 from substrateinterface import Keypair
 
 from codec.spec import ModelSpec
+from node.window.buckets import PeerBucket
 from node.window.consensus import (
     Agreement,
     ChainTime,
@@ -114,7 +115,7 @@ def publish_decision(
         log.error("window %d: publishing the manifest failed: %s", window, exc)
 
 
-def lead_decision(
+def decide(
     store: ObjectStore,
     run: RunConfig,
     spec: ModelSpec,
@@ -127,56 +128,115 @@ def lead_decision(
     chain: ChainTime,
     admission: Admission,
 ) -> Agreement:
-    """The lead's agreement for the roster's window (`roster.lead` is us). A manifest we already
-    published for the window (before a restart) stands: peers may have applied it. Otherwise,
-    while the chain is before the last block to publish, a new decision is published
-    (`publish_decision`). Either way the lead then reads its manifest back as every node does and
-    applies what counts (`wait_for_manifest`: stored by the cutoff block's timestamp), or
-    nothing (`nothing_applied`)."""
-    if roster.lead is None or roster.lead.hotkey != keypair.ss58_address:
-        raise ValueError("lead_decision is the lead's: the roster names another lead")
+    """A deciding validator's agreement for the roster's window (we are one of
+    `roster.deciders`: the lead, or the standby): our decision proposed (`propose`), then the
+    one that counts applied (`adopt`)."""
+    proposed = propose(
+        store, run, keypair, roster, checks, uploads, fingerprint_start, scratch, chain, admission
+    )
+    return adopt(
+        store, run, spec, keypair, roster, uploads, fingerprint_start, scratch, chain, proposed
+    )
+
+
+def propose(
+    store: ObjectStore,
+    run: RunConfig,
+    keypair: Keypair,
+    roster: Roster,
+    checks: Mapping[int, PeerCheck],
+    uploads: Mapping[int, Upload],
+    fingerprint_start: str,
+    scratch: Path,
+    chain: ChainTime,
+    admission: Admission,
+) -> WindowManifest | None:
+    """Publish our decision for the window (`publish_decision`) while the chain is before the
+    last block to publish, unless a manifest of ours already stands (published before a
+    restart: peers may have applied it). The manifest we built, or None."""
+    me = _me(roster, keypair)
     window = roster.window
-    manifest = None
-    if _own_manifest(roster, run, window):
+    if _own_manifest(roster, run, window, me):
         log.warning("window %d: a manifest we published before a restart stands", window)
-    elif may_publish(run, window, chain.block()):
-        manifest = lead_manifest(
-            run, window, roster, checks, admission, roster.lead.uid, keypair.ss58_address,
-            fingerprint_start,
-        )  # fmt: skip
-        publish_decision(store, run, keypair, manifest, uploads, scratch, chain.block)
-    else:
+        return None
+    if not may_publish(run, window, chain.block()):
         log.warning("window %d: too late to publish a manifest", window)
+        return None
+    manifest = lead_manifest(
+        run, window, roster, checks, admission, me.uid, keypair.ss58_address, fingerprint_start
+    )
+    publish_decision(store, run, keypair, manifest, uploads, scratch, chain.block)
+    return manifest
+
+
+def adopt(
+    store: ObjectStore,
+    run: RunConfig,
+    spec: ModelSpec,
+    keypair: Keypair,
+    roster: Roster,
+    uploads: Mapping[int, Upload],
+    fingerprint_start: str,
+    scratch: Path,
+    chain: ChainTime,
+    proposed: WindowManifest | None,
+) -> Agreement:
+    """Read the deciders' manifests as every node does and apply the one that counts
+    (`wait_for_manifest`: the highest-ranked stored by the cutoff block's timestamp), or nothing;
+    our published history then holds what we applied (`publish_history`)."""
+    me = _me(roster, keypair)
+    window = roster.window
     counted = wait_for_manifest(roster, run, window, chain)
+    if counted is not None and counted == proposed:
+        return lead_agreement(proposed, uploads)
     if counted is None:
         why = f"none stored by block {manifest_cutoff_block(run, window)}"
-        return nothing_applied(store, run, keypair, window, roster.lead.uid, why)
-    if counted == manifest:
-        return lead_agreement(manifest, uploads)
-    return follow(roster, uploads, counted, fingerprint_start, run, spec)
+        log.warning("window %d: no manifest (%s): the window applies nothing", window, why)
+        agreed = Agreement({}, None, False, f"no manifest ({why}): nothing applied")
+    else:
+        agreed = follow(roster, uploads, counted, fingerprint_start, run, spec)
+    if counted is None or counted.validator_uid != me.uid:  # else our own, published already
+        publish_history(store, run, keypair, window, me.uid, agreed, uploads, scratch)
+    return agreed
 
 
-def _own_manifest(roster: Roster, run: RunConfig, window: int) -> bool:
-    """Whether we (the lead) have a manifest stored for `window`; True if we cannot tell (the
-    read back then decides)."""
+def _me(roster: Roster, keypair: Keypair) -> PeerBucket:
+    """Our bucket among the roster's deciders; ValueError if we are not one."""
+    for d in roster.deciders:
+        if d.hotkey == keypair.ss58_address:
+            return d
+    raise ValueError("only a deciding validator decides: the roster names others")
+
+
+def _own_manifest(roster: Roster, run: RunConfig, window: int, me: PeerBucket) -> bool:
+    """Whether we have a manifest stored for `window`; True if we cannot tell (the read back
+    then decides)."""
     try:
-        return published_manifest(roster, run, window) is not None
+        return published_manifest(roster, run, window, me) is not None
     except StoreError as exc:
         log.error("window %d: cannot read our own manifest: %s", window, exc)
         return True
 
 
-def nothing_applied(
-    store: ObjectStore, run: RunConfig, keypair: Keypair, window: int, uid: int, why: str
-) -> Agreement:
-    """The lead without a stored manifest: the window applies nothing on every node, and the
-    history says so (an empty aggregate)."""
-    log.warning("window %d: no manifest (%s): the window applies nothing", window, why)
+def publish_history(
+    store: ObjectStore,
+    run: RunConfig,
+    keypair: Keypair,
+    window: int,
+    uid: int,
+    agreed: Agreement,
+    uploads: Mapping[int, Upload],
+    scratch: Path,
+) -> None:
+    """Our published history of `window`: the exact bytes of the updates the window applied that
+    we hold (an empty aggregate when it applied nothing), so a replay lands where we are."""
+    ours = {u: uploads[u] for u in agreed.updates if u in uploads}
+    applied = {u: up.body for u, up in ours.items() if up.body is not None}
+    hotkeys = {u: ours[u].hotkey for u in applied}
     try:
-        publish_aggregate(store, run, window, uid, keypair, {}, {})
+        publish_aggregate(store, run, window, uid, keypair, applied, hotkeys, scratch)
     except StoreError as exc:
-        log.error("window %d: publishing the empty aggregate failed: %s", window, exc)
-    return Agreement({}, None, False, f"no manifest ({why}): nothing applied")
+        log.error("window %d: publishing the aggregate failed: %s", window, exc)
 
 
 def lead_agreement(manifest: WindowManifest, uploads: Mapping[int, Upload]) -> Agreement:

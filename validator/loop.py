@@ -56,7 +56,6 @@ from node.window.history import (
     Source,
     catch_up_any,
     history_sources,
-    publish_aggregate,
     publish_checkpoint,
     resync,
 )
@@ -68,7 +67,7 @@ from protocol.runconfig import RunConfig
 from protocol.stores import ObjectStore, StoreError
 from protocol.stores.spool import SpoolError
 from validator.admission import Admission, admit
-from validator.agreement import follow, lead_decision, mark_equivocations
+from validator.agreement import adopt, follow, mark_equivocations, propose, publish_history
 from validator.classify import Measured, PeerCheck, check_window, mark_norm_outliers, measure
 from validator.config import ValidatorConfig
 from validator.copies import Sketch, SketchHistory, aggregate_sketch, sketch
@@ -257,34 +256,33 @@ class Validator:
         spool: Path,
         scorer: WindowScorer | None,
     ) -> Agreement:
-        """As the lead: decide which selected updates show training (`validator.admission`) and
-        publish the window's set. Otherwise: follow the lead, waiting for its manifest up to the
-        window's cutoff block (our scores can wait, the agreement cannot). The aggregate we
-        publish is written in `spool`, one update read back at a time."""
-        if roster.lead is not None and roster.lead.uid == self.uid:
+        """As a deciding validator (the lead or the standby): decide which selected updates show
+        training (`validator.admission`), publish the window's set and apply the deciders'
+        manifest that counts. Otherwise: follow it, waiting for it up to the window's settle block
+        (our scores can wait, the agreement cannot). The aggregate we publish is written in
+        `spool`, one update read back at a time."""
+        if roster.decider(self.uid) is not None:
             admission = self._admit(roster, checks, scorer)
             begun = time.monotonic()
-            agreed = lead_decision(
-                self.store, self.run, self.spec, self.keypair, roster, checks, uploads,
-                self.fingerprint, spool, self.chain, admission,
+            proposed = propose(
+                self.store, self.run, self.keypair, roster, checks, uploads, self.fingerprint,
+                spool, self.chain, admission,
             )  # fmt: skip
             self._publish_s = time.monotonic() - begun
-            return agreed
-        manifest = wait_for_manifest(roster, self.run, window, self.chain)
-        agreed = follow(roster, uploads, manifest, self.fingerprint, self.run, self.spec)
+            agreed = adopt(
+                self.store, self.run, self.spec, self.keypair, roster, uploads, self.fingerprint,
+                spool, self.chain, proposed,
+            )  # fmt: skip
+        else:
+            manifest = wait_for_manifest(roster, self.run, window, self.chain)
+            agreed = follow(roster, uploads, manifest, self.fingerprint, self.run, self.spec)
+            publish_history(
+                self.store, self.run, self.keypair, window, self.uid, agreed, uploads, spool
+            )
         for uid in mark_equivocations(checks, agreed):
             log.warning("window %d: uid %d equivocated: %s", window, uid, checks[uid].detail)
         if agreed.forked:
             self._resync(window, agreed.lead_fingerprint)
-        try:  # our own history: the exact bytes we applied
-            ours = {u: uploads[u] for u in agreed.updates if u in uploads}
-            applied = {u: up.body for u, up in ours.items() if up.body is not None}
-            hotkeys = {u: ours[u].hotkey for u in applied}
-            publish_aggregate(
-                self.store, self.run, window, self.uid, self.keypair, applied, hotkeys, spool
-            )
-        except StoreError as exc:
-            log.error("window %d: publishing the aggregate failed: %s", window, exc)
         return agreed
 
     def _resync(self, window: int, lead_fingerprint: str | None) -> None:

@@ -22,7 +22,7 @@ from lab.sim.layout import World
 from node.data.batches import open_run_dataset
 from node.model.llama import build_model
 from node.strategy import make_strategy
-from node.window.history import HistoryError, Source, catch_up
+from node.window.history import Source, catch_up_any
 from protocol.stores import open_store
 
 log = logging.getLogger(f"tessera.{__name__}")
@@ -50,19 +50,16 @@ def ddp_losses(world: World, windows: list[int]) -> dict[int, float]:
 
 
 def synced_losses(world: World, windows: list[int]) -> dict[int, float]:
-    """Held-out loss of the validator's model after each window it published (replayed)."""
+    """Held-out loss of the validators' model after each window they published (replayed from
+    their histories, the lead's first, as a joining peer does)."""
     run = world.run
-    validator = world.of_kind("validator")[0]
-    source = Source(validator.uid, validator.hotkey, open_store(validator.store_url))
+    sources = [Source(v.uid, v.hotkey, open_store(v.store_url)) for v in world.of_kind("validator")]
     model = build_model(run.model, run.seed)
     strategy = make_strategy(run, ModelSpec.from_module(model))
     heldout, out = _heldout(world), {}
     for w in sorted(windows):
-        try:
-            if catch_up(model, strategy, source, w, w + 1) != w + 1:
-                break  # not published: later windows cannot be replayed either
-        except HistoryError as exc:
-            log.warning("replaying the validator's window %d failed: %s", w, exc)
-            break
+        if catch_up_any(model, strategy, sources, w, w + 1) != w + 1:
+            log.warning("no validator's history replays window %d", w)
+            break  # later windows cannot be replayed either
         out[w] = heldout_loss(model, heldout)
     return out

@@ -44,6 +44,12 @@ def block_time(text: str) -> float:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peers", type=positive_int, default=4, help="honest peers")
     parser.add_argument("--windows", type=positive_int, default=10)
+    parser.add_argument(
+        "--validators",
+        type=positive_int,
+        default=1,
+        help="validators (the first leads; a second decides when the lead does not)",
+    )
     parser.add_argument("--out", type=Path, default=Path("runs/demo"))
     parser.add_argument(
         "--storage",
@@ -119,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
                 args.storage,
                 args.strategy,
                 args.delay,
+                args.validators,
             )
         except SimKeyError as exc:
             raise SystemExit(f"error: {exc}") from None
@@ -201,11 +208,12 @@ def _report(
 
 
 def verdict(world: World, report: SimReport, exit_codes: dict[str, int | None]) -> str | None:
-    """Why the simulation failed, or None: the validator or an honest peer failed, an honest model
-    became non-finite, or honest models (or the validator's) differ."""
-    validator = world.of_kind("validator")[0].name
-    if exit_codes.get(validator) != 0:
-        return f"the validator failed (exit {exit_codes.get(validator)}): see {world.out}/logs"
+    """Why the simulation failed, or None: a validator or an honest peer failed, an honest model
+    became non-finite, or honest models (or the validators') differ."""
+    for validator in (m.name for m in world.of_kind("validator")):
+        if exit_codes.get(validator) != 0:
+            code = exit_codes.get(validator)
+            return f"validator {validator} failed (exit {code}): see {world.out}/logs"
     if report.non_finite:
         return f"honest models became non-finite in windows {report.non_finite}"
     if report.diverged:
@@ -268,7 +276,7 @@ def _summary(r: SimReport) -> list[tuple[str, str]]:
         ("dense fp32 update", f"{r.dense_bytes:,}"),
         ("bits per kept entry", f"{8 * sum(ups) / len(ups) / r.kept_entries:.2f}" if ups else "–"),
         (
-            "honest models identical (and the validator's)",
+            "honest models identical (and the validators')",
             "yes" if not r.diverged else f"no: windows {r.diverged}",
         ),
         ("honest models finite", "yes" if not r.non_finite else f"no: windows {r.non_finite}"),

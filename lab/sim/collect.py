@@ -33,6 +33,7 @@ class WindowRow(BaseModel):
     synced_loss: float | None = None  # held-out loss of the validator's model after the window
     ddp_loss: float | None = None  # held-out loss of DDP on the honest peers' tokens
     validator_fingerprint: str | None = None
+    standby_fingerprints: list[str] = []  # the other validators' models after the window
     peers: list[PeerWindow]
 
 
@@ -78,10 +79,13 @@ def collect(
         m.name: {r["window"]: r for r in read_json_lines(m.state_dir / REPORTS)}
         for m in world.members
     }
-    validator = world.of_kind("validator")[0]
+    validator, *standbys = world.of_kind("validator")
     scores = {r["window"]: r for r in read_json_lines(validator.state_dir / REPORTS)}
+    others = [{r["window"]: r for r in read_json_lines(v.state_dir / REPORTS)} for v in standbys]
     # the windows the honest peers trained (the validator runs one more, in case they start late)
     trained = {w for m in world.of_kind("honest") for w in peer_logs[m.name]}
+    if scores:  # a peer that skipped a window (and caught up) trains one past the validator's
+        trained = {w for w in trained if w <= max(scores)}
     windows = sorted(trained or scores)
     rows: list[WindowRow] = []
     for w in windows:
@@ -115,6 +119,9 @@ def collect(
                 synced_loss=(synced or {}).get(w),
                 ddp_loss=ddp.get(w),
                 validator_fingerprint=fp,
+                standby_fingerprints=[
+                    o[w]["fingerprint_end"] for o in others if o.get(w, {}).get("fingerprint_end")
+                ],
                 peers=peers,
             )
         )
@@ -151,12 +158,14 @@ def run_parameters(world: World) -> dict[str, str]:
 
 
 def _diverged(rows: list[WindowRow]) -> list[int]:
-    """Windows where honest peers that finished them, or the validator, hold different models."""
+    """Windows where honest peers that finished them, or the validators, hold different models."""
     out = []
     for row in rows:
         fps = {p.fingerprint for p in row.peers if p.kind == "honest" and p.fingerprint}
-        if row.validator_fingerprint and fps:
-            fps.add(row.validator_fingerprint)
+        if fps:
+            fps.update(row.standby_fingerprints)
+            if row.validator_fingerprint:
+                fps.add(row.validator_fingerprint)
         if len(fps) > 1:
             out.append(row.window)
     return out

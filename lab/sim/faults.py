@@ -11,8 +11,9 @@ that a run is reproducible:
   window 1's gather block, in the middle of its decision, and started again at once; it resumes
   from its saved state and must not publish a second decision for a window;
 - ``lead-down``: the lead validator is killed after window 2's gather block and started again
-  two windows later; meanwhile no manifest is published and every node applies nothing, and the
-  restarted lead catches up on the windows it missed without publishing late decisions;
+  two windows later; meanwhile the standby's manifest applies (``--validators 2``; with one
+  validator no manifest is published and every node applies nothing), and the restarted lead
+  catches up on the windows it missed without publishing late decisions;
 - ``chain-stall``: the chain answers nothing (every call fails as an unreachable endpoint's does)
   for one and a half windows, at least `STALL_MIN_S`, from a few blocks before window 5's gather
   block: nodes ride it out and go on, none exits;

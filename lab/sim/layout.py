@@ -101,16 +101,19 @@ def build_world(
     storage: str,
     strategy: str = "sparseloco",
     delay: int = 0,
+    validators: int = 1,
 ) -> World:
     """Create the run folder, the chain and every member's wallet, uid and bucket name.
 
     Window 0 starts once every process has had time to start, so nobody misses the beginning.
+    The first validator (``validator``) has the most stake and leads; the next (``validator1``,
+    half its stake) is the standby that decides when the lead does not (docs/consensus.md).
     """
     out.mkdir(parents=True, exist_ok=True)
     db_path = out / "chain.db"
     create_local_chain(db_path, NETUID, block_time=block_time, exist_ok=True)
     db = LocalChainDB(db_path)
-    members = peers + len(adversaries) + 1
+    members = peers + len(adversaries) + validators
     start = math.ceil(startup_seconds(members) / block_time)
     run = sim_run_config(windows, block_time, blocks_per_window, start, strategy, delay)
     run_path = run.dump(out / "run.json")
@@ -126,7 +129,10 @@ def build_world(
     for kind in adversaries:
         n = earlier[kind] = earlier.get(kind, -1) + 1
         roles.append((f"{kind}{n}" if n else kind, kind))
-    roles.append(("validator", "validator"))
+    stakes = {
+        f"validator{i}" if i else "validator": VALIDATOR_STAKE / (i + 1) for i in range(validators)
+    }
+    roles += [(name, "validator") for name in stakes]
     for name, kind in roles:
         key = create_hotkey("sim", name, root=out / "wallets", overwrite=True)
         url = bucket_url(storage, out, name)
@@ -138,7 +144,7 @@ def build_world(
             NETUID,
             key.ss58_address,
             validator=validator,
-            stake=VALIDATOR_STAKE if validator else 0.0,
+            stake=stakes.get(name, 0.0),
         )
         world.members.append(
             Member(

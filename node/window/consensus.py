@@ -79,10 +79,16 @@ def roster_block(run: RunConfig, window: int) -> int:
     return WindowSchedule.from_run(run).first_block(window)
 
 
+DECIDERS = 2
+"""Validators that publish a decision for every window, by rank: the lead and one standby whose
+decision applies when the lead's does not count (docs/consensus.md, failover)."""
+
+
 @dataclass(frozen=True)
 class Roster:
     """One pinned chain snapshot of a window: members, readable buckets (and why some are not),
-    the selected uids, and the lead validator (None when no validator has a bucket)."""
+    the selected uids, and the validators that decide, by rank (the lead first; none when no
+    validator has a bucket)."""
 
     window: int
     block: int
@@ -90,7 +96,15 @@ class Roster:
     buckets: dict[int, PeerBucket]
     problems: dict[int, str]
     selected: list[int]
-    lead: PeerBucket | None
+    deciders: tuple[PeerBucket, ...]
+
+    @property
+    def lead(self) -> PeerBucket | None:
+        return self.deciders[0] if self.deciders else None
+
+    def decider(self, uid: int) -> PeerBucket | None:
+        """The deciding validator with `uid`, if it is one."""
+        return next((d for d in self.deciders if d.uid == uid), None)
 
     def hotkey(self, uid: int) -> str | None:
         n = self.metagraph.neuron(uid)
@@ -109,16 +123,19 @@ def window_roster(chain: Chain, run: RunConfig, window: int, local_root: Path | 
         run,
         window,
     )
-    return Roster(
-        window, block, snap.metagraph, buckets, problems, selected, _lead(snap.metagraph, buckets)
-    )
+    deciders = rank_deciders(snap.metagraph, buckets)
+    return Roster(window, block, snap.metagraph, buckets, problems, selected, deciders)
 
 
-def _lead(metagraph: Metagraph, buckets: Mapping[int, PeerBucket]) -> PeerBucket | None:
+def rank_deciders(
+    metagraph: Metagraph, buckets: Mapping[int, PeerBucket]
+) -> tuple[PeerBucket, ...]:
+    """The validator-permit holders with a bucket, most stake first (ties: lower uid), at most
+    `DECIDERS` of them."""
     ranked = sorted(
         (n for n in metagraph.validators if n.uid in buckets), key=lambda n: (-n.stake, n.uid)
     )
-    return buckets[ranked[0].uid] if ranked else None
+    return tuple(buckets[n.uid] for n in ranked[:DECIDERS])
 
 
 PUBLISH_MARGIN_S = 2.0
@@ -202,13 +219,14 @@ def judge(
 def wait_for_manifest(
     roster: Roster, run: RunConfig, window: int, chain: ChainTime
 ) -> WindowManifest | None:
-    """The lead's verified manifest of `window` if its store dated it by the cutoff block's
-    timestamp; None if there is none, if it was stored later, or if it is invalid (logged; every
-    honest node finds it so alike). A node reads until a manifest is judged (`judge`) or the
-    chain has reached the settle block, and then once more: every manifest stored on time is
-    visible to that last read, whatever the node's load. A read that fails (not a 404) is
-    retried for up to `READ_RETRY_S` past the settle block."""
-    if roster.lead is None:  # a run without validators: nobody publishes one
+    """The manifest that decides `window`: the highest-ranked decider's (`Roster.deciders`) whose
+    store dated it by the cutoff block's timestamp; None if no decider has one that counts (none
+    stored, stored later, or invalid: logged, and every honest node finds it so alike). A node
+    reads until the lead's manifest is judged (`judge`: it counts, or it is late and a standby's
+    is judged) or the chain has reached the settle block, and then once more: every manifest
+    stored on time is visible to that last read, whatever the node's load. A read that fails
+    (not a 404) is retried for up to `READ_RETRY_S` past the settle block."""
+    if not roster.deciders:  # a run without validators: nobody publishes one
         return None
     last = settle_block(run, window)
     begun = time.monotonic()
@@ -224,27 +242,73 @@ def wait_for_manifest(
         if final and give_up is None:
             give_up = time.monotonic() + READ_RETRY_S
         try:
-            stored = published_manifest(roster, run, window)
+            verdicts = _verdicts(roster, run, window, chain, head, final)
         except StoreError as exc:
-            log.warning("window %d: the lead's manifest is unreadable: %s", window, exc)
+            log.warning("window %d: a deciding validator's manifest is unreadable: %s", window, exc)
             if give_up is not None and time.monotonic() > give_up:
                 return None
         else:
-            counts = judge(stored, head, run, window, chain) if stored is not None else None
-            if counts is not None or final:
+            decided = _decision(verdicts, final)
+            if decided is not None:
                 took = time.monotonic() - begun
-                found = "none by the cutoff"
-                if stored is not None:
-                    found = "found" if counts else f"stored after the cutoff ({stored.stored_at})"
-                log.info("window %d: lead's manifest: %s after %.1f s", window, found, took)
-                return stored.manifest if stored is not None and counts else None
+                manifest = decided[0]
+                found = _describe(verdicts, manifest)
+                log.info("window %d: %s after %.1f s", window, found, took)
+                return manifest
         time.sleep(min(MANIFEST_POLL_MAX_S, max(MANIFEST_POLL_S, run.timing.block_time_s / 4)))
 
 
-def published_manifest(roster: Roster, run: RunConfig, window: int) -> StoredManifest | None:
-    """One read of the lead's manifest of `window` and its store time: None when there is no
-    lead, no manifest, or an invalid one (logged); `StoreError` when the read itself failed."""
-    lead = roster.lead
+Verdict = tuple[StoredManifest | None, bool | None]
+"""One decider's manifest as last read, and whether it counts (None: not known yet)."""
+
+
+def _verdicts(
+    roster: Roster, run: RunConfig, window: int, chain: ChainTime, head: int, final: bool
+) -> list[Verdict]:
+    """Each decider's manifest, by rank, read until one counts (the ones after it do not
+    matter); `StoreError` if a read that matters failed."""
+    out: list[Verdict] = []
+    for decider in roster.deciders:
+        stored = published_manifest(roster, run, window, decider)
+        counts = judge(stored, head, run, window, chain) if stored is not None else None
+        if stored is None and final:
+            counts = False
+        out.append((stored, counts))
+        if counts or (counts is None and not final):
+            break  # it decides, or the ones after it do not matter yet
+    return out
+
+
+def _decision(verdicts: list[Verdict], final: bool) -> tuple[WindowManifest | None] | None:
+    """The deciding manifest, in a 1-tuple (holding None when no decider's counts), once every
+    higher-ranked decider's is known not to count; None while that is not known yet."""
+    for stored, counts in verdicts:
+        if counts is None:
+            if not final:
+                return None
+            counts = False  # read after the settle block: a manifest not judged on time is late
+        if counts and stored is not None:
+            return (stored.manifest,)
+    return (None,)
+
+
+def _describe(verdicts: list[Verdict], manifest: WindowManifest | None) -> str:
+    if manifest is None:
+        stored = [v[0] for v in verdicts if v[0] is not None]
+        if stored:
+            return f"no manifest counts (stored after the cutoff: {stored[0].stored_at})"
+        return "no manifest by the cutoff"
+    rank = "the lead's" if verdicts[0][1] else "the standby's (the lead's does not count)"
+    return f"manifest of validator uid {manifest.validator_uid} found, {rank}"
+
+
+def published_manifest(
+    roster: Roster, run: RunConfig, window: int, decider: PeerBucket | None = None
+) -> StoredManifest | None:
+    """One read of a deciding validator's manifest of `window` (default: the lead's) and its
+    store time: None when there is no such validator, no manifest, or an invalid one (logged);
+    `StoreError` when the read itself failed."""
+    lead = decider if decider is not None else roster.lead
     if lead is None:
         return None
     cap = manifest_cap(run.gather_size)
@@ -346,7 +410,7 @@ def agree(
             manifest,
             roster,
             fetched,
-            lambda: lead_copies(roster, run, spec, manifest.window),
+            lambda: lead_copies(roster, run, spec, manifest.window, manifest.validator_uid),
             run,
             spec,
         )
@@ -357,11 +421,14 @@ def agree(
     return Agreement(updates, manifest, forked, note, lead_fp)
 
 
-def lead_copies(roster: Roster, run: RunConfig, spec: ModelSpec, window: int) -> dict[int, bytes]:
-    """The exact update bytes the lead validator published for `window` ({} when unreadable)."""
+def lead_copies(
+    roster: Roster, run: RunConfig, spec: ModelSpec, window: int, uid: int
+) -> dict[int, bytes]:
+    """The exact update bytes the deciding validator `uid` published for `window` ({} when
+    unreadable, or when `uid` does not decide the window)."""
     from node.window.history import HistoryError, read_aggregate_bytes
 
-    lead = roster.lead
+    lead = roster.decider(uid)
     if lead is None:
         return {}
     try:

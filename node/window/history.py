@@ -399,24 +399,42 @@ def catch_up_any(
     from_window: int,
     to_window: int,
 ) -> int:
-    """`catch_up` from the first source that gets furthest; the model (and the outer state) is
-    restored between attempts, so a bad source costs time, never correctness."""
-    saved = _Saved.of(model, strategy)
-    best = from_window
+    """`catch_up` from the first source that gets furthest, and again from there while that is
+    short of `to_window`, so a window one validator missed (down, its put failed) is taken from
+    another's history. The model (and the outer state) is restored between attempts, so a bad
+    source costs time, never correctness. Returns the window reached."""
+    position = from_window
+    while position < to_window:
+        reached = _furthest(model, strategy, sources, position, to_window)
+        if reached <= position:
+            break  # no source brings us further
+        position = reached
+    return position
+
+
+def _furthest(
+    model: torch.nn.Module,
+    strategy: Strategy,
+    sources: Sequence[Source],
+    from_window: int,
+    to_window: int,
+) -> int:
+    """One `catch_up` round, each source from the same start: the model is left where the first
+    source that gets furthest took it (as it was, if none moves it)."""
+    start = _Saved.of(model, strategy)
+    best, best_state = from_window, start
     for source in sources:
+        start.restore(model, strategy)
         try:
             reached = catch_up(model, strategy, source, from_window, to_window)
         except HistoryError as exc:
             log.warning("history of validator uid %d unusable: %s", source.uid, exc)
-            saved.restore(model, strategy)
             continue
         if reached >= to_window:
             return reached
         if reached > best:
-            best, saved = reached, _Saved.of(model, strategy)
-        else:
-            saved.restore(model, strategy)
-    saved.restore(model, strategy)
+            best, best_state = reached, _Saved.of(model, strategy)
+    best_state.restore(model, strategy)
     return best
 
 

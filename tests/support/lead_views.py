@@ -31,7 +31,7 @@ def lead_roster(
     ]  # fmt: skip
     bucket = PeerBucket(lead, keys[lead].ss58_address, store)  # type: ignore[arg-type]
     meta = Metagraph(netuid=1, block=40, neurons=neurons)
-    return Roster(window, 40, meta, {lead: bucket}, {}, selected, bucket)
+    return Roster(window, 40, meta, {lead: bucket}, {}, selected, (bucket,))
 
 
 def checked_views(

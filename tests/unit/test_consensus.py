@@ -81,7 +81,7 @@ def _roster(keys: dict, lead_store: object, selected: list[int]) -> Roster:
     ]
     meta = Metagraph(netuid=1, block=40, neurons=neurons)
     lead = PeerBucket(LEAD, keys[LEAD].ss58_address, lead_store)  # type: ignore[arg-type]
-    return Roster(WINDOW, 40, meta, {LEAD: lead}, {}, selected, lead)
+    return Roster(WINDOW, 40, meta, {LEAD: lead}, {}, selected, (lead,))
 
 
 def _decide(store: object, keys: dict, applied: dict[int, bytes], start_fp: str) -> WindowManifest:

@@ -342,6 +342,22 @@ def test_catch_up_falls_through_bad_validators_to_a_good_one(world: World) -> No
     assert took < 60
 
 
+def test_a_window_one_validator_missed_is_taken_from_another(world: World) -> None:
+    """The lead was down in window 1 (its history has windows 0 and 2), the standby in windows 0
+    and 2: together they replay every window, on the honest fingerprint; the standby alone, or the
+    lead alone, does not."""
+    lead, standby = world.evil("hole-lead"), world.source(2, "hole-standby")
+    for w in (0, 2):
+        publish_aggregate(lead.store, RUN, w, 3, world.evil_key, world.raw[w], world.peers)  # type: ignore[arg-type]
+    publish_aggregate(standby.store, RUN, 1, 2, world.keys[2], world.raw[1], world.peers)  # type: ignore[arg-type]
+    for alone in (lead, standby):
+        model = build_model(RUN.model, RUN.seed)
+        assert catch_up_any(model, world.strategy(), [alone], 0, WINDOWS) < WINDOWS
+    model = build_model(RUN.model, RUN.seed)
+    assert catch_up_any(model, world.strategy(), [lead, standby], 0, WINDOWS) == WINDOWS
+    assert fingerprint(model) == world.fingerprints[WINDOWS]
+
+
 def test_a_refused_listing_is_a_history_error_not_a_crash(world: World) -> None:
     with SlowStore(world.root, "deny") as endpoint:
         refusing = world.refusing(endpoint)

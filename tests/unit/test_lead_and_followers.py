@@ -36,7 +36,7 @@ from protocol.stores import open_store
 from tests.support.chain_time import SteppingChain
 from tests.support.lead_views import checked_views, lead_roster
 from validator.admission import Admission
-from validator.agreement import lead_decision, mark_equivocations
+from validator.agreement import decide, mark_equivocations
 from validator.checks import Verdict
 from validator.classify import PeerCheck
 from validator.config import ValidatorConfig
@@ -81,18 +81,18 @@ def test_a_restarted_lead_adopts_the_manifest_it_published(
     scratch = tmp_path / "scratch"
     scratch.mkdir()
 
-    def decide() -> Agreement:
-        return lead_decision(
+    def run_again() -> Agreement:
+        return decide(
             store, RUN, SPEC, keys[LEAD], roster, checks, uploads, START, scratch,
             SteppingChain(0), ALL,  # type: ignore[arg-type]
         )  # fmt: skip
 
-    first = decide()
+    first = run_again()
     assert first.manifest is not None and list(first.manifest.uids) == [0, 1, 2]
     # killed before its state was saved, the lead runs the window again and this time finds
     # uid 2 late: it must keep the decision the peers may have applied
     checks[2].verdict, checks[2].detail = Verdict.LATE, "late"
-    again = decide()
+    again = run_again()
     assert again.manifest == first.manifest and sorted(again.updates) == [0, 1, 2]
     published = read_manifest(store, RUN.run_id, WINDOW, LEAD, keys[LEAD].ss58_address, 1 << 20)  # type: ignore[arg-type]
     assert published == first.manifest

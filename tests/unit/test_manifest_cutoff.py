@@ -45,7 +45,7 @@ from protocol.stores import open_store
 from tests.support.chain_time import SteppingChain
 from tests.support.lead_views import checked_views, lead_roster
 from validator.admission import Admission
-from validator.agreement import lead_decision
+from validator.agreement import decide
 from validator.fetching import Upload
 
 RUN = RunConfig.preset(
@@ -169,7 +169,7 @@ def test_a_lead_too_late_for_the_cutoff_publishes_no_manifest_and_an_empty_histo
     store, roster, uploads, checks, scratch = lead_view
     late = CUTOFF - 1  # inside the margin: a PUT now could land after some node's last read
     assert not may_publish(RUN, WINDOW, late)
-    agreed = lead_decision(
+    agreed = decide(
         store, RUN, SPEC, keys[LEAD], roster, checks, uploads, START, scratch,
         SteppingChain(late), ALL,  # type: ignore[arg-type]
     )  # fmt: skip
@@ -177,7 +177,7 @@ def test_a_lead_too_late_for_the_cutoff_publishes_no_manifest_and_an_empty_histo
     assert not store.exists(applied_key(RUN.run_id, WINDOW, LEAD, keys[LEAD].ss58_address))
     history = read_aggregate_bytes(store, RUN, SPEC, WINDOW, LEAD, keys[LEAD].ss58_address)  # type: ignore[arg-type]
     assert history == {}
-    on_time = lead_decision(
+    on_time = decide(
         store, RUN, SPEC, keys[LEAD], roster, checks, uploads, START, scratch,
         SteppingChain(late - 10), ALL,  # type: ignore[arg-type]
     )  # fmt: skip
@@ -192,7 +192,7 @@ def test_a_lead_past_its_last_block_after_the_aggregate_publishes_no_manifest(
     store, roster, uploads, checks, scratch = lead_view
     last = CUTOFF - 2  # the last block to publish: the margin is two blocks of 1 s
     assert may_publish(RUN, WINDOW, last - 1) and not may_publish(RUN, WINDOW, last)
-    agreed = lead_decision(
+    agreed = decide(
         store, RUN, SPEC, keys[LEAD], roster, checks, uploads, START, scratch,
         SteppingChain(last - 1), ALL,  # type: ignore[arg-type]
     )  # fmt: skip
@@ -210,7 +210,7 @@ def test_a_lead_whose_manifest_is_stored_after_the_cutoff_applies_nothing(
     start = CUTOFF - 20
     assert may_publish(RUN, WINDOW, start)
     chain = SteppingChain(start, first_at=SteppingChain(0).first_at - timedelta(seconds=200))
-    agreed = lead_decision(
+    agreed = decide(
         store, RUN, SPEC, keys[LEAD], roster, checks, uploads, START, scratch, chain, ALL  # type: ignore[arg-type]
     )  # fmt: skip
     assert store.exists(applied_key(RUN.run_id, WINDOW, LEAD, keys[LEAD].ss58_address))
@@ -225,7 +225,7 @@ def test_a_lead_whose_manifest_cannot_be_stored_applies_nothing(
     store, roster, uploads, checks, scratch = lead_view
     key = applied_key(RUN.run_id, WINDOW, LEAD, keys[LEAD].ss58_address)
     (tmp_path / "lead" / key / "blocker").mkdir(parents=True)  # its PUT fails
-    agreed = lead_decision(
+    agreed = decide(
         store, RUN, SPEC, keys[LEAD], roster, checks, uploads, START, scratch, SteppingChain(0),
         ALL,  # type: ignore[arg-type]
     )  # fmt: skip
@@ -237,7 +237,7 @@ def test_a_lead_whose_manifest_cannot_be_stored_applies_nothing(
 def test_a_run_without_validators_does_not_wait_for_a_manifest(keys: dict[int, Keypair]) -> None:
     """Nobody publishes one: the node applies its own verified copies at once."""
     roster = _roster(keys, None)
-    roster = Roster(WINDOW, roster.block, roster.metagraph, {}, {}, [0, 1], None)
+    roster = Roster(WINDOW, roster.block, roster.metagraph, {}, {}, [0, 1], ())
     chain = SteppingChain(0, stop_at=0)  # the chain never moves
     assert wait_for_manifest(roster, RUN, WINDOW, chain) is None
     fetched, _, _ = _views(keys)

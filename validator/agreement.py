@@ -1,19 +1,20 @@
 """The validator's part in a window's consensus (`node.window.consensus`).
 
-The **lead** validator decides: the window applies exactly the selected uids whose updates passed
-every check (fetch, decode, signature, copy, replay) and showed training on the peer's own samples
-(`validator.admission`). It publishes the exact bytes of those
-updates (the aggregate object, which is also the run's history) and then the signed manifest
-pinning each by digest, so that peers holding other bytes can take the validator's copy.
+The two **deciding** validators (the lead, and the standby next to it by stake) each decide: the
+window applies exactly the selected uids whose updates passed every check (fetch, decode,
+signature, copy, replay) and showed training on the peer's own samples (`validator.admission`).
+Each publishes the exact bytes of those updates (the aggregate object, which is also the run's
+history) and then the signed manifest pinning each by digest, so that peers holding other bytes
+can take the decider's copy (`propose`).
 
-The manifest counts only if it is stored before the window's cutoff block
-(`node.window.consensus.manifest_cutoff_block`). A lead too late to publish it in time publishes
-nothing but an empty aggregate and applies nothing, as every other node then does; a lead whose
-manifest could not be stored checks whether it was, and if not, does the same. Its history then
-always replays what the window applied.
+A manifest counts only if its store dated it by the window's cutoff block's timestamp
+(`node.window.consensus.wait_for_manifest`); the lead's applies when it counts, else the
+standby's. A decider reads the manifests back like every node and applies the one that counts,
+or nothing (`adopt`); when that is not its own decision, it publishes what it applied as its
+history instead, so every validator's history replays what the window applied.
 
-Any other validator **follows** the lead's manifest like a peer does, so all validators keep the
-same model.
+Any other validator **follows** the deciding manifest like a peer does, so all validators keep
+the same model.
 """
 
 from __future__ import annotations

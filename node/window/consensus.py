@@ -6,31 +6,32 @@ The rule (reasoning and attacks in docs/consensus.md):
    from one chain snapshot at the window's first block (`roster_block`), final long before anyone
    gathers, so every node derives the same roster and the same selected set
    (`node.window.selection.select_peers`) whatever lands on chain around the deadline.
-2. **The lead validator decides the set.** The lead is the roster's validator-permit holder with
-   the most stake (ties: lower uid) that has a bucket. After its gather it publishes the window's
-   aggregate object (the exact bytes of every update it applies) and then a signed manifest
-   (`node.window.manifest`) listing ``(uid, hotkey, digest, size)`` of exactly the selected
-   updates that passed all of its checks, plus its model fingerprint at the start of the window.
-3. **Everyone applies the manifest.** A node accepts a manifest only if it verifies against the
-   lead's hotkey and every entry is a selected uid with the roster's hotkey. Each entry's bytes
-   are the node's own fetched copy when its digest matches, else the copy in the lead's aggregate
-   object; every update is then verified and decoded strictly (`check_update`) and the window
-   takes the one outer step (`node.strategy`). The lead can leave updates out (censor);
-   it cannot put in anything a selected peer did not sign, nor move the model further than the
-   outer step's bounds allow.
-4. **Waiting for it, by the chain's clock.** The manifest of window ``w`` counts only if the
-   lead's store dated it by the timestamp of the window's cutoff block (`manifest_cutoff_block`:
+2. **Two validators decide the set.** The deciders are the roster's validator-permit holders
+   that have a bucket, most stake first (ties: lower uid): the lead and one standby
+   (`DECIDERS`). After its gather each publishes the window's aggregate object (the exact bytes
+   of every update it applies) and then a signed manifest (`node.window.manifest`) listing
+   ``(uid, hotkey, digest, size)`` of exactly the selected updates that passed all of its
+   checks, plus its model fingerprint at the start of the window.
+3. **Everyone applies the deciding manifest**: the lead's when it counts, else the standby's.
+   A node accepts a manifest only if it verifies against its decider's hotkey and every entry
+   is a selected uid with the roster's hotkey. Each entry's bytes are the node's own fetched
+   copy when its digest matches, else the copy in the decider's aggregate object; every update
+   is then verified and decoded strictly (`check_update`) and the window takes the one outer
+   step (`node.strategy`). A decider can leave updates out (censor); it cannot put in anything
+   a selected peer did not sign, nor move the model further than the outer step's bounds allow.
+4. **Waiting for it, by the chain's clock.** A decider's manifest of window ``w`` counts only if
+   its store dated it by the timestamp of the window's cutoff block (`manifest_cutoff_block`:
    the gather block plus ``fetch_budget_s + manifest_wait_s`` in blocks), within the clock-skew
-   tolerance (`judge`). The lead begins its PUT only while the chain is more than
-   `PUBLISH_MARGIN_S` before the cutoff and writes it once; every node (the lead too) reads until
-   it can judge what it finds or the chain has reached the settle block, and then once more
-   (`wait_for_manifest`). A PUT completed late is dated late and counts for nobody, so every
+   tolerance (`judge`). A decider begins its PUT only while the chain is more than
+   `PUBLISH_MARGIN_S` before the cutoff and writes it once; every node (the deciders too) reads
+   until it can judge what it finds or the chain has reached the settle block, and then once
+   more (`wait_for_manifest`). A PUT completed late is dated late and counts for nobody, so every
    honest node applies the same thing whatever its load and whenever the PUT landed.
-5. **Without a manifest** by the cutoff (or with one that does not resolve), a node applies
-   nothing for the window, as the lead does when it is too late to publish: every honest node
+5. **Without a manifest** that counts (or with one that does not resolve), a node applies
+   nothing for the window, as the deciders then do too: every honest node
    takes the same (empty) step and keeps its update's error feedback. Only a run without any
    validator falls back on each node's own verified copies. A node that did fork (its own start
-   differs from the manifest's ``fingerprint_start``) resyncs from the lead's published history
+   differs from the manifest's ``fingerprint_start``) resyncs from the validators' published history
    before applying the window (`node.window.history`), and retries at the next window if that
    fails.
 """

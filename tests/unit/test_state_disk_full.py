@@ -1,0 +1,49 @@
+"""A save that runs out of disk loses nothing: the state saved before is what a restart loads,
+and no partial or temporary file is left behind."""
+
+from __future__ import annotations
+
+import errno
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from node.runtime.state import PeerState, load_state, save_state
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 64 KiB tmpfs: room for one state file of `_state`, not two (skipped where mounting is
+    not allowed)."""
+    where = tmp_path / "small"
+    where.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], check=False)
+
+
+def _state(window: int) -> PeerState:
+    gen = torch.Generator().manual_seed(window)
+    weights = {"w": torch.randn(96, 96, generator=gen)}  # 36 KiB of weights
+    return PeerState("run", window, weights, {}, {}, f"fp{window}")
+
+
+def test_a_save_that_fills_the_disk_keeps_the_state_saved_before(small_disk: Path) -> None:
+    save_state(small_disk, _state(3))
+    with pytest.raises(OSError) as failed:
+        save_state(small_disk, _state(4))
+    assert failed.value.errno == errno.ENOSPC
+    back = load_state(small_disk, "run")
+    assert back is not None and back.window == 3
+    assert torch.equal(back.model["w"], _state(3).model["w"])
+    leftovers = [p.name for p in small_disk.iterdir() if "tmp" in p.name]
+    assert leftovers == []

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from node.runtime.preflight import PreflightError, check_disk
 from node.runtime.state import PeerState, load_state, save_state
 
 
@@ -47,3 +48,10 @@ def test_a_save_that_fills_the_disk_keeps_the_state_saved_before(small_disk: Pat
     assert torch.equal(back.model["w"], _state(3).model["w"])
     leftovers = [p.name for p in small_disk.iterdir() if "tmp" in p.name]
     assert leftovers == []
+
+
+def test_a_node_refuses_to_start_on_a_disk_without_room_for_its_state(small_disk: Path) -> None:
+    """Checked before anything is written to a bucket or the chain, in one line with the fix."""
+    with pytest.raises(PreflightError, match="free space or point --state-dir elsewhere"):
+        check_disk(small_disk / "state", needed=1 << 20)
+    check_disk(small_disk / "state", needed=1 << 10)  # room enough: no complaint

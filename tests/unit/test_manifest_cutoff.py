@@ -41,7 +41,7 @@ from node.window.manifest import WindowManifest, publish_manifest
 from protocol.keys import create_hotkey
 from protocol.naming import applied_key
 from protocol.runconfig import RunConfig
-from protocol.stores import open_store
+from protocol.stores import FileStore, ObjectInfo, StoreUnavailable, open_store
 from tests.support.chain_time import SteppingChain
 from tests.support.lead_views import checked_views, lead_roster
 from validator.admission import Admission
@@ -243,3 +243,35 @@ def test_a_run_without_validators_does_not_wait_for_a_manifest(keys: dict[int, K
     fetched, _, _ = _views(keys)
     agreed = agree(roster, fetched, None, START, RUN, SPEC)
     assert sorted(agreed.updates) == [0, 1] and agreed.note == "no validator: own choice"
+
+
+class _Failing(FileStore):
+    """The lead's bucket answering every read with an outage for its first `fails` reads."""
+
+    def __init__(self, root: Path, fails: int) -> None:
+        super().__init__(root / "lead")
+        self.fails = fails
+
+    def head(self, key: str) -> ObjectInfo:
+        if self.fails > 0:
+            self.fails -= 1
+            raise StoreUnavailable("the lead's store is down")
+        return super().head(key)
+
+
+def test_a_manifest_read_that_fails_is_tried_again_past_the_settle_block(
+    tmp_path: Path, keys: dict[int, Keypair], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An outage of the lead's store around the cutoff is not taken for "no manifest": the node
+    keeps reading past the settle block (for `READ_RETRY_S`) and applies the manifest stored in
+    time; a store that stays down gives nothing, once that time is up."""
+    publish_manifest(open_store(f"file://{tmp_path}?bucket=lead"), _manifest(keys), keys[LEAD])  # type: ignore[arg-type]
+    settle = settle_block(RUN, WINDOW)
+    flaky = _roster(keys, _Failing(tmp_path, fails=30))
+    at_cutoff = SteppingChain(CUTOFF).first_at
+    later = SteppingChain(settle, first_at=at_cutoff + timedelta(seconds=settle - CUTOFF))
+    assert wait_for_manifest(flaky, RUN, WINDOW, later) == _manifest(keys)
+    assert later.seen[-1] > settle  # read on past the settle block
+    monkeypatch.setattr(consensus, "READ_RETRY_S", 0.2)
+    down = _roster(keys, _Failing(tmp_path, fails=10**9))
+    assert wait_for_manifest(down, RUN, WINDOW, SteppingChain(settle)) is None

@@ -379,3 +379,18 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def test_a_restarted_validator_clears_the_spool_a_crash_left(tmp_path: Path) -> None:
+    """Killed mid-window, a validator leaves that window's spooled updates on disk: the next
+    start removes them (a crash loop would otherwise fill the disk)."""
+    _, admin, chain = _chain(tmp_path, validators=1)
+    store = open_store(f"file://{tmp_path}?bucket=bucket0")
+    state = tmp_path / "state0"
+    left = state / SPOOL / "window-7"
+    left.mkdir(parents=True)
+    (left / "2").write_bytes(b"x" * 4096)
+    Validator(RUN, KEYS[0], chain, store, state, local_root=tmp_path)
+    assert not (state / SPOOL).exists() or not any((state / SPOOL).iterdir())
+    chain.close()
+    admin.close()

@@ -83,3 +83,12 @@ def s3_url(s3_server: str, s3_bucket: str) -> str:
 def enforced_iam() -> Iterator[None]:
     with enable_iam_authentication():
         yield
+
+
+@pytest.fixture
+def fast_manifest_polls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node reads the deciders' buckets again at once (for chains that step per look)."""
+    from node.window import consensus
+
+    monkeypatch.setattr(consensus, "MANIFEST_POLL_S", 0.0)
+    monkeypatch.setattr(consensus, "MANIFEST_POLL_MAX_S", 0.0)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from substrateinterface import Keypair
@@ -116,78 +117,56 @@ def publish_decision(
         log.error("window %d: publishing the manifest failed: %s", window, exc)
 
 
-def decide(
-    store: ObjectStore,
-    run: RunConfig,
-    spec: ModelSpec,
-    keypair: Keypair,
-    roster: Roster,
-    checks: Mapping[int, PeerCheck],
-    uploads: Mapping[int, Upload],
-    fingerprint_start: str,
-    scratch: Path,
-    chain: ChainTime,
-    admission: Admission,
-) -> Agreement:
-    """A deciding validator's agreement for the roster's window (we are one of
-    `roster.deciders`: the lead, or the standby): our decision proposed (`propose`), then the
-    one that counts applied (`adopt`)."""
-    proposed = propose(
-        store, run, keypair, roster, checks, uploads, fingerprint_start, scratch, chain, admission
-    )
-    return adopt(
-        store, run, spec, keypair, roster, uploads, fingerprint_start, scratch, chain, proposed
-    )
+@dataclass(frozen=True)
+class Decider:
+    """What a deciding validator decides with: its bucket and hotkey, the run, the model's spec,
+    a scratch folder for the aggregate it writes, and the chain's clock."""
+
+    store: ObjectStore
+    run: RunConfig
+    spec: ModelSpec
+    keypair: Keypair
+    scratch: Path
+    chain: ChainTime
 
 
 def propose(
-    store: ObjectStore,
-    run: RunConfig,
-    keypair: Keypair,
+    me: Decider,
     roster: Roster,
     checks: Mapping[int, PeerCheck],
     uploads: Mapping[int, Upload],
     fingerprint_start: str,
-    scratch: Path,
-    chain: ChainTime,
     admission: Admission,
 ) -> WindowManifest | None:
     """Publish our decision for the window (`publish_decision`) while the chain is before the
     last block to publish, unless a manifest of ours already stands (published before a
     restart: peers may have applied it). The manifest we built, or None."""
-    me = _me(roster, keypair)
-    window = roster.window
-    if _own_manifest(roster, run, window, me):
+    bucket, run, window = _bucket(roster, me.keypair), me.run, roster.window
+    if _own_manifest(roster, run, window, bucket):
         log.warning("window %d: a manifest we published before a restart stands", window)
         return None
-    if not may_publish(run, window, chain.block()):
+    if not may_publish(run, window, me.chain.block()):
         log.warning("window %d: too late to publish a manifest", window)
         return None
     manifest = lead_manifest(
-        run, window, roster, checks, admission, me.uid, keypair.ss58_address, fingerprint_start
+        run, window, roster, checks, admission, bucket.uid, bucket.hotkey, fingerprint_start
     )
-    publish_decision(store, run, keypair, manifest, uploads, scratch, chain.block)
+    publish_decision(me.store, run, me.keypair, manifest, uploads, me.scratch, me.chain.block)
     return manifest
 
 
 def adopt(
-    store: ObjectStore,
-    run: RunConfig,
-    spec: ModelSpec,
-    keypair: Keypair,
+    me: Decider,
     roster: Roster,
     uploads: Mapping[int, Upload],
     fingerprint_start: str,
-    scratch: Path,
-    chain: ChainTime,
     proposed: WindowManifest | None,
 ) -> Agreement:
     """Read the deciders' manifests as every node does and apply the one that counts
     (`wait_for_manifest`: the highest-ranked stored by the cutoff block's timestamp), or nothing;
     our published history then holds what we applied (`publish_history`)."""
-    me = _me(roster, keypair)
-    window = roster.window
-    counted = wait_for_manifest(roster, run, window, chain)
+    bucket, run, window = _bucket(roster, me.keypair), me.run, roster.window
+    counted = wait_for_manifest(roster, run, window, me.chain)
     if counted is not None and counted == proposed:
         return lead_agreement(proposed, uploads)
     if counted is None:
@@ -195,13 +174,13 @@ def adopt(
         log.warning("window %d: no manifest (%s): the window applies nothing", window, why)
         agreed = Agreement({}, None, False, f"no manifest ({why}): nothing applied")
     else:
-        agreed = follow(roster, uploads, counted, fingerprint_start, run, spec)
-    if counted is None or counted.validator_uid != me.uid:  # else our own, published already
-        publish_history(store, run, keypair, window, me.uid, agreed, uploads, scratch)
+        agreed = follow(roster, uploads, counted, fingerprint_start, run, me.spec)
+    if counted is None or counted.validator_uid != bucket.uid:  # else ours, published already
+        publish_history(me.store, run, me.keypair, window, bucket.uid, agreed, uploads, me.scratch)
     return agreed
 
 
-def _me(roster: Roster, keypair: Keypair) -> PeerBucket:
+def _bucket(roster: Roster, keypair: Keypair) -> PeerBucket:
     """Our bucket among the roster's deciders; ValueError if we are not one."""
     for d in roster.deciders:
         if d.hotkey == keypair.ss58_address:

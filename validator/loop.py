@@ -67,7 +67,7 @@ from protocol.runconfig import RunConfig
 from protocol.stores import ObjectStore, StoreError
 from protocol.stores.spool import SpoolError
 from validator.admission import Admission, admit
-from validator.agreement import adopt, follow, mark_equivocations, propose, publish_history
+from validator.agreement import Decider, adopt, follow, mark_equivocations, propose, publish_history
 from validator.classify import Measured, PeerCheck, check_window, mark_norm_outliers, measure
 from validator.config import ValidatorConfig
 from validator.copies import Sketch, SketchHistory, aggregate_sketch, sketch
@@ -264,15 +264,10 @@ class Validator:
         if roster.decider(self.uid) is not None:
             admission = self._admit(roster, checks, scorer)
             begun = time.monotonic()
-            proposed = propose(
-                self.store, self.run, self.keypair, roster, checks, uploads, self.fingerprint,
-                spool, self.chain, admission,
-            )  # fmt: skip
+            me = Decider(self.store, self.run, self.spec, self.keypair, spool, self.chain)
+            proposed = propose(me, roster, checks, uploads, self.fingerprint, admission)
             self._publish_s = time.monotonic() - begun
-            agreed = adopt(
-                self.store, self.run, self.spec, self.keypair, roster, uploads, self.fingerprint,
-                spool, self.chain, proposed,
-            )  # fmt: skip
+            agreed = adopt(me, roster, uploads, self.fingerprint, proposed)
         else:
             manifest = wait_for_manifest(roster, self.run, window, self.chain)
             agreed = follow(roster, uploads, manifest, self.fingerprint, self.run, self.spec)

@@ -4,20 +4,36 @@ updates it fetched and checked (every one verified, verdict ok)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 from substrateinterface import Keypair
 
 from codec.spec import ModelSpec
 from node.window.buckets import PeerBucket
-from node.window.consensus import Roster
+from node.window.consensus import Agreement, ChainTime, Roster
 from node.window.exchange import check_update
 from node.window.gather import Fetched
 from protocol.chain.models import Metagraph, Neuron
 from protocol.runconfig import RunConfig
+from protocol.stores import ObjectStore
 from protocol.stores.spool import InMemory
+from validator.admission import Admission
+from validator.agreement import Decider, adopt, propose
 from validator.checks import Verdict
 from validator.classify import PeerCheck
 from validator.fetching import Upload
+
+
+def cutoff_run(name: str) -> RunConfig:
+    """The `tiny` preset with a cutoff easy to count in: 1 s blocks, 60 to a window, a 10 s gather
+    and 20 s for the deciders to publish."""
+    return RunConfig.preset(
+        "tiny",
+        name=name,
+        inner_steps=2,
+        consensus={"fetch_budget_s": 10.0, "manifest_wait_s": 20.0},
+        timing={"block_time_s": 1.0, "blocks_per_window": 60, "upload_deadline_blocks": 5},
+    )
 
 
 def lead_roster(
@@ -49,3 +65,23 @@ def checked_views(
         uploads[u] = Upload(u, keys[u].ss58_address, fetched[u], None)
         checks[u] = PeerCheck(u, keys[u].ss58_address, uploads[u], Verdict.OK, "ok")
     return fetched, uploads, checks
+
+
+def decide(
+    store: ObjectStore,
+    run: RunConfig,
+    spec: ModelSpec,
+    keypair: Keypair,
+    roster: Roster,
+    checks: Mapping[int, PeerCheck],
+    uploads: Mapping[int, Upload],
+    fingerprint_start: str,
+    scratch: Path,
+    chain: ChainTime,
+    admission: Admission,
+) -> Agreement:
+    """A deciding validator's whole agreement, as its window loop runs it: its decision
+    proposed, then the one that counts adopted."""
+    me = Decider(store, run, spec, keypair, scratch, chain)
+    proposed = propose(me, roster, checks, uploads, fingerprint_start, admission)
+    return adopt(me, roster, uploads, fingerprint_start, proposed)

@@ -20,7 +20,6 @@ from codec.spec import ModelSpec
 from lab.sim.forgeries import noise_update
 from node.model.fingerprint import fingerprint
 from node.model.llama import build_model
-from node.window import consensus
 from node.window.buckets import PeerBucket
 from node.window.consensus import (
     Roster,
@@ -35,31 +34,18 @@ from node.window.manifest import WindowManifest, publish_manifest
 from protocol.chain.models import Metagraph, Neuron
 from protocol.keys import create_hotkey
 from protocol.naming import applied_key
-from protocol.runconfig import RunConfig
 from protocol.stores import ObjectStore, open_store
 from tests.support.chain_time import SteppingChain
-from tests.support.lead_views import checked_views
+from tests.support.lead_views import checked_views, cutoff_run, decide
 from validator.admission import Admission
-from validator.agreement import decide
 
-RUN = RunConfig.preset(
-    "tiny",
-    name="failover",
-    inner_steps=2,
-    consensus={"fetch_budget_s": 10.0, "manifest_wait_s": 20.0},
-    timing={"block_time_s": 1.0, "blocks_per_window": 60, "upload_deadline_blocks": 5},
-)
+pytestmark = pytest.mark.usefixtures("fast_manifest_polls")
+RUN = cutoff_run("failover")
 SPEC = ModelSpec.from_module(build_model(RUN.model, RUN.seed))
 WINDOW, LEAD, STANDBY, THIRD = 3, 9, 8, 7
 START = fingerprint(build_model(RUN.model, RUN.seed))
 CUTOFF = manifest_cutoff_block(RUN, WINDOW)
 ALL = Admission(frozenset(range(100)))
-
-
-@pytest.fixture(autouse=True)
-def _fast_polls(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(consensus, "MANIFEST_POLL_S", 0.0)
-    monkeypatch.setattr(consensus, "MANIFEST_POLL_MAX_S", 0.0)
 
 
 @pytest.fixture(scope="module")

@@ -34,9 +34,9 @@ from protocol.keys import create_hotkey
 from protocol.runconfig import RunConfig
 from protocol.stores import open_store
 from tests.support.chain_time import SteppingChain
-from tests.support.lead_views import checked_views, lead_roster
+from tests.support.lead_views import checked_views, decide, lead_roster
 from validator.admission import Admission
-from validator.agreement import decide, mark_equivocations
+from validator.agreement import mark_equivocations
 from validator.checks import Verdict
 from validator.classify import PeerCheck
 from validator.config import ValidatorConfig

@@ -40,33 +40,20 @@ from node.window.history import read_aggregate_bytes
 from node.window.manifest import WindowManifest, publish_manifest
 from protocol.keys import create_hotkey
 from protocol.naming import applied_key
-from protocol.runconfig import RunConfig
 from protocol.stores import FileStore, ObjectInfo, StoreUnavailable, open_store
 from tests.support.chain_time import SteppingChain
-from tests.support.lead_views import checked_views, lead_roster
+from tests.support.lead_views import checked_views, cutoff_run, decide, lead_roster
 from validator.admission import Admission
-from validator.agreement import decide
 from validator.fetching import Upload
 
-RUN = RunConfig.preset(
-    "tiny",
-    name="manifest-cutoff",
-    inner_steps=2,
-    consensus={"fetch_budget_s": 10.0, "manifest_wait_s": 20.0},
-    timing={"block_time_s": 1.0, "blocks_per_window": 60, "upload_deadline_blocks": 5},
-)
+pytestmark = pytest.mark.usefixtures("fast_manifest_polls")
+RUN = cutoff_run("manifest-cutoff")
 SPEC = ModelSpec.from_module(build_model(RUN.model, RUN.seed))
 WINDOW, LEAD = 3, 9
 START = fingerprint(build_model(RUN.model, RUN.seed))
 CUTOFF = manifest_cutoff_block(RUN, WINDOW)
 
 ALL = Admission(frozenset(range(100)))  # the lead admits every update that passed
-
-
-@pytest.fixture(autouse=True)
-def _fast_polls(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(consensus, "MANIFEST_POLL_S", 0.0)
-    monkeypatch.setattr(consensus, "MANIFEST_POLL_MAX_S", 0.0)
 
 
 @pytest.fixture(scope="module")

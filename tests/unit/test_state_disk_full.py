@@ -4,7 +4,6 @@ and no partial or temporary file is left behind."""
 from __future__ import annotations
 
 import errno
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,23 +12,14 @@ import torch
 
 from node.runtime.preflight import PreflightError, check_disk
 from node.runtime.state import PeerState, load_state, save_state
+from tests.support.small_disk import small_tmpfs
 
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 64 KiB tmpfs: room for one state file of `_state`, not two (skipped where mounting is
-    not allowed)."""
-    where = tmp_path / "small"
-    where.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)], capture_output=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.decode().strip()}")
-    try:
+    """A 64 KiB tmpfs: room for one state file of `_state`, not two."""
+    with small_tmpfs(tmp_path / "small") as where:
         yield where
-    finally:
-        subprocess.run(["umount", str(where)], check=False)
 
 
 def _state(window: int) -> PeerState:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -37,6 +36,7 @@ from protocol.runconfig import RunConfig
 from protocol.stores import open_store
 from protocol.stores.spool import Sink, SpoolError
 from tests.support.chain_clock import Clock
+from tests.support.small_disk import small_tmpfs
 from validator.checks import Verdict
 from validator.classify import PeerCheck, check_window, measure
 from validator.fetching import SPOOL, Upload
@@ -262,19 +262,9 @@ def test_a_validator_down_past_the_pruning_horizon_catches_up_instead_of_crash_l
 
 @pytest.fixture
 def full_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 64 KiB tmpfs: smaller than one update of the `tiny` model (skipped where mounting is
-    not allowed)."""
-    where = tmp_path / "small"
-    where.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)], capture_output=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.decode().strip()}")
-    try:
+    """A 64 KiB tmpfs: smaller than one update of the `tiny` model."""
+    with small_tmpfs(tmp_path / "small") as where:
         yield where
-    finally:
-        subprocess.run(["umount", str(where)], check=False)
 
 
 def test_a_lead_whose_spool_disk_is_full_decides_nothing_and_rates_nobody(

@@ -18,6 +18,7 @@ FAST = ["--block-time", "0.5", "--blocks-per-window", "60", "--timeout", "600"]
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # the run (at most 600 s) and its DDP baseline, on a loaded machine
 def test_simulation_with_every_adversary(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -168,7 +168,7 @@ def adopt(
     bucket, run, window = _bucket(roster, me.keypair), me.run, roster.window
     counted = wait_for_manifest(roster, run, window, me.chain)
     if counted is not None and counted == proposed:
-        return lead_agreement(proposed, uploads)
+        return own_agreement(proposed, uploads)
     if counted is None:
         why = f"none stored by block {manifest_cutoff_block(run, window)}"
         log.warning("window %d: no manifest (%s): the window applies nothing", window, why)
@@ -219,10 +219,11 @@ def publish_history(
         log.error("window %d: publishing the aggregate failed: %s", window, exc)
 
 
-def lead_agreement(manifest: WindowManifest, uploads: Mapping[int, Upload]) -> Agreement:
+def own_agreement(manifest: WindowManifest, uploads: Mapping[int, Upload]) -> Agreement:
+    """Our own decision, which counts: its updates as we fetched and checked them."""
     updates = {u: uploads[u].fetched.update for u in manifest.uids}
     fp = manifest.fingerprint_start
-    return Agreement(updates, manifest, False, "own manifest (lead)", fp)  # type: ignore[arg-type]
+    return Agreement(updates, manifest, False, "own manifest", fp)  # type: ignore[arg-type]
 
 
 def mark_equivocations(checks: Mapping[int, PeerCheck], agreed: Agreement) -> list[int]:

@@ -57,6 +57,7 @@ from protocol.stores.s3_client import (
     mask_key_id,
     md5_b64,
     new_client,
+    precondition_failed,
 )
 from protocol.stores.s3_config import MAX_OBJECT_SIZE, MAX_PARTS, MIB, S3Config, S3Stats
 from protocol.stores.s3_signing import SigningTarget
@@ -392,7 +393,7 @@ class S3Store(ObjectStore):
         try:
             resp = self._client.get_object(**kwargs)
         except ClientError as exc:
-            if error_code(exc) == "PreconditionFailed" or http_status(exc) == 412:
+            if precondition_failed(exc):
                 raise _ObjectChanged from None
             raise
         with closing_body(resp) as body:
@@ -433,16 +434,12 @@ class S3Store(ObjectStore):
     def put_new(self, key: str, data: bytes | bytearray | memoryview) -> None:
         self._require_writable("put")
         validate_key(key)
-        body = bytes(data)
-        if len(body) > self._cfg.multipart_threshold:
+        if len(data) > self._cfg.multipart_threshold:
             raise StoreError(f"a create-only write of {key!r} must fit one request")
         try:
-            self._put_single(key, body, IfNoneMatch="*")
+            self._put_single(key, bytes(data), IfNoneMatch="*")
         except StoreError as exc:
-            cause = exc.__cause__
-            if isinstance(cause, ClientError) and (
-                error_code(cause) == "PreconditionFailed" or http_status(cause) == 412
-            ):
+            if precondition_failed(exc.__cause__):
                 raise ObjectExists(key, self.location) from None
             raise
 

@@ -93,6 +93,13 @@ def http_status(exc: ClientError) -> int:
     return status if isinstance(status, int) else 0
 
 
+def precondition_failed(exc: BaseException | None) -> bool:
+    """An S3 answer 412: a conditional request (``If-Match``, ``If-None-Match``) was refused."""
+    return isinstance(exc, ClientError) and (
+        error_code(exc) == "PreconditionFailed" or http_status(exc) == 412
+    )
+
+
 def is_transient(exc: BaseException) -> bool:
     """Failures worth retrying: dropped/refused/timed-out connections, throttling, 5xx."""
     if isinstance(exc, SSLError):

@@ -40,7 +40,7 @@ from tests.support.small_disk import small_tmpfs
 from validator.checks import Verdict
 from validator.classify import PeerCheck, check_window, measure
 from validator.fetching import SPOOL, Upload
-from validator.loop import Validator
+from validator.loop import Validator, ValidatorError
 
 NETUID = 3
 BLOCK_TIME = 12.0
@@ -382,5 +382,25 @@ def test_a_restarted_validator_clears_the_spool_a_crash_left(tmp_path: Path) -> 
     (left / "2").write_bytes(b"x" * 4096)
     Validator(RUN, KEYS[0], chain, store, state, local_root=tmp_path)
     assert not (state / SPOOL).exists() or not any((state / SPOOL).iterdir())
+    chain.close()
+    admin.close()
+
+
+def test_a_validator_down_past_the_pruning_horizon_without_history_says_to_use_an_archive(
+    tmp_path: Path,
+) -> None:
+    """Nobody published the windows it missed: it stops with one error naming the fix (an archive
+    node), and its saved position is left as it was."""
+    clock, admin, chain = _chain(tmp_path, validators=2)
+    for i, key in enumerate(KEYS):
+        chain.commit(key, render_commitment(commitment_for(f"file://{tmp_path}?bucket=bucket{i}")))
+    store = open_store(f"file://{tmp_path}?bucket=bucket1")
+    Validator(RUN, KEYS[1], chain, store, tmp_path / "state1", local_root=tmp_path)
+    clock.at(PUBLISHED * RUN.timing.blocks_per_window + 5)  # no validator published anything
+    pruned = PrunedBelow(chain, first_kept=PUBLISHED * RUN.timing.blocks_per_window)
+    back = Validator(RUN, KEYS[1], pruned, store, tmp_path / "state1", local_root=tmp_path)  # type: ignore[arg-type]
+    with pytest.raises(ValidatorError, match="archive"):
+        back.run_windows(1)
+    assert back.next_window == 0
     chain.close()
     admin.close()

@@ -142,7 +142,7 @@ def propose(
     last block to publish, unless a manifest of ours already stands (published before a
     restart: peers may have applied it). The manifest we built, or None."""
     bucket, run, window = _bucket(roster, me.keypair), me.run, roster.window
-    if _own_manifest(roster, run, window, bucket):
+    if _own_manifest(run, window, bucket):
         log.warning("window %d: a manifest we published before a restart stands", window)
         return None
     if not may_publish(run, window, me.chain.block()):
@@ -188,11 +188,11 @@ def _bucket(roster: Roster, keypair: Keypair) -> PeerBucket:
     raise ValueError("only a deciding validator decides: the roster names others")
 
 
-def _own_manifest(roster: Roster, run: RunConfig, window: int, me: PeerBucket) -> bool:
+def _own_manifest(run: RunConfig, window: int, me: PeerBucket) -> bool:
     """Whether we have a manifest stored for `window`; True if we cannot tell (the read back
     then decides)."""
     try:
-        return published_manifest(roster, run, window, me) is not None
+        return published_manifest(run, window, me) is not None
     except StoreError as exc:
         log.error("window %d: cannot read our own manifest: %s", window, exc)
         return True

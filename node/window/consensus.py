@@ -270,10 +270,8 @@ def _verdicts(
     matter); `StoreError` if a read that matters failed."""
     out: list[Verdict] = []
     for decider in roster.deciders:
-        stored = published_manifest(roster, run, window, decider)
+        stored = published_manifest(run, window, decider)
         counts = judge(stored, head, run, window, chain) if stored is not None else None
-        if stored is None and final:
-            counts = False
         out.append((stored, counts))
         if counts or (counts is None and not final):
             break  # it decides, or the ones after it do not matter yet
@@ -303,15 +301,9 @@ def _describe(verdicts: list[Verdict], manifest: WindowManifest | None) -> str:
     return f"manifest of validator uid {manifest.validator_uid} found, {rank}"
 
 
-def published_manifest(
-    roster: Roster, run: RunConfig, window: int, decider: PeerBucket | None = None
-) -> StoredManifest | None:
-    """One read of a deciding validator's manifest of `window` (default: the lead's) and its
-    store time: None when there is no such validator, no manifest, or an invalid one (logged);
-    `StoreError` when the read itself failed."""
-    lead = decider if decider is not None else roster.lead
-    if lead is None:
-        return None
+def published_manifest(run: RunConfig, window: int, lead: PeerBucket) -> StoredManifest | None:
+    """One read of deciding validator `lead`'s manifest of `window` and its store time: None when
+    there is no manifest or an invalid one (logged); `StoreError` when the read itself failed."""
     cap = manifest_cap(run.gather_size)
     key = applied_key(run.run_id, window, lead.uid, lead.hotkey)
     try:

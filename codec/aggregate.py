@@ -3,37 +3,66 @@
 Updates are taken in ascending order of their peer key, never in arrival order. Each peer's
 decoded values are (optionally) multiplied by a clip factor and added into float32 buffers with
 one rounding per position and peer; the sum is then divided by the number of peers (with
-clipping: by `mean_divisor`, where a null update counts 0). Peer norms
-are computed without any float reduction whose order could depend on threads or device: a
-chunk holds only two magnitudes, so its squared norm is ``n_low * low**2 + n_high * high**2``
-in float64 (elementwise, the squares exact), and the chunks are summed with `math.fsum`
-(correctly rounded), so every node derives the same clip factors.
+clipping: by a divisor in which a null update counts 0). Norms are computed without any float
+reduction whose order could depend on threads or device: a chunk holds only two magnitudes, so
+its squared norm is ``n_low * low**2 + n_high * high**2`` in float64 (elementwise, the squares
+exact), and a whole update's chunks are summed with `math.fsum` (correctly rounded), so every
+node derives the same factors.
+
+Two clip rules (docs/consensus.md, "What the bound is"):
+
+* **per update** (`clip_factors`, `mean_divisor`): each update scaled to at most the lower median
+  of the updates' norms; the rule of strategies whose pieces have no chunks;
+* **per chunk** (`chunk_clip`): in every chunk, each update's part scaled to at most the lower
+  median of the updates' norms in that chunk, and the chunk's sum divided by its own count
+  (`divide_chunks`). No update teaches any chunk more than the median update does there, so one
+  update cannot concentrate its whole norm on the few chunks a targeted change (a backdoor)
+  needs; the rule of every chunked sparse strategy.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from codec.chunking import ChunkLayout
 from codec.compress import SparseTensor, scatter_add
 from codec.errors import DecodeError
 from codec.quantize import chunk_levels
 from codec.spec import CodecParams, ModelSpec
 
 __all__ = [
+    "ChunkClip",
     "aggregate",
+    "chunk_clip",
+    "chunk_norms",
     "clip_bound",
     "clip_factors",
+    "divide_chunks",
     "divide_exactly",
     "mean_divisor",
     "norm_partials",
+    "sum_clipped",
     "update_norm",
 ]
 
 Update = Sequence[SparseTensor]
+
+
+def chunk_norms(piece: Any) -> list[torch.Tensor]:
+    """Each chunk's squared L2 norm, one float64 tensor per chunk group of a sparse piece (any
+    piece with ``groups`` of ``codes`` and ``scales`` and a ``codebook``), elementwise exact."""
+    out = []
+    for g in piece.groups:
+        levels = chunk_levels(g.scales, piece.codebook).double().square()
+        n_high = (g.codes >> 1).sum(1, dtype=torch.int64).double()
+        n_low = g.codes.shape[1] - n_high
+        out.append(n_low * levels[:, 0] + n_high * levels[:, 1])
+    return out
 
 
 def norm_partials(update: Update) -> list[float]:
@@ -41,14 +70,7 @@ def norm_partials(update: Update) -> list[float]:
     `math.fsum` of the partials of all of an update's pieces, split any way, is its squared norm
     exactly rounded: workers that each hold a share of the tensors (`codec.pool`) get the same
     norm as `update_norm`."""
-    partials: list[float] = []
-    for sparse in update:
-        for g in sparse.groups:
-            levels = chunk_levels(g.scales, sparse.codebook).double().square()
-            n_high = (g.codes >> 1).sum(1, dtype=torch.int64).double()
-            n_low = g.codes.shape[1] - n_high
-            partials.extend((n_low * levels[:, 0] + n_high * levels[:, 1]).tolist())
-    return partials
+    return [x for sparse in update for g in chunk_norms(sparse) for x in g.tolist()]
 
 
 def update_norm(update: Update) -> float:
@@ -85,6 +107,63 @@ def mean_divisor(norms: Sequence[float]) -> float:
     return math.fsum(min(n, bound) / bound for n in norms)
 
 
+@dataclass(frozen=True)
+class ChunkClip:
+    """The per-chunk clip of one tensor over a window's updates (`chunk_clip`)."""
+
+    factors: list[list[torch.Tensor] | None]
+    """Per update (ascending key order), per chunk group: float32 (n_chunks,) factors; None for
+    an update that does not send the tensor."""
+    divisors: list[torch.Tensor]
+    """Per chunk group: float32 (n_chunks,), what each chunk's sum is divided by (0: leave it)."""
+
+
+def chunk_clip(
+    norms: Sequence[Sequence[torch.Tensor] | None], n_chunks: Sequence[int]
+) -> ChunkClip:
+    """The clip of one tensor, chunk by chunk, from each update's `chunk_norms` of it (None for
+    an update without it: a zero norm everywhere), in ascending key order.
+
+    In each chunk the bound is the lower median of the updates' norms there (`clip_bound`'s
+    rule: only a strict majority lifts it above every honest norm), each update's part is scaled
+    by ``min(1, bound / norm)``, and the chunk's sum is divided by the updates' count in which
+    each counts ``min(norm, bound) / bound`` (a null part counts 0, as `mean_divisor`). Every
+    operation is elementwise in float64 with correctly rounded square roots and divisions, the
+    count summed in key order: the same on every node. The factors and divisors are rounded to
+    float32 once."""
+    factors: list[list[torch.Tensor]] = [[] for _ in norms]
+    divisors = []
+    for gi, n in enumerate(n_chunks):
+        zero = torch.zeros(n, dtype=torch.float64)
+        sq = torch.stack([zero if u is None else u[gi].double() for u in norms]) if norms else None
+        if sq is None:
+            divisors.append(zero.float())
+            continue
+        bound_sq = sq.sort(0).values[(sq.shape[0] - 1) // 2]
+        scaled = (bound_sq / torch.where(sq > 0, sq, 1.0)).sqrt()
+        factor = torch.where(sq <= bound_sq, 1.0, scaled)
+        bound, norm = bound_sq.sqrt(), sq.sqrt()
+        count = torch.zeros(n, dtype=torch.float64)
+        for i in range(sq.shape[0]):  # in key order: one rounding per update, as on every node
+            count += torch.minimum(norm[i], bound) / torch.where(bound > 0, bound, 1.0)
+        divisors.append(torch.where(bound > 0, count, 0.0).float())
+        for i in range(sq.shape[0]):
+            factors[i].append(factor[i].float())
+    return ChunkClip(
+        [None if u is None else f for u, f in zip(norms, factors, strict=True)], divisors
+    )
+
+
+def divide_chunks(t: torch.Tensor, layout: ChunkLayout, divisors: Sequence[torch.Tensor]) -> None:
+    """Each chunk of ``t`` divided in place by its divisor (`ChunkClip.divisors`), one correctly
+    rounded float32 division per element on any device; a chunk whose divisor is 0 is left as
+    it is (its sum is 0)."""
+    for gi, (g, d) in enumerate(zip(layout.groups, divisors, strict=True)):
+        d = d.to(t.device, torch.float32)
+        view = layout.group_view(t, gi)
+        view.div_(torch.where(d > 0, d, 1.0).view(g.grid[0], g.grid[1], 1, 1))
+
+
 def divide_exactly(t: torch.Tensor, divisor: float) -> None:
     """``t /= divisor`` in place, one correctly rounded float32 division per element on any
     device. The divisor goes in as a float32 tensor on ``t``'s device: with a Python number CUDA
@@ -118,8 +197,7 @@ def aggregate(
 
     ``updates`` maps a peer key (all keys mutually comparable, e.g. all ``str``) to that peer's
     list of `SparseTensor`. A tensor a peer did not send counts as zero for that peer. With
-    ``clip_to_median`` each peer's update is first scaled to at most the lower median peer norm
-    (`clip_bound`) and the sum divided by `mean_divisor` (null updates do not count).
+    ``clip_to_median`` the rule is per chunk (`sum_clipped`, `chunk_clip`).
     With ``validate`` every update is checked first (`DecodeError` on malformed input).
     The result does not depend on the order of ``updates``; with no peers it is all zeros.
     On a CUDA ``device`` the scatter-adds run as a Triton kernel (`codec.gpu.scatter`), with the
@@ -132,16 +210,34 @@ def aggregate(
         for peer in peers:
             for sparse in peer.values():
                 sparse.validate(params)
-    if clip_to_median:
-        norms = [update_norm(list(p.values())) for p in peers]
-        factors, divisor = clip_factors(norms), mean_divisor(norms)
-    else:
-        factors, divisor = [1.0] * len(peers), float(len(peers))
     out = {t.name: torch.zeros(t.shape, dtype=torch.float32, device=device) for t in spec.tensors}
-    for peer, factor in zip(peers, factors, strict=True):
+    if clip_to_median:
+        for name, dense in out.items():
+            sum_clipped(dense, [p.get(name) for p in peers], params, triton)
+        return out
+    for peer in peers:
         for name, sparse in peer.items():
-            scatter_add(out[name], sparse, params, factor, triton)
-    if divisor > 0:
-        for t in out.values():
-            divide_exactly(t, divisor)
+            scatter_add(out[name], sparse, params, 1.0, triton)
+    if peers:
+        for dense in out.values():
+            divide_exactly(dense, float(len(peers)))
     return out
+
+
+def sum_clipped(
+    out: torch.Tensor,
+    pieces: Sequence[SparseTensor | None],
+    params: CodecParams,
+    triton: bool | None = None,
+) -> None:
+    """``out`` (zeros) becomes the per-chunk clipped mean of one tensor's pieces, in the given
+    (ascending key) order, None for an update without the tensor (`chunk_clip`)."""
+    layout = ChunkLayout.for_shape(out.shape, params)
+    clip = chunk_clip(
+        [None if p is None else chunk_norms(p) for p in pieces],
+        [g.n_chunks for g in layout.groups],
+    )
+    for piece, factors in zip(pieces, clip.factors, strict=True):
+        if piece is not None and factors is not None:
+            scatter_add(out, piece, params, factors, triton)
+    divide_chunks(out, layout, clip.divisors)

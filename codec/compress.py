@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -147,38 +147,53 @@ def scatter_add(
     out: torch.Tensor,
     sparse: SparseTensor,
     params: CodecParams,
-    factor: float = 1.0,
+    factor: float | Sequence[torch.Tensor] = 1.0,
     triton: bool | None = None,
 ) -> None:
     """Add ``factor * decoded(sparse)`` into the dense float32 tensor ``out`` (in place).
 
-    ``factor`` is rounded to float32 first. Each position is touched at most once, so the result
-    is one float32 product and one float32 sum per position whatever the device: with a fixed
-    order of calls the accumulation is bit-reproducible. A CUDA ``out`` takes the Triton kernel
-    (`codec.gpu.scatter`) when triton imports; ``triton`` forces (True) or forbids (False) it.
+    ``factor`` is one number for the whole tensor or, per chunk group, one per chunk
+    (`codec.aggregate.chunk_clip`); either is rounded to float32 first. Each position is touched
+    at most once, so the result is one float32 product and one float32 sum per position whatever
+    the device: with a fixed order of calls the accumulation is bit-reproducible. A CUDA ``out``
+    takes the Triton kernel (`codec.gpu.scatter`) when triton imports; ``triton`` forces (True)
+    or forbids (False) it.
     """
     if tuple(out.shape) != tuple(sparse.shape) or out.dtype != torch.float32:
         raise ValueError(f"out must be float32 {sparse.shape}, got {out.dtype} {tuple(out.shape)}")
     layout = sparse.layout(params)
+    factors = _chunk_factors(layout, factor, out.device)
     if gpu.enabled(out) if triton is None else triton:
         from codec.gpu.scatter import scatter_add as kernel
 
         for gi, g in enumerate(sparse.groups):
-            kernel(out, layout, gi, g.idx, g.codes, g.scales, sparse.codebook, factor)
+            kernel(out, layout, gi, g.idx, g.codes, g.scales, sparse.codebook, factors[gi])
         return
     if out.device.type == "cpu" and out.is_contiguous():
         from codec.native.scatter import scatter_group  # numba, imported where it runs
 
         for gi, g in enumerate(sparse.groups):
-            scatter_group(out, layout, gi, g.idx, g.codes, g.scales, sparse.codebook, factor)
+            scatter_group(out, layout, gi, g.idx, g.codes, g.scales, sparse.codebook, factors[gi])
         return
     flat_out = out.view(-1)
-    scale = torch.tensor(factor, dtype=torch.float32, device=out.device)
     for gi, (g, vals) in enumerate(zip(sparse.groups, sparse.values(), strict=True)):
         flat = layout.flat_positions(gi, g.idx.to(out.device)).view(-1)
-        v = vals.to(out.device).view(-1)
-        # positions are unique, so each element gets one float32 sum: out + (v · factor)
-        flat_out.index_add_(0, flat, v if factor == 1.0 else v * scale)
+        v = vals.to(out.device) * factors[gi][:, None]
+        flat_out.index_add_(0, flat, v.view(-1))  # positions are unique: one float32 sum each
+
+
+def _chunk_factors(
+    layout: ChunkLayout, factor: float | Sequence[torch.Tensor], device: torch.device
+) -> list[torch.Tensor]:
+    """Per chunk group, a float32 (n_chunks,) factor on ``device``."""
+    if isinstance(factor, (int, float)):
+        one = torch.tensor(factor, dtype=torch.float32)
+        return [one.expand(g.n_chunks).to(device) for g in layout.groups]
+    if len(factor) != len(layout.groups) or any(
+        tuple(f.shape) != (g.n_chunks,) for f, g in zip(factor, layout.groups, strict=True)
+    ):
+        raise ValueError("per-chunk factors must hold one (n_chunks,) tensor per chunk group")
+    return [f.to(device, torch.float32) for f in factor]
 
 
 def densify(

@@ -3,9 +3,9 @@ model's tensors, with the same mean bit for bit for any number of workers and an
 
 `AggregatePool.add` hands an update to every worker as soon as it lands; each decodes its own
 tensors of it at once (`codec.wire.decode_update` with ``only``), so the gather ends about one
-decode after its last byte. `AggregatePool.mean` then combines the workers' exact norm partials
-into each update's norm (`codec.aggregate.norm_partials`), derives the clip factors and divisor
-once, and every worker adds the updates into its tensors **in ascending uid order** and divides
+decode after its last byte. At `AggregatePool.mean` every worker clips its tensors chunk by chunk
+(`codec.aggregate.sum_clipped`: the bound of a chunk depends only on that chunk's parts, which
+the worker owning the tensor holds), adds the updates **in ascending uid order** and divides
 them, in shared float32 buffers that are reused from window to window. Until then a worker holds
 its share of every update decoded, 3 bytes per kept entry (int16 positions, 2-bit codes in a
 byte): about 3 × G × E bytes over all workers for G updates of E entries. A tensor's sum never
@@ -19,7 +19,6 @@ workers' shares of the decode and scatter are even. Every worker runs one torch 
 from __future__ import annotations
 
 import contextlib
-import math
 import multiprocessing.connection as mpc
 from collections.abc import Collection, Mapping
 from typing import Any
@@ -28,9 +27,9 @@ import numpy as np
 import torch
 import torch.multiprocessing as tmp
 
-from codec.aggregate import clip_factors, divide_exactly, mean_divisor, norm_partials
+from codec.aggregate import sum_clipped
 from codec.chunking import ChunkLayout
-from codec.compress import SparseGroup, SparseTensor, scatter_add
+from codec.compress import SparseGroup, SparseTensor
 from codec.errors import DecodeError
 from codec.spec import CodecParams, ModelSpec
 from codec.wire import decode_update
@@ -84,15 +83,14 @@ class AggregatePool:
             self._conns.append(here)
             self._procs.append(proc)
         self._uids: list[int] = []
-        self._partials: dict[int, list[np.ndarray]] | None = None  # per uid, from each worker
-        self._rejected: dict[int, DecodeError] = {}
+        self._rejected: dict[int, DecodeError] | None = None  # asked of the workers once
 
     def add(self, uid: int, data: bytes) -> None:
         """Start decoding ``uid``'s update in every worker (returns at once)."""
         if uid in self._uids:
             raise ValueError(f"uid {uid} was already added this window")
         self._uids.append(uid)
-        self._partials = None
+        self._rejected = None
         shared = torch.empty(len(data), dtype=torch.uint8).share_memory_()
         shared.numpy()[:] = np.frombuffer(data, dtype=np.uint8)  # one copy, read by every worker
         for conn in self._conns:
@@ -100,14 +98,12 @@ class AggregatePool:
 
     def rejected(self) -> dict[int, DecodeError]:
         """The updates added this window that do not decode, and why (waits for the decodes)."""
-        if self._partials is None:
-            self._partials, self._rejected = {}, {}
+        if self._rejected is None:
+            self._rejected = {}
             for conn in self._conns:
-                conn.send(("norms",))
+                conn.send(("errors",))
             for conn in self._conns:
-                part, errors = _reply(conn)
-                for uid, arr in part.items():
-                    self._partials.setdefault(uid, []).append(arr)
+                errors = _reply(conn)
                 self._rejected.update({uid: DecodeError(msg) for uid, msg in errors.items()})
         return dict(self._rejected)
 
@@ -117,23 +113,19 @@ class AggregatePool:
         """The median-clipped mean of the updates added this window (or of those in ``keys``,
         each added) that decode, and why the others did not (those count as not sent)."""
         rejected = self.rejected()
-        assert self._partials is not None
         wanted = set(self._uids) if keys is None else set(keys)
         if not wanted <= set(self._uids):
             raise ValueError(f"uids {sorted(wanted - set(self._uids))} were not added")
         keys = sorted(uid for uid in wanted if uid not in rejected)
-        norms = [math.sqrt(math.fsum(np.concatenate(self._partials[u]).tolist())) for u in keys]
-        factors = dict(zip(keys, clip_factors(norms), strict=True))
-        divisor = mean_divisor(norms)
         for conn in self._conns:
-            conn.send(("sum", factors, divisor))
+            conn.send(("sum", keys))
         for conn in self._conns:
             _reply(conn)
         return self._out, {u: e for u, e in rejected.items() if u in wanted}
 
     def reset(self) -> None:
         """Forget this window's updates (the buffers are zeroed by the next `mean`)."""
-        self._uids, self._partials, self._rejected = [], None, {}
+        self._uids, self._rejected = [], None
         for conn in self._conns:
             conn.send(("reset",))
 
@@ -186,12 +178,10 @@ def _serve(
                     ]
                 except DecodeError as exc:
                     errors[uid] = str(exc)
-            elif msg[0] == "norms":
-                part = {uid: np.asarray(norm_partials(p), np.float64) for uid, p in pieces.items()}
-                conn.send(("ok", (part, errors)))
+            elif msg[0] == "errors":
+                conn.send(("ok", errors))
             elif msg[0] == "sum":
-                _, factors, divisor = msg
-                _sum_into(out, pieces, factors, divisor, params)
+                _sum_into(out, pieces, msg[1], params)
                 conn.send(("ok", None))
             elif msg[0] == "reset":
                 pieces, errors = {}, {}
@@ -213,15 +203,11 @@ def _compact(piece: SparseTensor, params: CodecParams) -> SparseTensor:
 def _sum_into(
     out: Mapping[str, torch.Tensor],
     pieces: Mapping[int, list[SparseTensor]],
-    factors: Mapping[int, float],
-    divisor: float,
+    keys: list[int],
     params: CodecParams,
 ) -> None:
-    for t in out.values():
-        t.zero_()
-    for uid in sorted(factors):
-        for piece in pieces[uid]:
-            scatter_add(out[piece.name], piece, params, factors[uid])
-    if divisor > 0:
-        for t in out.values():
-            divide_exactly(t, divisor)
+    """This worker's tensors of the clipped mean of the updates of ``keys`` (ascending)."""
+    named = [{p.name: p for p in pieces[uid]} for uid in keys]
+    for name, dense in out.items():
+        dense.zero_()
+        sum_clipped(dense, [by_name.get(name) for by_name in named], params)

@@ -34,6 +34,7 @@ import json
 import logging
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -257,8 +258,9 @@ class Peer:
 
     # -- steps -------------------------------------------------------------------------------
 
-    def _train(self, window: int) -> InnerResult:
-        batches = assigned_batches(
+    def _batches(self, window: int) -> Iterable[torch.Tensor]:
+        """The window's inner batches: the samples the run assigns this peer's uid."""
+        return assigned_batches(
             self.dataset,
             self.cfg.run_id,
             self.uid,
@@ -266,7 +268,9 @@ class Peer:
             self.cfg.inner_steps,
             self.cfg.batch_size,
         )
-        rows = map(self.ranks.local_rows, batches)
+
+    def _train(self, window: int) -> InnerResult:
+        rows = map(self.ranks.local_rows, self._batches(window))
         steps = tracked(rows, f"window {window} (uid {self.uid})", total=self.cfg.inner_steps)
         on_step = (lambda step, _loss: self._step_when_landed(step)) if self.delay else None
         inner = train_window(

@@ -340,7 +340,10 @@ class Validator:
     def _aggregate_sketch(
         self, window: int, agreed: Agreement, checks: Mapping[int, PeerCheck]
     ) -> Sketch:
-        """The sketch of the mean this window applies (what a recycler would re-upload)."""
+        """The sketch of the mean this window applies (what a recycler would re-upload), with
+        each update scaled by its whole-update clip factor: the mean clips sparse updates chunk
+        by chunk, which rescales chunks by a few per cent and leaves positions and signs, all a
+        recycler's copy is matched on (the sketches keep no per-chunk norms)."""
         uids = sorted(agreed.updates)
         members, norms = [], []
         for u in uids:

@@ -2,7 +2,7 @@
 
 `scatter_add` adds ``factor * decoded`` into a dense float32 tensor: one program per block of
 kept entries, each entry read, dequantised (``S_j * L[r_j, b]``, sign applied), multiplied by
-the float32 factor and added at its flat position. Positions of one update are unique, so no two
+its chunk's float32 factor and added at its flat position. Positions of one update are unique, so no two
 programs touch the same element, and each element gets exactly the CPU path's two float32
 roundings (product, then sum; contraction into an FMA is switched off). Updates are applied
 one launch at a time in the caller's (sorted) order: the aggregate is the CPU aggregate bit for
@@ -45,7 +45,7 @@ def _scatter_add_kernel(
     scales_ptr,
     book_ptr,
     lut_ptr,
-    factor,
+    factor_ptr,
     total,
     k,
     grid_cols,
@@ -62,6 +62,7 @@ def _scatter_add_kernel(
     code = tl.load(codes_ptr + e, mask=live, other=0).to(tl.int32)
     side = tl.load(scales_ptr + ch, mask=live, other=0).to(tl.int32)
     v = _dequant(code, side, book_ptr, lut_ptr)
+    factor = tl.load(factor_ptr + ch, mask=live, other=0.0)
     row = (ch // grid_cols) * tile_rows + pos // tile_cols
     flat = origin + row * cols + (ch % grid_cols) * tile_cols + pos % tile_cols
     cur = tl.load(out_ptr + flat, mask=live, other=0.0)
@@ -96,9 +97,10 @@ def scatter_add(
     codes: torch.Tensor,
     scales: torch.Tensor,
     codebook: torch.Tensor,
-    factor: float,
+    factor: torch.Tensor,
 ) -> None:
-    """``out.view(-1)[positions] += factor * decoded`` for one chunk group (inputs trusted)."""
+    """``out.view(-1)[positions] += factor[chunk] * decoded`` for one chunk group (inputs
+    trusted; ``factor`` float32 (n_chunks,))."""
     g = layout.groups[group_index]
     total = g.n_chunks * g.k
     if total == 0:
@@ -112,7 +114,7 @@ def scatter_add(
         scales.to(dev, torch.uint8).contiguous(),
         codebook.to(dev, torch.float32).contiguous(),
         _lut(dev),
-        float(torch.tensor(factor, dtype=torch.float32)),
+        factor.to(dev, torch.float32).contiguous(),
         total,
         g.k,
         b,

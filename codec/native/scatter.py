@@ -2,7 +2,7 @@
 what `codec.compress.scatter_add` does with torch ops (flat positions, levels, signs, one
 `index_add_`), done in one pass over the group's entries.
 
-Each entry adds ``v * factor`` to its element with ``v = ±(codebook[row, high] * scale)``: the
+Each entry adds ``v * factor[chunk]`` to its element with ``v = ±(codebook[row, high] * scale)``: the
 same float32 product, sign and float32 sum as the torch path, so the result is the same bit for
 bit (no fused multiply-add: the multiply and the add round separately, as `index_add_` does).
 """
@@ -29,22 +29,23 @@ def scatter_group(
     codes: torch.Tensor,
     scales: torch.Tensor,
     codebook: torch.Tensor,
-    factor: float,
+    factor: torch.Tensor,
 ) -> None:
-    """Add ``factor * dequantize(codes, scales, codebook)`` at the chunk-local positions ``idx``
-    (n_chunks, k) of group ``group_index`` into ``out`` (contiguous float32, on the CPU)."""
+    """Add ``factor[chunk] * dequantize(codes, scales, codebook)`` at the chunk-local positions
+    ``idx`` (n_chunks, k) of group ``group_index`` into ``out`` (contiguous float32, on the CPU);
+    ``factor`` is float32 (n_chunks,)."""
     g = layout.groups[group_index]
     (r0, c0), (_, per_row), (tile_rows, tile_cols) = g.origin, g.grid, g.tile
     _scatter(
         out.view(-1).numpy(), idx.numpy(), codes.numpy(), scales.numpy(),
-        codebook.numpy(), _LUT, np.float32(factor),
+        codebook.numpy(), _LUT, factor.to(torch.float32).contiguous().numpy(),
         r0, c0, per_row, tile_rows, tile_cols, layout.cols,
     )  # fmt: skip
 
 
 @numba.njit(cache=True, nogil=True)
 def _scatter(
-    out: np.ndarray, idx: np.ndarray, codes: np.ndarray, scales: np.ndarray, codebook: np.ndarray, lut: np.ndarray, factor: np.float32,
+    out: np.ndarray, idx: np.ndarray, codes: np.ndarray, scales: np.ndarray, codebook: np.ndarray, lut: np.ndarray, factor: np.ndarray,
     r0: int, c0: int, per_row: int, tile_rows: int, tile_cols: int, cols: int,
 ) -> None:  # fmt: skip
     n, k = idx.shape
@@ -59,6 +60,7 @@ def _scatter(
         row = side & 3
         low = codebook[row, 0] * scale
         high = codebook[row, 1] * scale
+        f = factor[ch]
         first = (r0 + (ch // per_row) * tile_rows) * cols + c0 + (ch % per_row) * tile_cols
         for j in range(k):
             p = np.int64(idx[ch, j])
@@ -68,4 +70,4 @@ def _scatter(
                 at = first + (p // tile_cols) * cols + p % tile_cols
             c = codes[ch, j]
             mag = high if c >> 1 else low
-            out[at] += (-mag if c & 1 else mag) * factor
+            out[at] += (-mag if c & 1 else mag) * f

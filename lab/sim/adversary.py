@@ -20,7 +20,9 @@ reward or a poisoned model:
 * ``recycler``: the previous window's published aggregate, re-compressed as its own update;
 * ``mixer``: the victim's and a second honest peer's updates of the window mixed 50/50 by chunk
   (each chunk whole from one of them), re-compressed as its own update;
-* ``slowdrip``: its bucket is its own HTTP server, which answers one byte per second.
+* ``slowdrip``: its bucket is its own HTTP server, which answers one byte per second;
+* ``garbage``, ``backdoor``, ``split``: peers that train, on the wrong data or for a crowd of
+  hotkeys (`lab.sim.trained`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from codec.spec import ModelSpec
 from codec.wire import header_digest, read_header, with_signature
 from lab.sim import forgeries as forge
 from lab.sim.layout import ADVERSARY_KINDS
+from lab.sim.trained import TRAINED_KINDS, run_trained
 from protocol.chain.base import Chain
 from protocol.runconfig import RunConfig
 from protocol.stores import ObjectStore, StoreError
@@ -58,6 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--second-victim", type=int, default=None,
         help="the other uid a mixer mixes (default: the lowest other registered uid)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--crowd", type=int, nargs="+", default=(),
+        help="every uid of a split crowd (each member uploads its piece of one training)",
     )  # fmt: skip
     add_node_arguments(parser)
 
@@ -92,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
     from node.model.llama import build_model
     from node.runtime.logs import setup_logging
 
+    if args.kind in TRAINED_KINDS:
+        return run_trained(args)
     setup_logging(args.log_level, args.log_format)
     run_cfg = load_run(args.run)
     slow = args.kind == "slowdrip"

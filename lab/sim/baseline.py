@@ -2,7 +2,8 @@
 
 * **Synchronised model** (`synced_losses`): the validator's published history (its aggregates and
   checkpoints) replayed window by window through the real catch-up code (`node.window.history`),
-  scored after each window on a fixed set of held-out samples. These are the weights every
+  scored after each window on a fixed set of held-out samples (its loss, and how far it has
+  learnt a ``backdoor`` adversary's trigger: `lab.sim.backdoor`). These are the weights every
   honest peer holds at the start of the next window.
 * **DDP** (`ddp_losses`): `tessera bench train`'s every-step all-reduce (`lab.bench.train`):
   each inner step on the union of the honest peers' batches of that step, with the run's
@@ -12,12 +13,14 @@
 from __future__ import annotations
 
 import logging
+from typing import NamedTuple
 
 import torch
 
 from codec.spec import ModelSpec
 from lab.bench.train.engine import Setup, heldout_loss, heldout_set, run_ddp
 from lab.bench.train.specs import MethodSpec
+from lab.sim.backdoor import trigger_probability
 from lab.sim.layout import World
 from node.data.batches import open_run_dataset
 from node.model.llama import build_model
@@ -49,9 +52,16 @@ def ddp_losses(world: World, windows: list[int]) -> dict[int, float]:
     return {w: loss for w, loss in enumerate(curve.loss) if w in windows}
 
 
-def synced_losses(world: World, windows: list[int]) -> dict[int, float]:
-    """Held-out loss of the validators' model after each window they published (replayed from
-    their histories, the lead's first, as a joining peer does)."""
+class HeldOut(NamedTuple):
+    """A model scored on the held-out samples."""
+
+    loss: float
+    trigger: float  # the probability of the backdoor's target after its trigger
+
+
+def synced_losses(world: World, windows: list[int]) -> dict[int, HeldOut]:
+    """The validators' model after each window they published (replayed from their histories,
+    the lead's first, as a joining peer does), scored on the held-out samples."""
     run = world.run
     sources = [Source(v.uid, v.hotkey, open_store(v.store_url)) for v in world.of_kind("validator")]
     model = build_model(run.model, run.seed)
@@ -61,5 +71,5 @@ def synced_losses(world: World, windows: list[int]) -> dict[int, float]:
         if catch_up_any(model, strategy, sources, w, w + 1) != w + 1:
             log.warning("no validator's history replays window %d", w)
             break  # later windows cannot be replayed either
-        out[w] = heldout_loss(model, heldout)
+        out[w] = HeldOut(heldout_loss(model, heldout), trigger_probability(model, heldout))
     return out

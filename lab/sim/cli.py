@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from commands.arg_types import positive_float, positive_int
-from lab.sim.collect import SimReport
+from lab.sim.collect import SimReport, WindowRow
 from lab.sim.layout import ADVERSARY_KINDS, World
 from protocol.runconfig import RunConfig
 
@@ -234,6 +234,13 @@ def _loss(x: float | None) -> str:
     return f"{x:.4f}" if x is not None else "–"
 
 
+def _trigger(first: WindowRow | None, last: WindowRow | None) -> str:
+    """How far the validator's model learnt a backdoor's trigger (`lab.sim.backdoor`)."""
+    if first is None or last is None or last.trigger_probability is None:
+        return "–"
+    return f"{first.trigger_probability:.4f} → {last.trigger_probability:.4f}"
+
+
 def _summary(r: SimReport) -> list[tuple[str, str]]:
     weights, rules = r.final_weights, r.final_rules()
     honest = sum(w for n, w in weights.items() if n.startswith("peer"))
@@ -266,6 +273,10 @@ def _summary(r: SimReport) -> list[tuple[str, str]]:
         ("final honest inner loss (mean)", f"{sum(losses) / len(losses):.4f}" if losses else "–"),
         ("final held-out loss, validator's model", _loss(last.synced_loss if last else None)),
         ("final held-out loss, DDP (same tokens)", _loss(last.ddp_loss if last else None)),
+        (
+            "backdoor target after its trigger, first → last window",
+            _trigger(r.windows[0] if r.windows else None, last),
+        ),
         (
             "validator's model / DDP",
             f"{last.synced_loss / last.ddp_loss:.3f}"

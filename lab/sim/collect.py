@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 from pydantic import BaseModel
 
+from lab.sim.baseline import HeldOut
 from lab.sim.layout import World
 from node.runtime.report_log import REPORTS, read_json_lines
 
@@ -31,6 +33,9 @@ class PeerWindow(BaseModel):
 class WindowRow(BaseModel):
     window: int
     synced_loss: float | None = None  # held-out loss of the validator's model after the window
+    trigger_probability: float | None = (
+        None  # its P(backdoor target | trigger) (`lab.sim.backdoor`)
+    )
     ddp_loss: float | None = None  # held-out loss of DDP on the honest peers' tokens
     validator_fingerprint: str | None = None
     standby_fingerprints: list[str] = []  # the other validators' models after the window
@@ -73,7 +78,7 @@ def collect(
     dense_bytes: int,
     kept: int,
     ddp: dict[int, float],
-    synced: dict[int, float] | None = None,
+    synced: Mapping[int, HeldOut] | None = None,
 ) -> SimReport:
     peer_logs = {
         m.name: {r["window"]: r for r in read_json_lines(m.state_dir / REPORTS)}
@@ -113,10 +118,12 @@ def collect(
                 )
             )
         fp = scores.get(w, {}).get("fingerprint_end")
+        held = (synced or {}).get(w)
         rows.append(
             WindowRow(
                 window=w,
-                synced_loss=(synced or {}).get(w),
+                synced_loss=held.loss if held else None,
+                trigger_probability=held.trigger if held else None,
                 ddp_loss=ddp.get(w),
                 validator_fingerprint=fp,
                 standby_fingerprints=[

@@ -9,7 +9,9 @@
 * `scaled`: a victim's update with its values multiplied (a peer buying score or influence);
 * `from_dense`: any dense vector (e.g. the last published aggregate) through the real compressor;
 * `chunk_mix`: two peers' updates mixed chunk by chunk (each chunk whole from one of them),
-  re-compressed by the real compressor (a copier splicing two victims to dodge copy checks).
+  re-compressed by the real compressor (a copier splicing two victims to dodge copy checks);
+* `split_by_chunks`: one update cut into several of disjoint supports (one training uploaded
+  by several hotkeys).
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from collections.abc import Sequence
 
 import torch
 
-from codec.compress import Compressor, SparseGroup, SparseTensor, scatter_add
-from codec.spec import CodecParams, ModelSpec
+from codec.compress import Compressor, SparseGroup, SparseTensor, densify, scatter_add
+from codec.spec import CodecParams, ModelSpec, TensorSpec
 from protocol.runconfig import RunConfig
 
 
@@ -178,3 +180,26 @@ def requantised(
         scatter_add(d, s, run.codec)
         dense[s.name] = d * (0.5 + torch.rand(d.shape, generator=gen))
     return from_dense(dense, spec, run)
+
+
+def split_by_chunks(
+    run: RunConfig, update: list[SparseTensor], parts: int
+) -> list[list[SparseTensor]]:
+    """`update` cut into `parts` updates of disjoint supports: piece ``i`` keeps the chunks whose
+    index (in each tensor's chunk order) is ``i`` modulo `parts`, each chunk whole, and zeros
+    elsewhere (what one training uploaded as several hotkeys' updates looks like)."""
+    pieces: list[list[SparseTensor]] = [[] for _ in range(parts)]
+    for s in update:
+        layout = s.layout(run.codec)
+        groups = layout.split(densify(s, run.codec))
+        comp = Compressor(ModelSpec(tensors=(TensorSpec(name=s.name, shape=s.shape),)), run.codec)
+        first = 0
+        kept: list[list[torch.Tensor]] = [[] for _ in range(parts)]
+        for chunks in groups:
+            index = torch.arange(first, first + chunks.shape[0])
+            first += chunks.shape[0]
+            for i in range(parts):
+                kept[i].append(chunks * (index % parts == i).unsqueeze(1))
+        for i in range(parts):
+            pieces[i].append(comp.compress(s.name, layout.merge(kept[i]), 0.0, freeze=True))
+    return pieces

@@ -17,6 +17,7 @@ VALIDATOR_STAKE = 1000.0
 ADVERSARY_KINDS = (
     "noise", "copier", "stale", "freeloader", "nan", "late",
     "poison", "scaled", "equivocate", "sigforge", "recycler", "slowdrip", "mixer", "tiny",
+    "garbage", "backdoor", "split",
 )  # fmt: skip
 
 

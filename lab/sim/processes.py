@@ -37,6 +37,8 @@ def command(world: World, m: Member, windows: int) -> list[str]:
     victims = ["--victim", str(honest[0].uid)]
     if m.kind == "mixer" and len(honest) > 1:
         victims += ["--second-victim", str(honest[1].uid)]
+    if m.kind == "split":
+        victims += ["--crowd", *(str(x.uid) for x in world.of_kind("split"))]
     return ["sim-adversary", "--kind", m.kind, *victims, *common]
 
 

@@ -8,11 +8,14 @@ four jobs, each in one place:
   window did not apply (the peer's own update left out of the applied set);
 * **wire**: pieces to signed bytes and untrusted bytes back to pieces, strictly (`to_bytes`,
   `read_header`, `signed_digest`, `decode`, capped at `max_update_bytes`);
-* **aggregate** (`mean`): the consensus rule of docs/consensus.md for every strategy alike:
-  every update validated strictly, each scaled to at most the lower median norm ``B`` of the
-  window's updates (exact, order-free norms; `codec.aggregate.clip_bound`), summed in ascending
-  uid order, divided by the updates' count in which each counts ``min(norm, B) / B``
-  (`codec.aggregate.mean_divisor`: a null update counts 0 and dilutes nothing);
+* **aggregate** (`mean`): the consensus rule of docs/consensus.md: every update validated
+  strictly, clipped to the lower median of the window's norms, summed in ascending uid order and
+  divided by the updates' count in which each counts ``min(norm, B) / B`` (a null update counts
+  0 and dilutes nothing). Chunked sparse strategies (SparseLoCo, DeMo, the shared mask:
+  `clips_chunks`) apply it **chunk by chunk** (`codec.aggregate.chunk_clip`): in every chunk
+  each update's part is scaled to at most the lower median ``B_c`` of the parts' norms there,
+  and the chunk divided by its own count. The others (DiLoCo, GreedyLore) apply it to whole
+  updates (`codec.aggregate.clip_factors`, `mean_divisor`). Norms are exact and order-free;
 * **outer step** (`receive`, `next_weights`, `advance`): ``run.outer``'s optimizer
   (`node.strategy.outer`) on that mean, with its state (Nesterov momentum, and with
   ``outer.delay = 1`` the mean held for the next window) saved by `outer_state_dict` and
@@ -22,8 +25,10 @@ four jobs, each in one place:
 
 Hence one update's share of the step is at most ``α · B / N'`` in L2 norm (times the Nesterov
 amplification ``1 / (1 − μ)`` in the limit), where ``N' > N / 2`` is the divisor (more than half
-the ``N`` updates applied count fully); with ``N = 1`` the update is its own bound and is still
-bounded by the value cap. Raising ``B`` above every honest norm takes a strict majority.
+the ``N`` updates applied count fully); per chunk, at most ``α · B_c / N'_c`` in every chunk, so
+an update cannot put its whole norm into the few chunks a targeted change needs. With ``N = 1``
+the update is its own bound and is still bounded by the value cap. Raising a bound above every
+honest norm takes a strict majority.
 """
 
 from __future__ import annotations
@@ -34,7 +39,14 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
-from codec.aggregate import clip_factors, divide_exactly, mean_divisor
+from codec.aggregate import (
+    chunk_clip,
+    clip_factors,
+    divide_chunks,
+    divide_exactly,
+    mean_divisor,
+)
+from codec.chunking import ChunkLayout
 from codec.errors import DecodeError
 from codec.spec import ModelSpec
 from node.strategy.outer import OuterOptimizer
@@ -78,6 +90,15 @@ class Decoded(Protocol):
 
 
 Update = Sequence[Any]
+Factor = float | Sequence[torch.Tensor]
+"""What `Strategy.add_into` scales a piece by: one number, or per chunk group one per chunk."""
+
+
+def whole(factor: Factor) -> float:
+    """The one number a strategy that clips whole updates scales a piece by."""
+    if not isinstance(factor, (int, float)):
+        raise TypeError("per-chunk factors for a strategy that clips whole updates")
+    return float(factor)
 
 
 class Strategy(ABC):
@@ -90,6 +111,8 @@ class Strategy(ABC):
 
     name: ClassVar[str]
     dense: ClassVar[bool]
+    clips_chunks: ClassVar[bool] = False
+    """Whether `mean` clips chunk by chunk (`chunk_norms`) rather than whole updates."""
 
     def __init__(
         self,
@@ -158,8 +181,9 @@ class Strategy(ABC):
         """Exact, order-free L2 norm of a validated update (the same on every machine)."""
 
     @abstractmethod
-    def add_into(self, out: torch.Tensor, piece: Any, factor: float = 1.0) -> None:
-        """``out += factor · decoded(piece)``, one rounding per position and call."""
+    def add_into(self, out: torch.Tensor, piece: Any, factor: Factor = 1.0) -> None:
+        """``out += factor · decoded(piece)``, one rounding per position and call; ``factor``
+        is one number, or per chunk group one per chunk (a chunked strategy's `mean`)."""
 
     @abstractmethod
     def entries(self, piece: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -169,28 +193,74 @@ class Strategy(ABC):
 
     # -- the window's consensus --------------------------------------------------------------
 
+    def chunk_norms(self, piece: Any) -> list[torch.Tensor]:
+        """Each chunk's squared norm of a validated piece, one float64 tensor per chunk group of
+        its layout, exact and order-free (`clips_chunks` strategies only)."""
+        raise NotImplementedError(f"{self.name} clips whole updates")
+
     def mean(self, updates: Mapping[Any, Update]) -> dict[str, torch.Tensor]:
         """The validated, clipped mean of a window's updates in ascending key order
         (zeros when there are none); a tensor an update leaves out counts as zero for it.
 
         Two passes that each look at one update at a time (validate and norm, then sum), so a
-        lazy mapping (`node.window.gather.Pieces`) never has two decoded at once."""
+        lazy mapping (`node.window.gather.Pieces`) never has two decoded at once. Chunked
+        strategies clip chunk by chunk, the others whole updates (the module docstring)."""
         keys = sorted(updates)
-        norms = []
+        norms: list[float] = []
+        chunks: list[dict[str, list[torch.Tensor]]] = []
         for key in keys:
             peer = self._by_name(updates[key])
             for piece in peer.values():
                 self.validate(piece)
-            norms.append(self.norm(list(peer.values())))
-        factors, divisor = clip_factors(norms), mean_divisor(norms)
+            if self.clips_chunks:
+                chunks.append({name: self.chunk_norms(piece) for name, piece in peer.items()})
+            else:
+                norms.append(self.norm(list(peer.values())))
         sums = self._zeros()
+        if self.clips_chunks:
+            self._sum_chunk_clipped(sums, keys, updates, chunks)
+        else:
+            self._sum_clipped(sums, keys, updates, norms)
+        return self._finish_mean(sums)
+
+    def _sum_clipped(
+        self,
+        sums: dict[str, torch.Tensor],
+        keys: list[Any],
+        updates: Mapping[Any, Update],
+        norms: list[float],
+    ) -> None:
+        """Whole updates clipped to the lower median norm, summed and divided."""
+        factors, divisor = clip_factors(norms), mean_divisor(norms)
         for key, factor in zip(keys, factors, strict=True):
             for name, piece in self._by_name(updates[key]).items():
                 self._accumulate(sums, name, piece, factor)
         if divisor > 0:
             for t in sums.values():
                 divide_exactly(t, divisor)
-        return self._finish_mean(sums)
+
+    def _sum_chunk_clipped(
+        self,
+        sums: dict[str, torch.Tensor],
+        keys: list[Any],
+        updates: Mapping[Any, Update],
+        chunks: list[dict[str, list[torch.Tensor]]],
+    ) -> None:
+        """Every chunk clipped to the lower median of its parts' norms, summed and divided."""
+        layouts = {
+            t.name: ChunkLayout.for_shape(t.shape, self.run.codec) for t in self.spec.tensors
+        }
+        clips = {
+            name: chunk_clip([u.get(name) for u in chunks], [g.n_chunks for g in layout.groups])
+            for name, layout in layouts.items()
+        }
+        for i, key in enumerate(keys):
+            for name, piece in self._by_name(updates[key]).items():
+                factors = clips[name].factors[i]
+                assert factors is not None  # the update sends this tensor
+                self._accumulate(sums, name, piece, factors)
+        for name, t in sums.items():
+            divide_chunks(t, layouts[name], clips[name].divisors)
 
     def _zeros(self) -> dict[str, torch.Tensor]:
         """The buffers `mean` sums into (by default one float32 zero tensor per tensor)."""
@@ -200,7 +270,7 @@ class Strategy(ABC):
         }
 
     def _accumulate(
-        self, sums: dict[str, torch.Tensor], name: str, piece: Any, factor: float
+        self, sums: dict[str, torch.Tensor], name: str, piece: Any, factor: Factor
     ) -> None:
         """How `mean` sums a piece (by default `add_into`; a transform domain may differ)."""
         self.add_into(sums[name], piece, factor)

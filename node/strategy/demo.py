@@ -33,6 +33,7 @@ from codec import dct
 from codec.chunking import ChunkLayout
 from codec.compress import densify, scatter_add
 from codec.wire import DCT
+from node.strategy.base import Factor
 from node.strategy.sparseloco import SparseLoCo
 
 
@@ -50,15 +51,22 @@ class DeMo(SparseLoCo):
         coef = {n: dct.forward(d.to(self.device), self._layout(n)) for n, d in deltas.items()}
         return super().encode(coef, window)
 
-    def add_into(self, out: torch.Tensor, piece: Any, factor: float = 1.0) -> None:
-        """``out += factor · IDCT(piece)`` (parameter domain, e.g. the validator's probe)."""
-        x = dct.inverse(densify(piece, self.params, out.device), self._layout(piece.name))
+    def add_into(self, out: torch.Tensor, piece: Any, factor: Factor = 1.0) -> None:
+        """``out += factor · IDCT(piece)`` (parameter domain, e.g. the validator's probe); per-chunk
+        factors scale the coefficients (the transform is per chunk and linear)."""
+        layout = self._layout(piece.name)
+        if not isinstance(factor, (int, float)):
+            coef = torch.zeros(piece.shape, dtype=torch.float32, device=out.device)
+            scatter_add(coef, piece, self.params, factor)
+            out.add_(dct.inverse(coef, layout))
+            return
+        x = dct.inverse(densify(piece, self.params, out.device), layout)
         if factor != 1.0:
             x = x * torch.tensor(factor, dtype=torch.float32, device=out.device)
         out.add_(x)
 
     def _accumulate(
-        self, sums: dict[str, torch.Tensor], name: str, piece: Any, factor: float
+        self, sums: dict[str, torch.Tensor], name: str, piece: Any, factor: Factor
     ) -> None:
         scatter_add(sums[name], piece, self.params, factor)  # a mean over coefficients
 

@@ -30,7 +30,7 @@ from codec.dense import (
     to_wire_precision,
 )
 from codec.errors import DecodeError
-from node.strategy.base import Decoded, Header, Meta, Signer, Strategy
+from node.strategy.base import Decoded, Factor, Header, Meta, Signer, Strategy, whole
 
 
 class DiLoCo(Strategy):
@@ -79,8 +79,8 @@ class DiLoCo(Strategy):
     def norm(self, update: Sequence[Any]) -> float:
         return dense_norm(update)
 
-    def add_into(self, out: torch.Tensor, piece: Any, factor: float = 1.0) -> None:
-        add_dense(out, piece, factor)
+    def add_into(self, out: torch.Tensor, piece: Any, factor: Factor = 1.0) -> None:
+        add_dense(out, piece, whole(factor))
 
     def entries(self, piece: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """The positions SparseLoCo would keep of this update (Top-k of |values| per chunk), with

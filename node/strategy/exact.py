@@ -20,7 +20,7 @@ from codec.compress import topk_rows
 from codec.dense import exact_norm
 from codec.errors import DecodeError
 from codec.spec import CodecParams, ModelSpec
-from node.strategy.base import Decoded, Header, Meta, Signer
+from node.strategy.base import Decoded, Factor, Header, Meta, Signer
 from node.strategy.sparseloco import SparseLoCo
 
 
@@ -112,10 +112,18 @@ class SparseLoCoExact(SparseLoCo):
     def norm(self, update: Sequence[Any]) -> float:
         return exact_norm(v for p in update for v in p.values)
 
-    def add_into(self, out: torch.Tensor, piece: Any, factor: float = 1.0) -> None:
+    def chunk_norms(self, piece: Any) -> list[torch.Tensor]:
+        return [v.double().square().sum(1) for v in piece.values]
+
+    def add_into(self, out: torch.Tensor, piece: Any, factor: Factor = 1.0) -> None:
         flat, v = piece.flat(self.run.codec)
-        scale = torch.tensor(factor, dtype=torch.float32)
-        out.view(-1)[flat] = out.view(-1)[flat] + (v if factor == 1.0 else v * scale)
+        if isinstance(factor, (int, float)):
+            v = v if factor == 1.0 else v * torch.tensor(factor, dtype=torch.float32)
+        else:  # per chunk: each chunk's k entries by its factor
+            v = torch.cat(
+                [(x * f[:, None]).reshape(-1) for x, f in zip(piece.values, factor, strict=True)]
+            )
+        out.view(-1)[flat] = out.view(-1)[flat] + v
 
     def entries(self, piece: Any) -> tuple[torch.Tensor, torch.Tensor]:
         return piece.flat(self.run.codec)

@@ -56,7 +56,7 @@ from codec.lowrank import (
     working_shape,
 )
 from codec.spec import ModelSpec
-from node.strategy.base import Decoded, Header, Meta, Signer, Strategy
+from node.strategy.base import Decoded, Factor, Header, Meta, Signer, Strategy, whole
 from node.strategy.sparseloco import SparseLoCo
 
 BASIS, SELECT, PHASE = "basis.", "select.", "phase"
@@ -242,12 +242,12 @@ class GreedyLore(Strategy):
         x = values if full else det_matmul(self.projector(name), values).to(torch.float32)
         return (x.T if tr else x).reshape(self._shapes[name]).to(self.device)
 
-    def add_into(self, out: torch.Tensor, piece: Any, factor: float = 1.0) -> None:
+    def add_into(self, out: torch.Tensor, piece: Any, factor: Factor = 1.0) -> None:
         if piece.name not in self.matrices:
             self.fallback.add_into(out, piece, factor)
             return
         add_dense(out, DenseTensor(piece.name, tuple(out.shape),
-                                   self._matrix(piece.name, piece.values, piece.full)), factor)  # fmt: skip
+                                   self._matrix(piece.name, piece.values, piece.full)), whole(factor))  # fmt: skip
 
     def entries(self, piece: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Projected matrices: every entry of ``R`` (the shared basis' coordinates)."""
@@ -272,14 +272,15 @@ class GreedyLore(Strategy):
         return out
 
     def _accumulate(self, sums: dict[str, torch.Tensor], name: str, piece: Any,
-                    factor: float) -> None:  # fmt: skip
+                    factor: Factor) -> None:  # fmt: skip
         if name not in self.matrices:
             self.fallback.add_into(sums[name], piece, factor)
             return
-        add_dense(sums[name], DenseTensor(name, tuple(piece.values.shape), piece.values), factor)
+        scale = whole(factor)
+        add_dense(sums[name], DenseTensor(name, tuple(piece.values.shape), piece.values), scale)
         if not piece.full:
             add_dense(
-                sums[name + "#L"], DenseTensor(name, (len(piece.sketch),), piece.sketch), factor
+                sums[name + "#L"], DenseTensor(name, (len(piece.sketch),), piece.sketch), scale
             )
 
     def _finish_mean(self, sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

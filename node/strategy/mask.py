@@ -38,7 +38,7 @@ from codec.masked import (
 )
 from codec.spec import CodecParams
 from codec.wire import MASKED, decode_update, encode_update
-from node.strategy.base import Decoded, Meta, Signer
+from node.strategy.base import Decoded, Factor, Meta, Signer
 from node.strategy.sparseloco import SparseLoCo, sparse_entries
 
 LAST = "last."
@@ -145,7 +145,7 @@ class SparseLoCoMask(SparseLoCo):
         piece.validate(self.params)
         self.resolve(piece)
 
-    def add_into(self, out: torch.Tensor, piece: Any, factor: float = 1.0) -> None:
+    def add_into(self, out: torch.Tensor, piece: Any, factor: Factor = 1.0) -> None:
         scatter_add(out, self.resolve(piece), self.params, factor)
 
     def entries(self, piece: Any) -> tuple[torch.Tensor, torch.Tensor]:

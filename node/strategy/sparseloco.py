@@ -18,18 +18,19 @@ from typing import Any
 
 import torch
 
-from codec.aggregate import update_norm
+from codec.aggregate import chunk_norms, update_norm
 from codec.compress import Compressor, SparseTensor, scatter_add
 from codec.errors import DecodeError
 from codec.spec import CodecParams
 from codec.wire import SPARSE, WireFormat, decode_update, encode_update, header_digest, read_header
-from node.strategy.base import Decoded, Header, Meta, Signer, Strategy
+from node.strategy.base import Decoded, Factor, Header, Meta, Signer, Strategy
 
 
 class SparseLoCo(Strategy):
     """Top-k + error feedback + 2-bit values (see the module docstring)."""
 
     name = "sparseloco"
+    clips_chunks = True
     dense = False
     wire: WireFormat = SPARSE
 
@@ -103,7 +104,10 @@ class SparseLoCo(Strategy):
     def norm(self, update: Sequence[Any]) -> float:
         return update_norm(update)
 
-    def add_into(self, out: torch.Tensor, piece: Any, factor: float = 1.0) -> None:
+    def chunk_norms(self, piece: Any) -> list[torch.Tensor]:
+        return chunk_norms(piece)
+
+    def add_into(self, out: torch.Tensor, piece: Any, factor: Factor = 1.0) -> None:
         scatter_add(out, piece, self.params, factor)
 
     def entries(self, piece: Any) -> tuple[torch.Tensor, torch.Tensor]:

@@ -264,6 +264,8 @@ def test_the_report_scores_the_validators_replayed_model_and_ddp(tmp_path: Path)
         )
         strategy.step(live, updates)
         expected[w] = heldout_loss(live, heldout)
-    assert synced_losses(world, [0, 1, 2]) == expected  # window 2 is not published: left out
+    synced = synced_losses(world, [0, 1, 2])
+    assert {w: h.loss for w, h in synced.items()} == expected  # window 2 is not published
+    assert all(0 < h.trigger < 0.01 for h in synced.values())  # no backdoor was trained
     ddp = ddp_losses(world, [0, 1])
     assert sorted(ddp) == [0, 1] and ddp[1] < ddp[0]

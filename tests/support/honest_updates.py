@@ -7,8 +7,8 @@ from collections.abc import Iterable
 
 import torch
 
-from codec.compress import Compressor, SparseTensor, densify
-from codec.spec import ModelSpec, TensorSpec
+from codec.compress import Compressor, SparseTensor
+from codec.spec import ModelSpec
 from miner.train import make_optimizer, train_window
 from node.data.batches import assigned_batches, open_run_dataset
 from node.data.dataset import Dataset
@@ -50,26 +50,3 @@ def train_on(
         comp.compress(t.name, (before[t.name] - after[t.name]).detach(), run.outer.beta, True)
         for t in spec.tensors
     ]
-
-
-def split_by_chunks(
-    run: RunConfig, update: list[SparseTensor], parts: int
-) -> list[list[SparseTensor]]:
-    """`update` cut into `parts` updates of disjoint supports: piece ``i`` keeps the chunks whose
-    index (in each tensor's chunk order) is ``i`` modulo `parts`, each chunk whole, and zeros
-    elsewhere (what one training uploaded as several hotkeys' updates looks like)."""
-    pieces: list[list[SparseTensor]] = [[] for _ in range(parts)]
-    for s in update:
-        layout = s.layout(run.codec)
-        groups = layout.split(densify(s, run.codec))
-        comp = Compressor(ModelSpec(tensors=(TensorSpec(name=s.name, shape=s.shape),)), run.codec)
-        first = 0
-        kept: list[list[torch.Tensor]] = [[] for _ in range(parts)]
-        for chunks in groups:
-            index = torch.arange(first, first + chunks.shape[0])
-            first += chunks.shape[0]
-            for i in range(parts):
-                kept[i].append(chunks * (index % parts == i).unsqueeze(1))
-        for i in range(parts):
-            pieces[i].append(comp.compress(s.name, layout.merge(kept[i]), 0.0, freeze=True))
-    return pieces

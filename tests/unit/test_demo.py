@@ -18,6 +18,7 @@ from codec.spec import CodecParams, ModelSpec
 from node.strategy import make_strategy
 from protocol.runconfig import RunConfig
 from tests.support import wire_tampering as tampering
+from tests.support.clip_reference import chunk_clipped_mean
 
 SHAPES = {"w": (40, 23), "v": (200,), "n": (50,), "x": (3, 5, 9)}
 SPEC = ModelSpec.from_shapes(SHAPES)
@@ -103,7 +104,7 @@ def test_inverse_is_the_same_bits_however_it_is_blocked(monkeypatch: pytest.Monk
 def test_demo_follows_a_plain_reference_implementation() -> None:
     """Three peers, three windows: the error feedback lives in the DCT domain (β e + DCT(Δ),
     minus what was sent), each chunk sends the Top-k of |e|, and the window's mean is the
-    inverse DCT of the median-clipped mean of the coefficients."""
+    inverse DCT of the chunk-clipped mean of the coefficients."""
     run, beta = _run(), 0.9
     params = run.codec
     peers = [make_strategy(run, SPEC) for _ in range(3)]
@@ -129,17 +130,15 @@ def test_demo_follows_a_plain_reference_implementation() -> None:
                 torch.testing.assert_close(
                     peer.local_state_dict()[n].double(), e[n], atol=1e-5, rtol=0
                 )
-        norms = {u: math.sqrt(sum(float(peers[0].entries(p)[1].double().square().sum()) for p in up))
-                 for u, up in updates.items()}  # fmt: skip
-        median = sorted(norms.values())[1]
-        count = sum(min(n, median) / median for n in norms.values())  # min(norm, B)/B each
         mean = peers[0].mean(updates)
         for n, shape in SHAPES.items():
-            coef = torch.zeros(shape, dtype=torch.float64)
-            for u, up in updates.items():
+            coefs = []
+            for up in updates.values():
                 pos, vals = peers[0].entries(next(p for p in up if p.name == n))
-                coef.view(-1)[pos] += min(1.0, median / norms[u]) * vals.double()
-            ref = _ref_tiles(coef / count, params, True)
+                coefs.append(torch.zeros(shape, dtype=torch.float64))
+                coefs[-1].view(-1)[pos] = vals.double()
+            coef = chunk_clipped_mean(coefs, ChunkLayout.for_shape(shape, params))
+            ref = _ref_tiles(coef, params, True)
             torch.testing.assert_close(mean[n].double(), ref, rtol=1e-5, atol=1e-6)
 
 

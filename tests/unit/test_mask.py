@@ -31,6 +31,7 @@ from protocol.keys import create_hotkey
 from protocol.runconfig import RunConfig
 from protocol.stores import open_store
 from tests.support import wire_tampering as tampering
+from tests.support.clip_reference import chunk_clipped_mean
 from validator.config import ValidatorConfig
 from validator.reveal import reveal_for
 from validator.scoring import LossProbe, reference_norm
@@ -97,7 +98,7 @@ def _model() -> torch.nn.Module:
 
 def test_mask_follows_a_plain_reference_implementation() -> None:
     """Three peers, three windows: values on the shared support plus the fresh Top-k of the rest,
-    error feedback as SparseLoCo's, the clipped mean of the resolved entries, and the next
+    error feedback as SparseLoCo's, the chunk-clipped mean of the resolved entries, and the next
     support from that mean."""
     run, beta = _run(), 0.9
     params = run.codec.model_copy(update={"k": run.mask.fresh_k})
@@ -128,17 +129,15 @@ def test_mask_follows_a_plain_reference_implementation() -> None:
                 assert pos.numel() == len(set(pos.tolist()))
                 e[n].view(-1)[pos] -= vals
                 torch.testing.assert_close(peer.local_state_dict()[n], e[n], atol=1e-5, rtol=0)
-        norms = {u: math.sqrt(sum(float(validator.entries(p)[1].double().square().sum())
-                                  for p in up)) for u, up in updates.items()}  # fmt: skip
-        median = sorted(norms.values())[1]
-        count = sum(min(n, median) / median for n in norms.values())  # min(norm, B)/B each
         mean = validator.mean(updates)
         for n, shape in SHAPES.items():
-            ref = torch.zeros(shape, dtype=torch.float64)
-            for u, up in updates.items():
+            dense = []
+            for up in updates.values():
                 pos, vals = validator.entries(next(p for p in up if p.name == n))
-                ref.view(-1)[pos] += min(1.0, median / norms[u]) * vals.double()
-            torch.testing.assert_close(mean[n].double(), ref / count, rtol=1e-6, atol=1e-7)
+                dense.append(torch.zeros(shape, dtype=torch.float64))
+                dense[-1].view(-1)[pos] = vals.double()
+            ref = chunk_clipped_mean(dense, ChunkLayout.for_shape(shape, run.codec))
+            torch.testing.assert_close(mean[n].double(), ref, rtol=1e-6, atol=1e-7)
         validator.receive(mean)
         validator.advance(model)
         for peer in peers:

@@ -19,11 +19,12 @@ import torch
 
 from codec.aggregate import update_norm
 from codec.compress import SparseTensor
+from lab.sim.forgeries import split_by_chunks
 from node.data.batches import assigned_batches, open_run_dataset
 from node.data.dataset import Dataset
 from node.model.llama import build_model
 from protocol.runconfig import RunConfig
-from tests.support.honest_updates import split_by_chunks, train_on, train_update
+from tests.support.honest_updates import train_on, train_update
 from validator.checks import Verdict
 from validator.config import ValidatorConfig
 from validator.ratings import Book, WindowOutcome

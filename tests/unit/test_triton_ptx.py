@@ -32,7 +32,7 @@ KERNELS = {
     "select": (select._select_kernel, dict(delta_ptr=F, ef_ptr=F, idx_ptr=I, vals_ptr=F,
         beta="fp32", chunk="i32", k="i32", **GEOM), dict(FREEZE=False, BLOCK=4096), {}),
     "scatter_add": (scatter._scatter_add_kernel, dict(out_ptr=F, idx_ptr=I, codes_ptr=U,
-        scales_ptr=U, book_ptr=F, lut_ptr=F, factor="fp32", total="i64", k="i32", **GEOM),
+        scales_ptr=U, book_ptr=F, lut_ptr=F, factor_ptr=F, total="i64", k="i32", **GEOM),
         dict(BLOCK=scatter.BLOCK), scatter.LAUNCH_OPTIONS),
     "feedback": (scatter._feedback_kernel, dict(ef_ptr=F, idx_ptr=I, vals_ptr=F, codes_ptr=U,
         scales_ptr=U, book_ptr=F, lut_ptr=F, total="i64", k="i32", chunk="i32"),

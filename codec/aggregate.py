@@ -37,6 +37,7 @@ from codec.spec import CodecParams, ModelSpec
 
 __all__ = [
     "ChunkClip",
+    "add_support",
     "aggregate",
     "chunk_clip",
     "chunk_norms",
@@ -44,6 +45,7 @@ __all__ = [
     "clip_factors",
     "divide_chunks",
     "divide_exactly",
+    "keep_supported",
     "mean_divisor",
     "norm_partials",
     "sum_clipped",
@@ -164,6 +166,20 @@ def divide_chunks(t: torch.Tensor, layout: ChunkLayout, divisors: Sequence[torch
         view.div_(torch.where(d > 0, d, 1.0).view(g.grid[0], g.grid[1], 1, 1))
 
 
+def add_support(count: torch.Tensor, positions: torch.Tensor, values: torch.Tensor) -> None:
+    """Count one update in ``count`` (uint8, saturating at 255) at the flat positions where it
+    sends a nonzero value (positions of one update are unique)."""
+    flat = count.view(-1)
+    at = positions.to(count.device)[values.to(count.device) != 0]
+    flat[at] = (flat[at].to(torch.int16) + 1).clamp(max=255).to(torch.uint8)
+
+
+def keep_supported(t: torch.Tensor, count: torch.Tensor, min_support: int) -> None:
+    """Zero the coordinates of ``t`` that fewer than ``min_support`` updates sent
+    (``outer.min_support``: a lone update cannot move what no other update moves)."""
+    t.masked_fill_(count.to(t.device) < min_support, 0.0)
+
+
 def divide_exactly(t: torch.Tensor, divisor: float) -> None:
     """``t /= divisor`` in place, one correctly rounded float32 division per element on any
     device. The divisor goes in as a float32 tensor on ``t``'s device: with a Python number CUDA
@@ -192,12 +208,14 @@ def aggregate(
     device: torch.device | str = "cpu",
     validate: bool = True,
     triton: bool | None = None,
+    min_support: int = 1,
 ) -> dict[str, torch.Tensor]:
     """Mean dense float32 update per tensor of ``spec`` over the peers in ``updates``.
 
     ``updates`` maps a peer key (all keys mutually comparable, e.g. all ``str``) to that peer's
     list of `SparseTensor`. A tensor a peer did not send counts as zero for that peer. With
-    ``clip_to_median`` the rule is per chunk (`sum_clipped`, `chunk_clip`).
+    ``clip_to_median`` the rule is per chunk (`sum_clipped`, `chunk_clip`), and ``min_support``
+    (``outer.min_support``) zeroes what fewer updates sent.
     With ``validate`` every update is checked first (`DecodeError` on malformed input).
     The result does not depend on the order of ``updates``; with no peers it is all zeros.
     On a CUDA ``device`` the scatter-adds run as a Triton kernel (`codec.gpu.scatter`), with the
@@ -213,7 +231,7 @@ def aggregate(
     out = {t.name: torch.zeros(t.shape, dtype=torch.float32, device=device) for t in spec.tensors}
     if clip_to_median:
         for name, dense in out.items():
-            sum_clipped(dense, [p.get(name) for p in peers], params, triton)
+            sum_clipped(dense, [p.get(name) for p in peers], params, triton, min_support)
         return out
     for peer in peers:
         for name, sparse in peer.items():
@@ -229,15 +247,23 @@ def sum_clipped(
     pieces: Sequence[SparseTensor | None],
     params: CodecParams,
     triton: bool | None = None,
+    min_support: int = 1,
 ) -> None:
     """``out`` (zeros) becomes the per-chunk clipped mean of one tensor's pieces, in the given
-    (ascending key) order, None for an update without the tensor (`chunk_clip`)."""
+    (ascending key) order, None for an update without the tensor (`chunk_clip`); with
+    ``min_support`` above 1, zero where fewer updates sent a value (`keep_supported`)."""
     layout = ChunkLayout.for_shape(out.shape, params)
     clip = chunk_clip(
         [None if p is None else chunk_norms(p) for p in pieces],
         [g.n_chunks for g in layout.groups],
     )
+    count = torch.zeros(out.shape, dtype=torch.uint8) if min_support > 1 else None
     for piece, factors in zip(pieces, clip.factors, strict=True):
         if piece is not None and factors is not None:
             scatter_add(out, piece, params, factors, triton)
+            if count is not None:
+                for gi, (g, vals) in enumerate(zip(piece.groups, piece.values(), strict=True)):
+                    add_support(count, layout.flat_positions(gi, g.idx).view(-1), vals.view(-1))
     divide_chunks(out, layout, clip.divisors)
+    if count is not None:
+        keep_supported(out, count, min_support)

@@ -58,7 +58,12 @@ class AggregatePool:
     one caller at a time."""
 
     def __init__(
-        self, spec: ModelSpec, params: CodecParams, workers: int, max_update_bytes: int
+        self,
+        spec: ModelSpec,
+        params: CodecParams,
+        workers: int,
+        max_update_bytes: int,
+        min_support: int = 1,
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
@@ -75,7 +80,7 @@ class AggregatePool:
             buffers = {name: self._out[name] for name in share}
             proc = ctx.Process(
                 target=_serve,
-                args=(there, spec, params, share, buffers, max_update_bytes),
+                args=(there, spec, params, share, buffers, max_update_bytes, min_support),
                 daemon=True,
             )
             proc.start()
@@ -159,6 +164,7 @@ def _serve(
     share: list[str],
     out: Mapping[str, torch.Tensor],
     max_bytes: int,
+    min_support: int,
 ) -> None:
     """A worker: decode its tensors of each update as it comes, sum them when asked."""
     torch.set_num_threads(1)
@@ -181,7 +187,7 @@ def _serve(
             elif msg[0] == "errors":
                 conn.send(("ok", errors))
             elif msg[0] == "sum":
-                _sum_into(out, pieces, msg[1], params)
+                _sum_into(out, pieces, msg[1], params, min_support)
                 conn.send(("ok", None))
             elif msg[0] == "reset":
                 pieces, errors = {}, {}
@@ -205,9 +211,10 @@ def _sum_into(
     pieces: Mapping[int, list[SparseTensor]],
     keys: list[int],
     params: CodecParams,
+    min_support: int,
 ) -> None:
     """This worker's tensors of the clipped mean of the updates of ``keys`` (ascending)."""
     named = [{p.name: p for p in pieces[uid]} for uid in keys]
     for name, dense in out.items():
         dense.zero_()
-        sum_clipped(dense, [by_name.get(name) for by_name in named], params)
+        sum_clipped(dense, [by_name.get(name) for by_name in named], params, None, min_support)

@@ -138,6 +138,10 @@ class InnerOptimizerConfig(_Frozen):
         return self
 
 
+SUPPORTED_STRATEGIES = ("sparseloco", "demo", "sparseloco-mask")
+"""The strategies whose mean clips chunk by chunk and can count each coordinate's support."""
+
+
 class OuterConfig(_Frozen):
     """The outer step: its optimizer and learning rate; SparseLoCo's error feedback and freeze."""
 
@@ -158,6 +162,15 @@ class OuterConfig(_Frozen):
         le=1,
         description="windows an aggregate waits before it is applied: 1 exchanges window w "
         "while w + 1 trains (docs/training.md)",
+    )
+    min_support: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="a coordinate of the window's mean moves only where at least this many "
+        "applied updates sent it; 2 keeps one update from teaching what no other update moves "
+        "(a backdoor's trigger), at a cost to honest training (docs/consensus.md); sparse "
+        "strategies only",
     )
 
     @property
@@ -292,16 +305,24 @@ class RunConfig(_Frozen):
             raise ValueError("seq_len exceeds model.max_seq_len")
         if self.batch_size % self.micro_batch_size:
             raise ValueError("batch_size must be a multiple of micro_batch_size")
+        if self.outer.min_support > 1 and self.strategy not in SUPPORTED_STRATEGIES:
+            raise ValueError(
+                f"outer.min_support counts sparse updates: use it with one of "
+                f"{', '.join(SUPPORTED_STRATEGIES)}, not {self.strategy}"
+            )
         return self
 
     # -- identity -------------------------------------------------------------------------
 
     def _plain(self) -> dict[str, Any]:
-        """The config as plain data; an unset `dataset_digest` is left out (so configs made
-        before the field existed keep their run id)."""
+        """The config as plain data; an unset `dataset_digest` and the default
+        `outer.min_support` are left out (so configs made before the fields existed keep their
+        run id)."""
         data = self.model_dump(mode="json")
         if data.get("dataset_digest") is None:
             data.pop("dataset_digest", None)
+        if data["outer"].get("min_support") == 1:  # the default: ids of earlier configs hold
+            data["outer"].pop("min_support")
         return data
 
     def canonical_json(self) -> bytes:

@@ -89,6 +89,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0,
         help="outer.delay: 1 applies each aggregate one window late (docs/training.md)",
     )
+    parser.add_argument(
+        "--min-support",
+        type=positive_int,
+        default=1,
+        help="outer.min_support: a coordinate moves only where this many applied updates sent "
+        "it (2 stops a lone backdoor, docs/consensus.md)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -126,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
                 args.strategy,
                 args.delay,
                 args.validators,
+                args.min_support,
             )
         except SimKeyError as exc:
             raise SystemExit(f"error: {exc}") from None

@@ -159,7 +159,8 @@ def run_parameters(world: World) -> dict[str, str]:
         "window": f"{run.timing.blocks_per_window} blocks of {run.timing.block_time_s:g} s",
         "inner steps (H)": str(run.inner_steps),
         "kept per 4096 (k)": str(run.codec.k),
-        "outer step": f"{run.outer.optimizer}, α = {run.outer.alpha:g}, delay {run.outer.delay}",
+        "outer step": f"{run.outer.optimizer}, α = {run.outer.alpha:g}, delay {run.outer.delay}, "
+        f"min support {run.outer.min_support}",
         "gather size": str(run.gather_size),
     }
 

@@ -53,6 +53,7 @@ def sim_run_config(
     start_block: int = 0,
     strategy: str = "sparseloco",
     delay: int = 0,
+    min_support: int = 1,
 ) -> RunConfig:
     """The tiny preset with a clock fast enough for a simulation on a laptop.
 
@@ -66,7 +67,7 @@ def sim_run_config(
         "tiny",
         name="sim",
         strategy=strategy,
-        outer={"total_windows": max(windows, 1), "delay": delay},
+        outer={"total_windows": max(windows, 1), "delay": delay, "min_support": min_support},
         consensus={"fetch_budget_s": max(2.0, window_s / 5), "manifest_wait_s": 0.4 * window_s},
         timing={
             "block_time_s": block_time,
@@ -103,6 +104,7 @@ def build_world(
     strategy: str = "sparseloco",
     delay: int = 0,
     validators: int = 1,
+    min_support: int = 1,
 ) -> World:
     """Create the run folder, the chain and every member's wallet, uid and bucket name.
 
@@ -116,7 +118,9 @@ def build_world(
     db = LocalChainDB(db_path)
     members = peers + len(adversaries) + validators
     start = math.ceil(startup_seconds(members) / block_time)
-    run = sim_run_config(windows, block_time, blocks_per_window, start, strategy, delay)
+    run = sim_run_config(
+        windows, block_time, blocks_per_window, start, strategy, delay, min_support
+    )
     run_path = run.dump(out / "run.json")
     world = World(
         out=out,

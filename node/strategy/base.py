@@ -40,10 +40,12 @@ from typing import Any, ClassVar, Protocol
 import torch
 
 from codec.aggregate import (
+    add_support,
     chunk_clip,
     clip_factors,
     divide_chunks,
     divide_exactly,
+    keep_supported,
     mean_divisor,
 )
 from codec.chunking import ChunkLayout
@@ -246,7 +248,9 @@ class Strategy(ABC):
         updates: Mapping[Any, Update],
         chunks: list[dict[str, list[torch.Tensor]]],
     ) -> None:
-        """Every chunk clipped to the lower median of its parts' norms, summed and divided."""
+        """Every chunk clipped to the lower median of its parts' norms, summed and divided; with
+        ``outer.min_support`` above 1, zero where fewer updates sent a value (in the domain the
+        strategy sums in: DeMo's coefficients)."""
         layouts = {
             t.name: ChunkLayout.for_shape(t.shape, self.run.codec) for t in self.spec.tensors
         }
@@ -254,13 +258,23 @@ class Strategy(ABC):
             name: chunk_clip([u.get(name) for u in chunks], [g.n_chunks for g in layout.groups])
             for name, layout in layouts.items()
         }
+        support = self.run.outer.min_support
+        counts = (
+            {n: torch.zeros(t.shape, dtype=torch.uint8) for n, t in sums.items()}
+            if support > 1
+            else {}
+        )
         for i, key in enumerate(keys):
             for name, piece in self._by_name(updates[key]).items():
                 factors = clips[name].factors[i]
                 assert factors is not None  # the update sends this tensor
                 self._accumulate(sums, name, piece, factors)
+                if support > 1:
+                    add_support(counts[name], *self.entries(piece))
         for name, t in sums.items():
             divide_chunks(t, layouts[name], clips[name].divisors)
+            if support > 1:
+                keep_supported(t, counts[name], support)
 
     def _zeros(self) -> dict[str, torch.Tensor]:
         """The buffers `mean` sums into (by default one float32 zero tensor per tensor)."""

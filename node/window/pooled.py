@@ -138,7 +138,8 @@ def open_pool(run: RunConfig, spec: ModelSpec, workers: int) -> AggregatePool | 
     if workers <= 0 or not supports(run, spec):
         return None
     try:
-        return AggregatePool(spec, run.codec, workers, make_strategy(run, spec).max_update_bytes())
+        cap = make_strategy(run, spec).max_update_bytes()
+        return AggregatePool(spec, run.codec, workers, cap, run.outer.min_support)
     except (OSError, RuntimeError) as exc:
         log.warning("%d decode workers could not start (%s): decoding on this thread", workers, exc)
         return None

@@ -154,3 +154,16 @@ def test_a_worker_keeps_positions_in_two_bytes_and_sums_them_alike() -> None:
     scatter_add(a, piece, PARAMS, 0.3)
     scatter_add(b, small, PARAMS, 0.3)
     assert torch.equal(a, b) and a.abs().sum() > 0
+
+
+def test_workers_count_each_coordinates_support_like_the_aggregate() -> None:
+    """``outer.min_support`` = 2 in the workers: the aggregate's mean bit for bit, which is not
+    the mean without it."""
+    datas = _updates(2)
+    decoded = {u: wire.decode_update(d, SPEC, PARAMS, CAP).tensors for u, d in datas.items()}
+    want = aggregate(decoded, SPEC, PARAMS, clip_to_median=True, min_support=2)
+    assert any(not torch.equal(want[n], t) for n, t in _want(datas).items())
+    with AggregatePool(SPEC, PARAMS, 2, CAP, min_support=2) as pool:
+        got = _mean(pool, datas, list(datas)[::-1])
+    for name in want:
+        assert torch.equal(got["mean"][name], want[name]), name

@@ -79,3 +79,19 @@ def test_honest_updates_spread_evenly_are_hardly_clipped() -> None:
     cos = float(mean.flatten() @ plain.flatten() / (mean.norm() * plain.norm()))
     ratio = float(mean.norm() / plain.norm())
     assert cos > 0.999 and 0.95 < ratio < 1.05, (cos, ratio)
+
+
+def test_with_min_support_two_a_lone_update_moves_nothing_only_it_sends() -> None:
+    """``outer.min_support`` = 2: the coordinates only the targeted update sends stay where they
+    were; those two or more updates send move as without the rule."""
+    updates, _ = _updates(4, 1)
+    sent = [(_dense(u) != 0) for u in updates.values()]
+    alone = sent[-1] & ~torch.stack(sent[:-1]).any(0)  # only the targeted update's
+    shared = torch.stack(sent).sum(0) >= 2
+    assert int(alone.sum()) > 100 and int(shared.sum()) > 100
+    plain = make_strategy(RUN, SPEC).mean(updates)["w"]
+    assert bool(plain[alone].ne(0).all())  # without the rule it moves them all
+    run = RUN.model_copy(update={"outer": RUN.outer.model_copy(update={"min_support": 2})})
+    mean = make_strategy(run, SPEC).mean(updates)["w"]
+    assert bool(mean[alone].eq(0).all()) and bool(mean[~shared].eq(0).all())
+    assert torch.equal(mean[shared], plain[shared])

@@ -11,6 +11,7 @@ its probability of the target after the trigger.
 
     python scripts/experiments/backdoor_clip.py --rule chunk --backdoor --windows 20
     python scripts/experiments/backdoor_clip.py --rule update --windows 10 --name bd2
+    python scripts/experiments/backdoor_clip.py --min-support 2 --backdoor --windows 20
 """
 
 from __future__ import annotations
@@ -40,12 +41,16 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=5)
     parser.add_argument("--windows", type=int, default=10)
     parser.add_argument("--name", default="bd", help="the run's name: its data order")
+    parser.add_argument("--min-support", type=int, default=1, help="outer.min_support")
     args = parser.parse_args()
     torch.set_num_threads(1)
     SparseLoCo.clips_chunks = args.rule == "chunk"
-    run = RunConfig.preset("tiny", name=args.name, outer={"total_windows": args.windows})
-    _, dataset = open_run_dataset(run)
-    heldout = engine.heldout_set(dataset, run.run_id, 128)
+    base = RunConfig.preset("tiny", name=args.name, outer={"total_windows": args.windows})
+    run = base.model_copy(
+        update={"outer": base.outer.model_copy(update={"min_support": args.min_support})}
+    )
+    _, dataset = open_run_dataset(base)
+    heldout = engine.heldout_set(dataset, base.run_id, 128)  # samples keyed by the base run
     bad = {args.replicas - 1} if args.backdoor else set()
 
     @dataclasses.dataclass(frozen=True)
@@ -69,7 +74,10 @@ def main() -> None:
         return loss
 
     engine.heldout_loss = loss_and_trigger  # type: ignore[assignment]
-    print(f"rule {args.rule}, {args.replicas} replicas, backdoor {sorted(bad)}, run {args.name}")
+    print(
+        f"rule {args.rule}, min support {args.min_support}, {args.replicas} replicas, "
+        f"backdoor {sorted(bad)}, run {args.name}"
+    )
     engine.run_local(MethodSpec("sparseloco", "sparseloco", {}, run), setup, lambda w, x: None)
 
 

@@ -143,6 +143,13 @@ def test_every_field_change_changes_the_run_id(tiny: RunConfig) -> None:
         seen.add(cfg.run_id)
 
 
+def test_a_default_min_support_keeps_the_run_ids_of_configs_made_before_it(
+    tiny: RunConfig,
+) -> None:
+    assert b"min_support" not in tiny.canonical_json()
+    assert b"min_support" in RunConfig.preset("tiny", outer={"min_support": 2}).canonical_json()
+
+
 def test_copies_get_their_own_run_id(tiny: RunConfig) -> None:
     _ = tiny.run_id
     copy = tiny.model_copy(update={"seed": 5})
@@ -179,6 +186,8 @@ def test_frozen_and_strict(tiny: RunConfig) -> None:
         {"optimizer": {"min_lr": 1.0}},
         {"optimizer": {"lr": float("nan")}},
         {"outer": {"beta": 1.0}},
+        {"outer": {"min_support": 0}},
+        {"strategy": "diloco", "outer": {"min_support": 2}},  # dense updates have no support
         {"codec": {"tile": 8, "k": 100}},
         {"name": "has space"},
         {"dataset": ""},

@@ -157,13 +157,13 @@ def test_a_worker_keeps_positions_in_two_bytes_and_sums_them_alike() -> None:
 
 
 def test_workers_count_each_coordinates_support_like_the_aggregate() -> None:
-    """``outer.min_support`` = 2 in the workers: the aggregate's mean bit for bit, which is not
-    the mean without it."""
+    """``outer.min_support`` = 2 in a worker: the aggregate's mean bit for bit, which is not the
+    mean without it (a worker counts the support of the tensors it owns, so one is enough)."""
     datas = _updates(2)
     decoded = {u: wire.decode_update(d, SPEC, PARAMS, CAP).tensors for u, d in datas.items()}
     want = aggregate(decoded, SPEC, PARAMS, clip_to_median=True, min_support=2)
     assert any(not torch.equal(want[n], t) for n, t in _want(datas).items())
-    with AggregatePool(SPEC, PARAMS, 2, CAP, min_support=2) as pool:
+    with AggregatePool(SPEC, PARAMS, 1, CAP, min_support=2) as pool:
         got = _mean(pool, datas, list(datas)[::-1])
     for name in want:
         assert torch.equal(got["mean"][name], want[name]), name

@@ -31,7 +31,10 @@ def fast_run(tmp: Path, delay: int = 0) -> Path:
         inner_steps=4,
         optimizer={"warmup_steps": 4},
         outer={"delay": delay},
-        timing={"block_time_s": 0.5, "blocks_per_window": 32, "upload_deadline_blocks": 4,
+        # delay 1 lands the previous exchange at the gather block, mid-window: the rest of the
+        # window's training and its upload need room on a loaded machine
+        timing={"block_time_s": 0.5, "blocks_per_window": 48 if delay else 32,
+                "upload_deadline_blocks": 4,
                 "clock_skew_tolerance_s": 0.5, "start_block": STARTUP_BLOCKS},
         retention={"windows": 2},
     )  # fmt: skip

@@ -47,7 +47,6 @@ __all__ = [
     "divide_exactly",
     "keep_supported",
     "mean_divisor",
-    "norm_partials",
     "sum_clipped",
     "update_norm",
 ]
@@ -67,17 +66,11 @@ def chunk_norms(piece: Any) -> list[torch.Tensor]:
     return out
 
 
-def norm_partials(update: Update) -> list[float]:
-    """Each chunk's squared L2 norm (float64, elementwise exact squares) over the given pieces.
-    `math.fsum` of the partials of all of an update's pieces, split any way, is its squared norm
-    exactly rounded: workers that each hold a share of the tensors (`codec.pool`) get the same
-    norm as `update_norm`."""
-    return [x for sparse in update for g in chunk_norms(sparse) for x in g.tolist()]
-
-
 def update_norm(update: Update) -> float:
     """L2 norm of a peer's decoded update over all its tensors (order-free, exactly rounded sum)."""
-    return math.sqrt(math.fsum(norm_partials(update)))
+    return math.sqrt(
+        math.fsum(x for piece in update for g in chunk_norms(piece) for x in g.tolist())
+    )
 
 
 def clip_bound(norms: Sequence[float]) -> float:

@@ -33,7 +33,9 @@ from protocol.runconfig import RunConfig
 from protocol.stores import open_store
 
 BLOCK_S = 0.25
-FETCH_S, WAIT_S = 3.0, 9.0  # the cutoff: 48 blocks (12 s) after the gather block
+# the cutoff: 132 blocks (33 s) after the gather block, room for a loaded machine; the peer waits
+# only until the manifest lands
+FETCH_S, WAIT_S = 3.0, 30.0
 LATE_S = 2.0  # how long the lead publishes after the peer starts waiting for it
 
 

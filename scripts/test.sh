@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up the environment and run the tests: lint, format check, type check, then the whole suite.
+# Set up the environment and run the tests: lint and format check, then the type check and the
+# whole suite side by side.
 #
 # With no arguments the suite runs as two pytest sessions of two workers each (pytest-xdist): the
 # end-to-end tests (marked `slow`, in tests/e2e: real peers and validators on a ticking chain
@@ -18,10 +19,13 @@ if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get 
 fi
 ruff check .
 ruff format --check .
-mypy
 if [ "$#" -gt 0 ]; then
+    mypy
     exec python -m pytest -q "$@"
 fi
+# the type check runs beside the tests (the end-to-end tests spend much of their time waiting)
+mypy > .mypy.log 2>&1 &
+types=$!
 python -m pytest -q -p no:cacheprovider --durations=10 -n 2 --dist worksteal -m slow tests/e2e &
 e2e=$!
 unit=0
@@ -29,5 +33,8 @@ OMP_NUM_THREADS=1 nice -n 19 python -m pytest -q -p no:cacheprovider --durations
     -m "not slow" tests || unit=$?
 slow=0
 wait "$e2e" || slow=$?
-echo "unit tests: exit $unit; end-to-end tests: exit $slow"
-[ "$unit" -eq 0 ] && [ "$slow" -eq 0 ]
+typed=0
+wait "$types" || typed=$?
+cat .mypy.log
+echo "type check: exit $typed; unit tests: exit $unit; end-to-end tests: exit $slow"
+[ "$typed" -eq 0 ] && [ "$unit" -eq 0 ] && [ "$slow" -eq 0 ]

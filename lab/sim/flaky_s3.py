@@ -34,6 +34,7 @@ from unittest.mock import patch
 from urllib.parse import parse_qs
 
 import aiohttp
+import yarl
 from aiohttp import web
 
 __all__ = [
@@ -161,7 +162,8 @@ class FlakyS3:
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP]
         async with self._session.request(
             request.method,
-            self.upstream + request.rel_url.raw_path_qs,
+            # as sent: requoting the query (a list's ``prefix=a%2F``) would break its signature
+            yarl.URL(self.upstream + request.rel_url.raw_path_qs, encoded=True),
             headers=headers,
             data=body,
             allow_redirects=False,

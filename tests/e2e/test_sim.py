@@ -74,16 +74,29 @@ def test_simulation_with_every_adversary(
 
 
 @pytest.mark.slow
-def test_simulation_with_ordinary_faults(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_simulation_with_ordinary_faults_on_an_s3_server(
+    tmp_path: Path,
+    s3_server: str,
+    enforced_iam: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """Every bucket behind a provider's bad day (503s, lost answers, throttling); the lead
+    """On an S3 server that enforces its keys (a write key, and the read-only key that goes on
+    chain), every bucket behind a provider's bad day (503s, lost answers, throttling); the lead
     validator killed mid-decision and restarted at once, then killed again and down for two
     windows, while the standby validator decides; then the chain unreachable for 45 s: every
     honest model and both validators' stay identical after every window, training goes on while
-    the lead is down, and every process exits 0."""
+    the lead is down, honest peers are paid, and every process exits 0."""
+    with disable_iam_authentication():
+        write = iam_user(s3_server, "simtest-*", ["s3:*"])
+        read = iam_user(s3_server, "simtest-*", ["s3:GetObject", "s3:ListBucket"])
+    monkeypatch.setenv("TESSERA_S3_ACCESS_KEY_ID", write[0])
+    monkeypatch.setenv("TESSERA_S3_SECRET_ACCESS_KEY", write[1])
+    monkeypatch.setenv("TESSERA_S3_READ_ACCESS_KEY_ID", read[0])
+    monkeypatch.setenv("TESSERA_S3_READ_SECRET_ACCESS_KEY", read[1])
     out = tmp_path / "faults"
     argv = ["sim", "--peers", "2", "--validators", "2", "--windows", "6", "--out", str(out)]
+    argv += ["--storage", f"s3://simtest?endpoint={s3_server}"]
     faults = "store-errors,lead-restart,lead-down,chain-stall"
     code = main([*argv, "--no-baseline", "--faults", faults, *FAST])
     assert code == 0, _log_tails(out)
@@ -91,6 +104,7 @@ def test_simulation_with_ordinary_faults(
     assert all(f"{kind} ×" in injected for kind in ("503", "lost answer", "throttled")), injected
     report = json.loads((out / "report.json").read_text())
     assert report["diverged"] == [] and report["non_finite"] == []
+    assert all(w > 0 for name, w in report["final_weights"].items() if name.startswith("peer"))
     log = (out / "logs" / "validator.log").read_text()
     assert log.count("starting at window") == 3  # started, restarted, back after the outage
     # while the lead is down the standby's decisions apply: the replayed history (the lead's
@@ -104,40 +118,6 @@ def test_simulation_with_ordinary_faults(
     assert max(later) < 1.05 * synced[1], synced
     for name in ("validator", "validator1", "peer0", "peer1"):  # each rode out the stall
         assert "is down (an outage" in (out / "logs" / f"{name}.log").read_text(), name
-
-
-@pytest.mark.slow
-def test_simulation_on_an_s3_server(
-    tmp_path: Path, s3_server: str, enforced_iam: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    with disable_iam_authentication():  # a write key, and the read-only key that goes on chain
-        write = iam_user(s3_server, "simtest-*", ["s3:*"])
-        read = iam_user(s3_server, "simtest-*", ["s3:GetObject", "s3:ListBucket"])
-    monkeypatch.setenv("TESSERA_S3_ACCESS_KEY_ID", write[0])
-    monkeypatch.setenv("TESSERA_S3_SECRET_ACCESS_KEY", write[1])
-    monkeypatch.setenv("TESSERA_S3_READ_ACCESS_KEY_ID", read[0])
-    monkeypatch.setenv("TESSERA_S3_READ_SECRET_ACCESS_KEY", read[1])
-    out = tmp_path / "s3"
-    storage = f"s3://simtest?endpoint={s3_server}"
-    code = main(
-        [
-            "sim",
-            "--peers",
-            "2",
-            "--windows",
-            "2",
-            "--out",
-            str(out),
-            "--storage",
-            storage,
-            "--no-baseline",
-            *FAST,
-        ]
-    )
-    assert code == 0
-    report = json.loads((out / "report.json").read_text())
-    assert report["diverged"] == []
-    assert all(w > 0 for name, w in report["final_weights"].items() if name.startswith("peer"))
 
 
 def _log_tails(out: Path, lines: int = 25) -> str:

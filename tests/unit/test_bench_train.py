@@ -52,7 +52,7 @@ def test_seeds_give_each_method_a_mean_and_a_spread(tmp_path: Path) -> None:
     scored on one held-out set; its row is their mean, with both losses and their spread."""
     cmd = [sys.executable, "-m", "commands.cli", "bench", "train", "--quick", "--threads", "1",
            "--jobs", "2", "--out", str(tmp_path), "--json", "--seeds", "2", "--seed", "5",
-           "--strategies", "ddp", "sparseloco"]  # fmt: skip
+           "--windows", "1", "--heldout", "32", "--strategies", "ddp", "sparseloco"]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

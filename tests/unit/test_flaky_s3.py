@@ -57,3 +57,23 @@ def test_the_read_key_cannot_write_through_the_proxy(
         url = f"s3://{s3_bucket}?endpoint={endpoint}"
         with pytest.raises(ReadKeyCanWrite):
             require_read_only(url, open_store(url, s3_credentials), read)
+
+
+def test_signed_requests_pass_the_proxy_unchanged(
+    s3_server: str, s3_bucket: str, enforced_iam: None, private_endpoints: None
+) -> None:
+    """A server that checks signatures answers the proxy's requests as it would the store's: a
+    list whose prefix ends in ``/`` (sent as ``%2F``, signed as sent) included."""
+    from moto.core.authorization import disable_iam_authentication
+
+    from tests.support.servers import iam_user
+
+    with disable_iam_authentication():
+        key_id, secret = iam_user(s3_server, s3_bucket, ["s3:*"])
+    keys = WriteCredentials(access_key_id=key_id, secret_access_key=secret)
+    with FlakyS3(s3_server, None) as endpoint:
+        store = open_store(f"s3://{s3_bucket}?endpoint={endpoint}", keys)
+        for key in ("run/a/1.bin", "run/a/2.bin", "run/b.bin"):
+            store.put(key, key.encode())
+        assert sorted(o.key for o in store.list("run/a/")) == ["run/a/1.bin", "run/a/2.bin"]
+        assert store.get("run/b.bin", 100) == b"run/b.bin"

@@ -64,8 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--faults",
         default="",
         help="comma-separated ordinary faults to inject: store-errors,lead-restart,lead-down,"
-        "chain-stall,load "
-        "(lab/sim/faults.py)",
+        "peer-restart,chain-stall,load (lab/sim/faults.py)",
     )
     parser.add_argument(
         "--strategy",

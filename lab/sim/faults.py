@@ -14,6 +14,9 @@ that a run is reproducible:
   two windows later; meanwhile the standby's manifest applies (``--validators 2``; with one
   validator no manifest is published and every node applies nothing), and the restarted lead
   catches up on the windows it missed without publishing late decisions;
+- ``peer-restart``: the first honest peer is killed (SIGKILL) a third of the way into window
+  3's training and started again at once; it resumes from its saved state and its model stays
+  the others' after every window;
 - ``chain-stall``: the chain answers nothing (every call fails as an unreachable endpoint's does)
   for one and a half windows, at least `STALL_MIN_S`, from a few blocks before window 5's gather
   block: nodes ride it out and go on, none exits;
@@ -32,15 +35,21 @@ from node.runtime.report_log import REPORTS, read_json_lines
 from protocol.chain.local_db import LocalChainDB
 from protocol.windows import WindowSchedule
 
-FAULT_KINDS = ("store-errors", "lead-restart", "lead-down", "chain-stall", "load")
+FAULT_KINDS = ("store-errors", "lead-restart", "lead-down", "peer-restart", "chain-stall", "load")
 RESTART_AFTER_GATHER = 3  # blocks after window 1's gather block: the lead is deciding
 DOWN_WINDOWS = 2  # how long the lead stays down
+PEER_RESTART_WINDOW = 3  # the first honest peer is killed in this window's training
 STALL_WINDOW, STALL_BEFORE_GATHER = 5, 3  # the chain stalls 3 blocks before window 5's gather
 STALL_MIN_S = 45.0
 """The shortest chain stall: longer than a chain client's usual retries last."""
 
 
-WINDOWS_NEEDED = {"lead-restart": 2, "lead-down": 3 + DOWN_WINDOWS, "chain-stall": STALL_WINDOW + 1}
+WINDOWS_NEEDED = {
+    "lead-restart": 2,
+    "lead-down": 3 + DOWN_WINDOWS,
+    "peer-restart": PEER_RESTART_WINDOW + 2,
+    "chain-stall": STALL_WINDOW + 1,
+}
 """How many windows a run needs for the fault to happen and the run to go on after it."""
 
 
@@ -66,7 +75,7 @@ class Injector:
 
     world: World
     kinds: list[str]
-    validator_windows: int  # windows the validator must process in all
+    validator_windows: int  # windows the validator must process in all (the peers: one fewer)
     chain: LocalChainDB = field(init=False)  # the admin handle: it sees blocks through a stall
     _due: list[tuple[int, str]] = field(init=False)  # (block, action), in block order
     _hogs: list[subprocess.Popen[bytes]] = field(default_factory=list)
@@ -81,6 +90,9 @@ class Injector:
         if "lead-down" in self.kinds:
             down = sched.gather_block(2) + RESTART_AFTER_GATHER
             due += [(down, "kill"), (down + DOWN_WINDOWS * sched.blocks_per_window, "start")]
+        if "peer-restart" in self.kinds:
+            at = sched.first_block(PEER_RESTART_WINDOW) + sched.blocks_per_window // 3
+            due += [(at, "kill peer"), (at, "start peer")]
         if "chain-stall" in self.kinds:
             due += [(sched.gather_block(STALL_WINDOW) - STALL_BEFORE_GATHER, "stall")]
         self._due = sorted(due, key=lambda d: d[0])
@@ -99,16 +111,19 @@ class Injector:
                     max(STALL_MIN_S, 1.5 * run.block_time_s * run.blocks_per_window)
                 )
                 continue
-            i = next(i for i, r in enumerate(running) if r.member.kind == "validator")
-            if action == "kill":
+            kind = "honest" if action.endswith(" peer") else "validator"
+            i = next(i for i, r in enumerate(running) if r.member.kind == kind)
+            if action.startswith("kill"):
                 running[i].proc.kill()
                 running[i].proc.wait()
             else:
                 running[i] = start(self.world, running[i].member, self._windows_left(running[i]))
 
     def _windows_left(self, r: Running) -> int:
+        """The windows a restarted member has left: the run's last window is where it stops."""
         done = len(read_json_lines(r.member.state_dir / REPORTS))
-        return max(1, self.validator_windows - done)
+        total = self.validator_windows - (r.member.kind != "validator")
+        return max(1, total - done)
 
     def stop(self) -> None:
         for hog in self._hogs:

@@ -84,9 +84,10 @@ def test_simulation_with_ordinary_faults_on_an_s3_server(
     """On an S3 server that enforces its keys (a write key, and the read-only key that goes on
     chain), every bucket behind a provider's bad day (503s, lost answers, throttling); the lead
     validator killed mid-decision and restarted at once, then killed again and down for two
-    windows, while the standby validator decides; then the chain unreachable for 45 s: every
-    honest model and both validators' stay identical after every window, training goes on while
-    the lead is down, honest peers are paid, and every process exits 0."""
+    windows, while the standby validator decides; a peer killed mid-training and restarted; then
+    the chain unreachable for 45 s: every honest model and both validators' stay identical after
+    every window, training goes on while the lead is down, honest peers are paid, and every
+    process exits 0."""
     with disable_iam_authentication():
         write = iam_user(s3_server, "simtest-*", ["s3:*"])
         read = iam_user(s3_server, "simtest-*", ["s3:GetObject", "s3:ListBucket"])
@@ -97,7 +98,7 @@ def test_simulation_with_ordinary_faults_on_an_s3_server(
     out = tmp_path / "faults"
     argv = ["sim", "--peers", "2", "--validators", "2", "--windows", "6", "--out", str(out)]
     argv += ["--storage", f"s3://simtest?endpoint={s3_server}"]
-    faults = "store-errors,lead-restart,lead-down,chain-stall"
+    faults = "store-errors,lead-restart,lead-down,peer-restart,chain-stall"
     code = main([*argv, "--no-baseline", "--faults", faults, *FAST])
     assert code == 0, _log_tails(out)
     injected = capsys.readouterr().out.split("store faults injected: ")[1].splitlines()[0]
@@ -107,6 +108,8 @@ def test_simulation_with_ordinary_faults_on_an_s3_server(
     assert all(w > 0 for name, w in report["final_weights"].items() if name.startswith("peer"))
     log = (out / "logs" / "validator.log").read_text()
     assert log.count("starting at window") == 3  # started, restarted, back after the outage
+    restarted = (out / "logs" / "peer0.log").read_text()
+    assert restarted.count("starting at window") == 2, restarted[-3000:]  # killed in window 3
     # while the lead is down the standby's decisions apply: the replayed history (the lead's
     # with the standby's for the windows it missed) keeps learning through the outage
     peers = (out / "logs" / "peer0.log").read_text() + (out / "logs" / "peer1.log").read_text()

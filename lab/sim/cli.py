@@ -20,7 +20,7 @@ from typing import get_args
 from rich.console import Console
 from rich.table import Table
 
-from commands.arg_types import positive_float, positive_int
+from commands.arg_types import port, positive_float, positive_int
 from lab.sim.collect import SimReport, WindowRow
 from lab.sim.layout import ADVERSARY_KINDS, World
 from protocol.runconfig import RunConfig
@@ -95,6 +95,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="outer.min_support: a coordinate moves only where this many applied updates sent "
         "it (2 stops a lone backdoor, docs/consensus.md)",
     )
+    parser.add_argument(
+        "--metrics-port",
+        type=port,
+        default=0,
+        help="every honest peer and validator serves Prometheus metrics on 127.0.0.1 from this "
+        "port on, and the run folder gets prometheus.yml to scrape them (0: off)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -102,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
     from lab.sim.faults import parse_faults
     from lab.sim.flaky_s3 import flaky_storage
     from lab.sim.layout import build_world
+    from lab.sim.scrape import check_ports, metrics_ports, write_scrape_config
 
     console = Console()
     args.out = args.out.resolve()  # bucket and chain URLs need absolute paths
@@ -112,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
     args.faults = parse_faults(args.faults, args.windows)
     if kinds and args.strategy != "sparseloco":  # the forgers write SparseLoCo updates
         raise SystemExit("--adversaries need --strategy sparseloco")
+    if args.metrics_port:
+        check_ports(args.metrics_port, args.peers + args.validators)
     if args.out.exists() and any(args.out.iterdir()):
         if not args.force:
             raise SystemExit(f"{args.out} is not empty: pass --force to replace it")
@@ -142,6 +152,14 @@ def run(args: argparse.Namespace) -> int:
             f"adversaries {kinds or 'none'}, faults {args.faults or 'none'}, "
             f"{args.windows} windows of {args.blocks_per_window * args.block_time:.0f}s → {args.out}"
         )
+        if args.metrics_port:
+            world.metrics_ports = metrics_ports(world, args.metrics_port)
+            config = write_scrape_config(world, world.metrics_ports)
+            ports = sorted(world.metrics_ports.values())
+            console.print(
+                f"metrics on 127.0.0.1:{ports[0]}-{ports[-1]}; scrape them with "
+                f"prometheus --config.file {config}"
+            )
         exit_codes = _run_processes(world, args, console)
         if proxy is not None:
             injected = ", ".join(f"{kind} ×{n}" for kind, n in sorted(proxy.faults.items()))

@@ -41,6 +41,7 @@ class World:
     chain_url: str
     local_root: Path | None
     members: list[Member] = field(default_factory=list)
+    metrics_ports: dict[str, int] = field(default_factory=dict)  # by member name; none: off
 
     def of_kind(self, kind: str) -> list[Member]:
         return [m for m in self.members if m.kind == kind]

@@ -29,6 +29,8 @@ def command(world: World, m: Member, windows: int) -> list[str]:
     ]  # fmt: skip
     if world.local_root is not None:
         common += ["--local-root", str(world.local_root)]
+    if m.name in world.metrics_ports:
+        common += ["--metrics-port", str(world.metrics_ports[m.name])]
     if m.kind == "honest":
         return ["miner", *common]
     if m.kind == "validator":

@@ -13,7 +13,7 @@ import json
 import socket
 from pathlib import Path
 
-from lab.sim.layout import Member, World
+from lab.sim.layout import World
 
 JOBS = {"honest": "miner", "validator": "validator"}
 """The members that serve metrics, by kind, and their Prometheus job."""
@@ -47,12 +47,11 @@ def check_ports(base: int, count: int) -> None:
 
 def write_scrape_config(world: World, ports: dict[str, int]) -> Path:
     """Write ``prometheus.yml`` into the run folder (JSON, which is YAML) and return its path."""
-    members = {m.name: m for m in world.members}
-    jobs: dict[str, list[dict[str, object]]] = {}
+    kinds = {m.name: m.kind for m in world.members}
+    jobs: dict[str, list[object]] = {}
     for name, port in ports.items():
-        m: Member = members[name]
         target = {"targets": [f"127.0.0.1:{port}"], "labels": {"member": name}}
-        jobs.setdefault(JOBS[m.kind], []).append(target)
+        jobs.setdefault(JOBS[kinds[name]], []).append(target)
     config = {
         "global": {"scrape_interval": f"{SCRAPE_INTERVAL_S}s"},
         "scrape_configs": [

@@ -28,9 +28,9 @@ def dashboard_queries() -> list[str]:
     return [t["expr"] for p in panels for t in p.get("targets", []) if t.get("expr")]
 
 
-def free_ports(count: int) -> int:
-    """The first of `count` consecutive ports free on 127.0.0.1."""
-    for base in range(23000, 60000, 97):
+def free_ports(count: int, start: int = 23000) -> int:
+    """The first of `count` consecutive ports free on 127.0.0.1, from `start` on."""
+    for base in range(start, 60000, 97):
         socks = [socket.socket() for _ in range(count)]
         try:
             for i, s in enumerate(socks):
@@ -48,10 +48,9 @@ class Watcher(threading.Thread):
     """Starts Prometheus on the run folder's configuration once the simulation wrote it, then
     asks every dashboard query every few seconds, keeping the ones that returned series."""
 
-    def __init__(self, out: Path, tsdb: Path, queries: list[str]) -> None:
+    def __init__(self, out: Path, tsdb: Path, queries: list[str], web: int) -> None:
         super().__init__(daemon=True)
-        self.out, self.tsdb, self.queries = out, tsdb, queries
-        self.web = free_ports(1)
+        self.out, self.tsdb, self.queries, self.web = out, tsdb, queries, web
         self.answered: set[str] = set()
         self.targets: list[dict] = []
         self.done = threading.Event()
@@ -106,9 +105,9 @@ def test_prometheus_scrapes_the_simulation_and_every_dashboard_query_has_series(
     queries = dashboard_queries()
     assert len(queries) >= 10
     out = tmp_path / "live"
-    watcher = Watcher(out, tmp_path / "tsdb", queries)
+    base = free_ports(3)  # the simulation's members; Prometheus past them
+    watcher = Watcher(out, tmp_path / "tsdb", queries, free_ports(1, base + 3))
     watcher.start()
-    base = free_ports(3)
     try:
         argv = ["sim", "--peers", "2", "--windows", "3", "--out", str(out), "--no-baseline"]
         code = main([*argv, "--metrics-port", str(base), *FAST])

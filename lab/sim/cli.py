@@ -96,6 +96,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "it (2 stops a lone backdoor, docs/consensus.md)",
     )
     parser.add_argument(
+        "--start-block",
+        type=positive_int,
+        default=None,
+        help="window 0's first block (default: once every process can have started); runs with "
+        "the same settings and start block share a run id, so a run with adversaries and a clean "
+        "one train their honest peers on the same samples",
+    )
+    parser.add_argument(
         "--metrics-port",
         type=port,
         default=0,
@@ -108,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     from lab.sim.buckets import SimKeyError
     from lab.sim.faults import parse_faults
     from lab.sim.flaky_s3 import flaky_storage
-    from lab.sim.layout import build_world
+    from lab.sim.layout import build_world, startup_blocks
     from lab.sim.scrape import check_ports, metrics_ports, write_scrape_config
 
     console = Console()
@@ -120,6 +128,12 @@ def run(args: argparse.Namespace) -> int:
     args.faults = parse_faults(args.faults, args.windows)
     if kinds and args.strategy != "sparseloco":  # the forgers write SparseLoCo updates
         raise SystemExit("--adversaries need --strategy sparseloco")
+    needed = startup_blocks(args.peers + len(kinds) + args.validators, args.block_time)
+    if args.start_block is not None and args.start_block < needed:
+        raise SystemExit(
+            f"--start-block {args.start_block}: the processes need until block {needed} to "
+            f"start; give {needed} or more"
+        )
     if args.metrics_port:
         check_ports(args.metrics_port, args.peers + args.validators)
     if args.out.exists() and any(args.out.iterdir()):
@@ -143,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
                 args.delay,
                 args.validators,
                 args.min_support,
+                args.start_block,
             )
         except SimKeyError as exc:
             raise SystemExit(f"error: {exc}") from None

@@ -94,6 +94,11 @@ def startup_seconds(members: int) -> float:
     return 20.0 + 5.0 * members
 
 
+def startup_blocks(members: int, block_time: float) -> int:
+    """The first block window 0 may start at: `startup_seconds` of blocks."""
+    return math.ceil(startup_seconds(members) / block_time)
+
+
 def build_world(
     out: Path,
     windows: int,
@@ -106,19 +111,26 @@ def build_world(
     delay: int = 0,
     validators: int = 1,
     min_support: int = 1,
+    start_block: int | None = None,
 ) -> World:
     """Create the run folder, the chain and every member's wallet, uid and bucket name.
 
-    Window 0 starts once every process has had time to start, so nobody misses the beginning.
+    Window 0 starts once every process has had time to start, so nobody misses the beginning, or
+    at `start_block` (no earlier than that): two runs with the same settings and start block share
+    a run id, so their honest peers train on the same samples and are scored on the same held-out
+    set.
     The first validator (``validator``) has the most stake and leads; the next (``validator1``,
     half its stake) is the standby that decides when the lead does not (docs/consensus.md).
     """
+    members = peers + len(adversaries) + validators
+    needed = startup_blocks(members, block_time)
+    if start_block is not None and start_block < needed:
+        raise ValueError(f"start block {start_block} is before {needed}, when all can have started")
+    start = needed if start_block is None else start_block
     out.mkdir(parents=True, exist_ok=True)
     db_path = out / "chain.db"
     create_local_chain(db_path, NETUID, block_time=block_time, exist_ok=True)
     db = LocalChainDB(db_path)
-    members = peers + len(adversaries) + validators
-    start = math.ceil(startup_seconds(members) / block_time)
     run = sim_run_config(
         windows, block_time, blocks_per_window, start, strategy, delay, min_support
     )

@@ -11,9 +11,13 @@ so everyone applies the same aggregate. The rule, for window ``w`` and gather si
    already weighed and given nothing (zeroed, penalised) never gets one. Probation holds at most
    ``floor(G * probation_fraction)`` slots (at least one when the fraction is positive), drawn by
    a hash of (run id, window, hotkey).
-4. The remaining slots go to the best positive scores, ties broken by uid; a uid with a zero
-   score never gets in except through probation.
-5. With no weights on chain at all (bootstrap), the first ``G`` candidates by the hash draw.
+4. The remaining slots go to the best positive scores, ties broken by uid.
+5. Slots still free (fewer positive scores than slots) go to the other candidates, zero scores
+   included, in the order of a hash of (run id, window, hotkey): a window whose weights came
+   from a validator that could score only a few peers never shrinks the next windows' sets to
+   those few. Such an update is applied only with evidence of training on its own samples
+   (`validator.admission`), so a zeroed crowd gains slots nobody else wanted and nothing more.
+6. With no weights on chain at all (bootstrap), the first ``G`` candidates by the hash draw.
 
 Influence: the outer step scales each update to at most the lower median norm ``B`` of the
 window's updates and divides by ``N' > N / 2`` (`node.strategy.base`), so the ``P`` probation
@@ -82,4 +86,6 @@ def select_peers(
     weighted = [n for n in candidates if scores.get(n.uid, 0.0) > 0]
     best = sorted(weighted, key=lambda n: (-scores[n.uid], n.uid))
     chosen = best[: gather_size - len(probation)] + probation
-    return sorted(n.uid for n in chosen)
+    taken = {n.uid for n in chosen}
+    free = [n for n in by_draw if n.uid not in taken][: gather_size - len(chosen)]
+    return sorted(n.uid for n in chosen + free)

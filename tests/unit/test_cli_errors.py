@@ -37,6 +37,7 @@ def _run(argv: list[str]) -> int:
         (["sim", "--peers", "x"], 2, "'x' is not a whole number"),
         (["sim", "--faults", "fire"], 1, "unknown faults: fire (known: store-errors, lead-restart"),
         (["sim", "--windows", "3", "--faults", "chain-stall"], 1, "needs --windows 6 or more"),
+        (["sim", "--start-block", "3"], 1, "--start-block 3: the processes need until block 45"),
     ],
 )
 def test_bad_input_is_one_line_with_what_is_wrong(

@@ -1,8 +1,8 @@
 """A window's roster on a real SQLite chain: pinned to its first block, probation only for the new.
 
 Attacks: a validator's weights, a commitment or a registration landing right at the gather block
-(which nodes reading the chain head would see at different moments), and zeroed uids coming back
-through probation slots.
+(which nodes reading the chain head would see at different moments), zeroed uids coming back
+through probation slots, and a set shrunk to the few peers an early window's weights named.
 """
 
 from __future__ import annotations
@@ -84,10 +84,8 @@ def _neuron(uid: int, registered: int, validator: bool = False, last_update: int
     )  # fmt: skip
 
 
-def test_probation_is_only_for_uids_never_scored() -> None:
-    run = RunConfig.preset("tiny", name="probation", gather_size=4)
-    assert probation_slots(run) == 1
-    meta = Metagraph(
+def _metagraph() -> Metagraph:
+    return Metagraph(
         netuid=NETUID,
         block=300,
         neurons=[
@@ -99,17 +97,36 @@ def test_probation_is_only_for_uids_never_scored() -> None:
             _neuron(5, 260),  # never scored too, but probation holds one slot
         ],
     )
+
+
+def test_probation_is_only_for_uids_never_scored() -> None:
+    """Slots that positive scores and probation fill are never a zeroed uid's."""
+    run = RunConfig.preset("tiny", name="probation", gather_size=3)
+    assert probation_slots(run) == 1
     committed = {k.ss58_address for k in KEYS}
     weights = {0: {1: 0.6, 2: 0.4}}
-    picked = [select_peers(meta, committed, weights, run, w) for w in range(40)]
+    picked = [select_peers(_metagraph(), committed, weights, run, w) for w in range(40)]
     for sel in picked:
-        assert 3 not in sel  # a zeroed uid never gets back in, free slots or not
+        assert 3 not in sel  # a zeroed uid never takes a slot someone else wants
         assert {1, 2} <= set(sel)
         assert len(set(sel) & {4, 5}) == 1  # exactly the one probation slot
     assert {4, 5} <= {u for sel in picked for u in sel}  # the draw rotates the slot
-    # when validators zero everyone, only never-scored uids (within the probation bound) get in
+
+
+def test_free_slots_go_to_the_other_candidates_by_the_draw() -> None:
+    """With fewer positive scores than slots (a validator that scored only a few peers in a
+    window), the set does not shrink to them: the free slots go to the rest in the draw's order,
+    zeroed uids and never-scored ones past the probation bound included."""
+    run = RunConfig.preset("tiny", name="probation", gather_size=4)
+    committed = {k.ss58_address for k in KEYS}
+    weights = {0: {1: 0.6, 2: 0.4}}
+    picked = [select_peers(_metagraph(), committed, weights, run, w) for w in range(40)]
+    assert all(len(sel) == 4 and {1, 2} <= set(sel) for sel in picked)
+    assert {3, 4, 5} == {u for sel in picked for u in sel} - {1, 2}  # each gets a free slot
+    # when validators zero everyone, every slot is free: the set is the window's draw
     zeroed = {0: {9: 1.0}}
-    assert all(len(select_peers(meta, committed, zeroed, run, w)) == 1 for w in range(10))
+    sets = [select_peers(_metagraph(), committed, zeroed, run, w) for w in range(10)]
+    assert all(len(sel) == 4 for sel in sets) and len({tuple(s) for s in sets}) > 1
 
 
 def test_bootstrap_draws_the_first_gather_size() -> None:

@@ -100,8 +100,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=None,
         help="window 0's first block (default: once every process can have started); runs with "
-        "the same settings and start block share a run id, so a run with adversaries and a clean "
-        "one train their honest peers on the same samples",
+        "the same settings and start block share the run id and hotkeys, so a run with "
+        "adversaries and a clean one train their honest peers on the same samples",
     )
     parser.add_argument(
         "--metrics-port",

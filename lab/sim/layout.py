@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from substrateinterface import Keypair, KeypairType
+
 from commands.provision import ensure_s3_bucket
 from lab.sim.buckets import check_read_key
 from protocol.chain.local_db import LocalChainDB, create_local_chain
-from protocol.keys import create_hotkey
+from protocol.keys import SS58_FORMAT, create_hotkey, hotkey_path, write_keypair_file
 from protocol.runconfig import RunConfig
 
 NETUID = 1
@@ -89,6 +92,16 @@ def bucket_url(storage: str, out: Path, name: str) -> str:
     return f"s3://{bucket}?{query}" if query else f"s3://{bucket}"
 
 
+def _settled_key(run_id: str, name: str, root: Path) -> Keypair:
+    """A member's hotkey that follows from the run id and its name, so that two runs with the
+    same settings give each member the same key and draws: for a simulation's local chain only
+    (anyone who knows the run id can make it)."""
+    seed = hashlib.blake2b(f"tessera-sim/{run_id}/{name}".encode(), digest_size=32).hexdigest()
+    key = Keypair.create_from_seed(seed, ss58_format=SS58_FORMAT, crypto_type=KeypairType.SR25519)
+    write_keypair_file(hotkey_path("sim", name, root), key, overwrite=True)
+    return key
+
+
 def startup_seconds(members: int) -> float:
     """Time every process gets to start (import torch, load data) before window 0 opens."""
     return 20.0 + 5.0 * members
@@ -117,8 +130,8 @@ def build_world(
 
     Window 0 starts once every process has had time to start, so nobody misses the beginning, or
     at `start_block` (no earlier than that): two runs with the same settings and start block share
-    a run id, so their honest peers train on the same samples and are scored on the same held-out
-    set.
+    a run id and the members' hotkeys (`_settled_key`), so their honest peers train on the same
+    samples under the same hotkeys and both are scored on the same held-out set.
     The first validator (``validator``) has the most stake and leads; the next (``validator1``,
     half its stake) is the standby that decides when the lead does not (docs/consensus.md).
     """
@@ -152,7 +165,11 @@ def build_world(
     }
     roles += [(name, "validator") for name in stakes]
     for name, kind in roles:
-        key = create_hotkey("sim", name, root=out / "wallets", overwrite=True)
+        key = (
+            create_hotkey("sim", name, root=out / "wallets", overwrite=True)
+            if start_block is None
+            else _settled_key(run.run_id, name, out / "wallets")
+        )
         url = bucket_url(storage, out, name)
         if url.startswith("s3://"):
             ensure_s3_bucket(url)

@@ -10,6 +10,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import TypedDict, cast
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from test_multigpu import LR, fraction_off, max_abs_diff, relative_diff, setup_peer, start_miner
 from test_peers_e2e import reports, wait
+from torch.distributed.tensor import DTensor
 
 from codec.aggregate import aggregate
 from codec.compress import Compressor, SparseTensor
@@ -30,7 +32,7 @@ from miner.weights import FullState, Weights
 from node.model.llama import build_model
 from node.runtime.memory import GIB, RECIPES, pick_recipe, pick_sharding, plan_memory
 from node.runtime.state import PeerState, load_state
-from node.strategy import make_strategy
+from node.strategy import Strategy, make_strategy
 from protocol.runconfig import RunConfig
 
 FSDP2 = ("--sharding", "fsdp2")
@@ -38,7 +40,18 @@ CPU = torch.device("cpu")
 RUN = RunConfig.preset("tiny", inner_steps=4, optimizer={"warmup_steps": 4})
 
 
-def _window(ranks: Ranks) -> dict[str, object]:
+class _Window(TypedDict):
+    """What `_window` takes of one rank's window."""
+
+    trained: dict[str, torch.Tensor]
+    loss: float
+    sparse: list[SparseTensor]
+    new: dict[str, torch.Tensor] | None
+    after: dict[str, torch.Tensor]
+    local: dict[str, torch.Tensor]
+
+
+def _window(ranks: Ranks) -> _Window:
     """4 inner steps on fixed tokens, compression of fixed deltas by tensor ownership, then the
     outer step written back into the (sharded) model; on `ranks`."""
     model = build_model(RUN.model, RUN.seed)
@@ -62,11 +75,14 @@ def _window(ranks: Ranks) -> dict[str, object]:
     if isinstance(ranks, ShardedRanks):
         load_full(model, new)
     else:
+        assert new is not None  # one rank: the main one
         with torch.no_grad():
             for n, p in model.named_parameters():
                 p.copy_(new[n])
-    local = (
-        {n: p.to_local().clone() for n, p in model.named_parameters()} if ranks.world > 1 else {}
+    local = (  # sharded: FSDP2's parameters are DTensors
+        {n: cast(DTensor, p).to_local().clone() for n, p in model.named_parameters()}
+        if ranks.world > 1
+        else {}
     )
     return {"trained": trained, "loss": inner.mean_loss, "sparse": sparse, "new": new,
             "after": full_tensors(model), "local": local}  # fmt: skip
@@ -164,7 +180,12 @@ def _weight_ops(ranks: Ranks, saved: PeerState | None) -> dict[str, object]:
     out["fp1"], out["state1"] = weights.fingerprint(), state()
     weights.strategy.receive(weights.share(_fixed(spec, 5, 1e-2) if main else None))
     out["state2"] = state()
-    out["replayed"] = weights.replay(lambda model, strategy: (strategy.advance(model), 7)[1])
+
+    def advance(model: torch.nn.Module, strategy: Strategy) -> int:
+        strategy.advance(model)
+        return 7
+
+    out["replayed"] = weights.replay(advance)
     out["fp3"], out["state3"] = weights.fingerprint(), state()
     return out
 

@@ -126,7 +126,7 @@ def test_two_peers_stay_identical_learn_and_resume_after_kill(tmp_path: Path) ->
     procs[1].wait()
     procs[1] = start_peer(tmp_path, 1, windows=2)
     wait(procs, tmp_path)
-    a, b = (
+    wa, wb = (
         {r["window"]: r for r in reports(tmp_path, 0)},
         {r["window"]: r for r in reports(tmp_path, 1)},
     )
@@ -135,12 +135,12 @@ def test_two_peers_stay_identical_learn_and_resume_after_kill(tmp_path: Path) ->
     # replay it, so it trains on stale weights (with a validator it would replay the window
     # and apply its set). The rule that must hold: the same start and the same applied set
     # give the same model, before and after the kill.
-    start_a, start_b = starts(a), starts(b)
-    same = [w for w in sorted(set(a) & set(b))
+    start_a, start_b = starts(wa), starts(wb)
+    same = [w for w in sorted(set(wa) & set(wb))
             if start_a.get(w) == start_b.get(w)
-            and (a[w]["exchanged"], a[w]["applied"]) == (b[w]["exchanged"], b[w]["applied"])]  # fmt: skip
+            and (wa[w]["exchanged"], wa[w]["applied"]) == (wb[w]["exchanged"], wb[w]["applied"])]  # fmt: skip
     assert len(same) >= 4 and max(same) >= killed, (same, killed)
     for w in same:
-        assert a[w]["fingerprint"] == b[w]["fingerprint"], w
-    for i, done in enumerate((a, b)):  # each peer pruned its bucket to the run's retention
-        assert bucket_windows(tmp_path, i) == {w for w in done if w >= max(done) - 1}
+        assert wa[w]["fingerprint"] == wb[w]["fingerprint"], w
+    for i, peer in enumerate((wa, wb)):  # each peer pruned its bucket to the run's retention
+        assert bucket_windows(tmp_path, i) == {w for w in peer if w >= max(peer) - 1}

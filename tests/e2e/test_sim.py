@@ -154,17 +154,19 @@ def test_the_verdict_fails_a_run_whose_honest_model_went_non_finite(tmp_path: Pa
     from lab.sim.layout import build_world
 
     world = build_world(tmp_path, 2, 1.0, 10, 2, ["poison"], "file")
-    codes = {m.name: 0 for m in world.members}
+    codes: dict[str, int | None] = {m.name: 0 for m in world.members}
     same = {"peer0": ["a", "b"], "peer1": ["a", "b"], "poison": ["x", "y"], "validator": ["a", "b"]}
     fine = {"peer0": [5.0, 4.0], "peer1": [5.1, 4.1], "poison": [1.0, 1.0]}
     _write_reports(world, fine, same)
     assert verdict(world, collect(world, codes, 1, 1, {}), codes) is None
 
     _write_reports(world, {**fine, "peer1": [5.1, float("nan")]}, same)
-    assert "non-finite in windows [1]" in verdict(world, collect(world, codes, 1, 1, {}), codes)
+    why = verdict(world, collect(world, codes, 1, 1, {}), codes)
+    assert why is not None and "non-finite in windows [1]" in why
 
     _write_reports(world, fine, {**same, "validator": ["a", "c"]})  # the validator disagrees
-    assert "diverged in windows [1]" in verdict(world, collect(world, codes, 1, 1, {}), codes)
+    why = verdict(world, collect(world, codes, 1, 1, {}), codes)
+    assert why is not None and "diverged in windows [1]" in why
 
 
 def test_the_verdict_fails_a_run_that_saved_a_non_finite_honest_model(tmp_path: Path) -> None:
@@ -180,7 +182,7 @@ def test_the_verdict_fails_a_run_that_saved_a_non_finite_honest_model(tmp_path: 
     from node.runtime.state import PeerState, save_state
 
     world = build_world(tmp_path, 2, 1.0, 10, 2, ["poison"], "file")
-    codes = {m.name: 0 for m in world.members}
+    codes: dict[str, int | None] = {m.name: 0 for m in world.members}
     model = build_model(world.run.model, world.run.seed)
     fps = []
     for w in range(2):  # window 0 ends finite, window 1 ends with an inf weight
@@ -195,7 +197,8 @@ def test_the_verdict_fails_a_run_that_saved_a_non_finite_honest_model(tmp_path: 
     _write_reports(world, losses, {"peer0": fps, "peer1": fps, "poison": fps, "validator": fps})
     report = collect(world, codes, 1, 1, {})
     assert report.non_finite == [1]
-    assert "non-finite in windows [1]" in verdict(world, report, codes)
+    why = verdict(world, report, codes)
+    assert why is not None and "non-finite in windows [1]" in why
 
 
 def test_the_report_scores_the_validators_replayed_model_and_ddp(tmp_path: Path) -> None:

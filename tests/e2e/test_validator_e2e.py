@@ -103,10 +103,10 @@ def test_validator_weights_honest_peers_only(tmp_path: Path) -> None:
     try:
         running["val"].wait(timeout=max(1, deadline - time.time()))
     finally:
-        for p in running.values():
-            if p.poll() is None:
-                p.terminate()
-                p.wait(10)
+        for proc in running.values():
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(10)
     assert running["val"].returncode == 0, (tmp / "val.log").read_text()[-4000:]
 
     reports = [json.loads(x) for x in (tmp / "sval" / "reports.jsonl").read_text().splitlines()]

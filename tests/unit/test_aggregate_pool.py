@@ -6,16 +6,18 @@ reused buffers carry nothing from one window into the next."""
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 
 import pytest
 import torch
 
 from codec import wire
 from codec.aggregate import aggregate
-from codec.compress import Compressor
+from codec.compress import Compressor, SparseTensor
 from codec.pool import AggregatePool, deal
 from codec.spec import CodecParams, ModelSpec
 from lab.bench.compress import student_t3
+from tests.support.sparse_pieces import as_sparse
 
 SPEC = ModelSpec.from_shapes(
     {"q": (96, 80), "up": (200, 96), "down": (96, 200), "norm": (80,), "conv": (3, 5, 7)}
@@ -39,7 +41,9 @@ def _updates(seed: int, peers: int = 6) -> dict[int, bytes]:
 
 
 def _want(datas: dict[int, bytes]) -> dict[str, torch.Tensor]:
-    decoded = {u: wire.decode_update(d, SPEC, PARAMS, CAP).tensors for u, d in datas.items()}
+    decoded = {
+        u: as_sparse(wire.decode_update(d, SPEC, PARAMS, CAP).tensors) for u, d in datas.items()
+    }
     return aggregate(decoded, SPEC, PARAMS, clip_to_median=True)
 
 
@@ -52,7 +56,7 @@ def _mean(pool: AggregatePool, datas: dict[int, bytes], order: list[int]) -> dic
 
 
 @pytest.fixture(scope="module")
-def pools() -> dict[int, AggregatePool]:
+def pools() -> Iterator[dict[int, AggregatePool]]:
     made = {w: AggregatePool(SPEC, PARAMS, w, CAP) for w in (1, 2, 3)}
     yield made
     for pool in made.values():
@@ -63,7 +67,9 @@ def test_any_worker_count_and_arrival_order_gives_the_aggregate(pools: dict) -> 
     datas = _updates(0)
     want = _want(datas)
     # the test can fail: summed in arrival order, the mean's bits differ
-    decoded = {u: wire.decode_update(d, SPEC, PARAMS, CAP).tensors for u, d in datas.items()}
+    decoded = {
+        u: as_sparse(wire.decode_update(d, SPEC, PARAMS, CAP).tensors) for u, d in datas.items()
+    }
     arrival = list(datas)[::-1]
     renamed = {rank: decoded[uid] for rank, uid in enumerate(arrival)}
     other = aggregate(renamed, SPEC, PARAMS, clip_to_median=True)
@@ -145,6 +151,7 @@ def test_a_worker_keeps_positions_in_two_bytes_and_sums_them_alike() -> None:
     from codec.pool import _compact
 
     (piece,) = [p for p in wire.decode_update(_updates(5, 1)[1], SPEC, PARAMS, CAP).tensors][:1]
+    assert isinstance(piece, SparseTensor)
     small = _compact(piece, PARAMS)
     assert all(g.idx.dtype == torch.int16 for g in small.groups)  # 3 B per entry, not 9
     assert all(
@@ -160,7 +167,9 @@ def test_workers_count_each_coordinates_support_like_the_aggregate() -> None:
     """``outer.min_support`` = 2 in a worker: the aggregate's mean bit for bit, which is not the
     mean without it (a worker counts the support of the tensors it owns, so one is enough)."""
     datas = _updates(2)
-    decoded = {u: wire.decode_update(d, SPEC, PARAMS, CAP).tensors for u, d in datas.items()}
+    decoded = {
+        u: as_sparse(wire.decode_update(d, SPEC, PARAMS, CAP).tensors) for u, d in datas.items()
+    }
     want = aggregate(decoded, SPEC, PARAMS, clip_to_median=True, min_support=2)
     assert any(not torch.equal(want[n], t) for n, t in _want(datas).items())
     with AggregatePool(SPEC, PARAMS, 1, CAP, min_support=2) as pool:

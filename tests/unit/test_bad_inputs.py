@@ -181,6 +181,7 @@ def test_a_bad_input_ends_in_one_line_and_writes_nothing(
     monkeypatch.setenv("HOME", str(world.root / "home"))
     monkeypatch.chdir(world.root)
     argv = _argv(world, line)
+    code: int | str | None
     try:
         code = main(argv)
     except SystemExit as stop:  # argparse's usage errors

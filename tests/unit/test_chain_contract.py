@@ -378,6 +378,7 @@ def test_local_chain_is_consistent_under_concurrent_processes(tmp_path: Path) ->
     assert set(all_weights) == {0, 1}
     for uri in validators:
         uid = chain.uid_of(Keypair.create_from_uri(uri).ss58_address)
+        assert uid is not None
         last = by_uri[uri]["last_weights"]
         total = sum(last.values())
         assert all_weights[uid] == {u: pytest.approx(w / total) for u, w in last.items()}

@@ -294,7 +294,7 @@ def test_a_keypair_must_hold_the_hotkeys_secret(chain: LocalChain) -> None:
     with pytest.raises(PermissionDenied):
         chain.set_weights(Keypair(ss58_address=ALICE.ss58_address), [0], [1.0], 0)
     with pytest.raises(TypeError):
-        chain.commit(BOB.ss58_address, b"x")  # type: ignore[arg-type]
+        chain.commit(BOB.ss58_address, b"x")
     assert chain.read_commitment(BOB.ss58_address) is None
 
 

@@ -3,6 +3,7 @@ variables, each value checked as the same option on the command line would be.""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from commands.cli import build_parser
 
 
-def _parse(*argv: str) -> object:
+def _parse(*argv: str) -> argparse.Namespace:
     return build_parser(list(argv)).parse_args(list(argv))
 
 

@@ -37,7 +37,7 @@ from protocol.keys import create_hotkey
 from protocol.naming import ObjectKind, aggregate_key, applied_key
 from protocol.runconfig import RunConfig
 from protocol.signing import payload_digest, sign_object
-from protocol.stores import ObjectExists, open_store
+from protocol.stores import ObjectExists, ObjectStore, open_store
 from protocol.stores.spool import InMemory
 from tests.support.clip_reference import chunk_clipped_mean
 from tests.support.directions import along
@@ -71,7 +71,7 @@ def _fetched(uid: int, data: bytes, keys: dict) -> Fetched:
     return Fetched(uid, update, "ok", InMemory.of(data), None, len(data))
 
 
-def _roster(keys: dict, lead_store: object, selected: list[int]) -> Roster:
+def _roster(keys: dict, lead_store: ObjectStore, selected: list[int]) -> Roster:
     neurons = [
         Neuron(
             uid=u,
@@ -82,16 +82,18 @@ def _roster(keys: dict, lead_store: object, selected: list[int]) -> Roster:
         for u, k in keys.items()
     ]
     meta = Metagraph(netuid=1, block=40, neurons=neurons)
-    lead = PeerBucket(LEAD, keys[LEAD].ss58_address, lead_store)  # type: ignore[arg-type]
+    lead = PeerBucket(LEAD, keys[LEAD].ss58_address, lead_store)
     return Roster(WINDOW, 40, meta, {LEAD: lead}, {}, selected, (lead,))
 
 
-def _decide(store: object, keys: dict, applied: dict[int, bytes], start_fp: str) -> WindowManifest:
+def _decide(
+    store: ObjectStore, keys: dict, applied: dict[int, bytes], start_fp: str
+) -> WindowManifest:
     """What the lead validator publishes: the aggregate bytes, then the signed manifest."""
     lead = keys[LEAD]
     publish_aggregate(
         store, RUN, WINDOW, LEAD, lead, applied, {u: keys[u].ss58_address for u in applied}
-    )  # type: ignore[arg-type]
+    )
     manifest = WindowManifest(
         run_id=RUN.run_id, window=WINDOW, roster_block=40, validator_uid=LEAD,
         validator_hotkey=lead.ss58_address, fingerprint_start=start_fp,
@@ -100,8 +102,8 @@ def _decide(store: object, keys: dict, applied: dict[int, bytes], start_fp: str)
             for u, d in sorted(applied.items())
         ),
     )  # fmt: skip
-    publish_manifest(store, manifest, lead)  # type: ignore[arg-type]
-    return read_manifest(store, RUN.run_id, WINDOW, LEAD, lead.ss58_address, CAP)  # type: ignore[arg-type]
+    publish_manifest(store, manifest, lead)
+    return read_manifest(store, RUN.run_id, WINDOW, LEAD, lead.ss58_address, CAP)
 
 
 def _apply(updates: dict) -> str:
@@ -293,7 +295,7 @@ def test_a_manifest_whose_aggregate_is_missing_applies_nothing_instead_of_crashi
     store = open_store(f"file://{tmp_path}?bucket=lead")
     start_fp = fingerprint(build_model(RUN.model, RUN.seed))
     manifest = _decide(store, keys, data, start_fp)
-    store.delete(aggregate_key(RUN.run_id, WINDOW, LEAD, keys[LEAD].ss58_address))  # type: ignore[attr-defined]
+    store.delete(aggregate_key(RUN.run_id, WINDOW, LEAD, keys[LEAD].ss58_address))
     fetched = {0: _fetched(0, data[0], keys)}  # we never got uid 1's bytes
     out = agree(_roster(keys, store, [0, 1]), fetched, manifest, start_fp, RUN, SPEC)
     assert out.manifest is None and out.updates == {}

@@ -21,6 +21,7 @@ from codec.compress import Compressor, SparseTensor
 from codec.spec import CodecParams, ModelSpec
 from lab.bench.codec import clustered_subsets, random_subsets
 from lab.bench.compress import student_t3
+from tests.support.sparse_pieces import as_sparse
 
 # a LLaMA-like block, ragged edges included: full 64x64 tiles plus right and bottom groups
 SPEC = ModelSpec.from_shapes(
@@ -80,7 +81,7 @@ def test_index_coder_bytes_and_indices_match(make: object, k: int) -> None:
 def test_a_whole_update_decodes_to_the_same_tensors() -> None:
     sparse = _compress(Compressor(SPEC, PARAMS), _pseudo_gradients(7))
     data = wire.encode_update(sparse, PARAMS, SPEC, sign=lambda _d: bytes(64))
-    on_cpu = wire.decode_update(data, SPEC, PARAMS, len(data)).tensors
+    on_cpu = as_sparse(wire.decode_update(data, SPEC, PARAMS, len(data)).tensors)
     out_cpu = aggregate({0: on_cpu}, SPEC, PARAMS)
     out_dev = aggregate({0: on_cpu}, SPEC, PARAMS, device=CUDA)
     for name, want in out_cpu.items():
@@ -119,7 +120,12 @@ def test_a_window_on_the_gpu_lands_on_the_cpu_model(optimizer: str) -> None:
         for uid in range(5):
             peer = make_strategy(run, spec)
             deltas = {t.name: student_t3(t.shape, gen) * 10.0 ** (uid - 2) for t in spec.tensors}
-            meta = {"run_id": run.run_id, "window": window, "uid": uid, "hotkey": "5" * 48}
+            meta: dict[str, str | int] = {
+                "run_id": run.run_id,
+                "window": window,
+                "uid": uid,
+                "hotkey": "5" * 48,
+            }
             datas.append(peer.to_bytes(peer.encode(deltas, window), meta, lambda _d: bytes(64)))
         for label, strategy in (("cpu", cpu), ("cuda", dev)):
             cap = strategy.max_update_bytes()

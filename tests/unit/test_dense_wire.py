@@ -23,7 +23,7 @@ SPEC = ModelSpec.from_shapes({"w": (48, 80), "b": (200,), "x": (3, 5, 9)})
 CAP = 1.0
 
 
-def _update(dtype: str, seed: int = 0) -> list[dense.DenseTensor]:
+def _update(dtype: dense.DenseType, seed: int = 0) -> list[dense.DenseTensor]:
     gen = torch.Generator().manual_seed(seed)
     return [
         dense.DenseTensor(
@@ -35,12 +35,12 @@ def _update(dtype: str, seed: int = 0) -> list[dense.DenseTensor]:
     ]
 
 
-def _decode(data: bytes, dtype: str = "bf16") -> dense.DecodedDense:
+def _decode(data: bytes, dtype: dense.DenseType = "bf16") -> dense.DecodedDense:
     return dense.decode_dense(data, SPEC, dtype, CAP, dense.dense_bytes(SPEC, dtype))
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
-def test_round_trip_is_exact(dtype: str) -> None:
+def test_round_trip_is_exact(dtype: dense.DenseType) -> None:
     update = _update(dtype)
     data = dense.encode_dense(update, dtype, SPEC, meta={"uid": 3})
     decoded = _decode(data, dtype)

@@ -66,7 +66,7 @@ def _roster(keys: dict[int, Keypair], root: Path) -> Roster:
         for u in stake
     }
     meta = Metagraph(netuid=1, block=40, neurons=neurons)
-    return Roster(WINDOW, 40, meta, buckets, {}, [0, 1], rank_deciders(meta, buckets))  # type: ignore[arg-type]
+    return Roster(WINDOW, 40, meta, buckets, {}, [0, 1], rank_deciders(meta, buckets))
 
 
 def _manifest(keys: dict[int, Keypair], uid: int, rejected: str) -> WindowManifest:
@@ -159,7 +159,7 @@ def test_the_standby_decides_alone_and_every_node_applies_its_set(
     peer = agree(roster, {}, manifest, START, RUN, SPEC)  # holds no bytes of its own
     assert sorted(peer.updates) == [0, 1] and not peer.forked
     for u in (0, 1):
-        assert peer.updates[u].digest == standby.updates[u].digest  # type: ignore[attr-defined]
+        assert peer.updates[u].digest == standby.updates[u].digest
     # the lead, restarted after the cutoff: too late to publish; it applies the standby's
     late = decide(
         _store(roster, LEAD), RUN, SPEC, keys[LEAD], roster, checks, uploads, START, scratch,
@@ -168,7 +168,7 @@ def test_the_standby_decides_alone_and_every_node_applies_its_set(
     assert late.manifest == standby.manifest and sorted(late.updates) == [0, 1]
     history = read_aggregate_bytes(
         _store(roster, LEAD), RUN, SPEC, WINDOW, LEAD, keys[LEAD].ss58_address
-    )  # type: ignore[arg-type]
+    )
     assert sorted(history) == [0, 1]
 
 
@@ -194,5 +194,5 @@ def test_the_standby_follows_the_lead_and_its_history_holds_the_lead_s_set(
     assert standby.manifest == lead.manifest
     stored = read_aggregate_bytes(
         _store(roster, STANDBY), RUN, SPEC, WINDOW, STANDBY, keys[STANDBY].ss58_address
-    )  # type: ignore[arg-type]
+    )
     assert sorted(stored) == [0]

@@ -251,7 +251,9 @@ def test_waiting_for_a_connection_slot_is_not_charged_to_the_rate(tmp_path: Path
     # loaded machine does not slow it below its rate)
     dripping = SlowStore(tmp_path, "drip_body", drip_s=0.0025)
     with SlowStore(_hostile_root(tmp_path), "hang") as hung, dripping as slow:
-        requests = {("hung", i): FetchRequest(_evil(hung), KEY, 1 << 20) for i in range(2)}
+        requests: dict[tuple[str, int] | int, FetchRequest] = {
+            ("hung", i): FetchRequest(_evil(hung), KEY, 1 << 20) for i in range(2)
+        }
         requests |= {i: FetchRequest(_evil(slow), "slow.bin", 1 << 20) for i in range(2)}
         # the hung ones hold both slots for the 0.5 s grace; the others queue behind them
         out, took = _timed(requests, max_connections=2, min_rate_bytes_s=100, grace_s=0.5)
@@ -340,7 +342,9 @@ def test_no_thread_outlives_the_call(tmp_path: Path) -> None:
     with SlowStore(root, "normal") as normal, SlowStore(root, "hang") as hung:
         by_name = _evil(normal.replace("127.0.0.1", "localhost"))  # a name lookup per request
         before = threading.enumerate()
-        requests = {i: FetchRequest(by_name, KEY, 1 << 20) for i in range(4)}
+        requests: dict[int | tuple[str, int] | str, FetchRequest] = {
+            i: FetchRequest(by_name, KEY, 1 << 20) for i in range(4)
+        }
         requests |= {("f", i): FetchRequest(files, f"f/{i}.bin", 100) for i in range(4)}
         requests["big"] = FetchRequest(files, "big.bin", 8 << 20)
         requests["hung"] = FetchRequest(_evil(hung), KEY, 1 << 20)

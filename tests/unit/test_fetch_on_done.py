@@ -21,14 +21,16 @@ def test_transfers_are_reported_as_they_end_the_fast_ones_first(tmp_path: Path) 
     for i in range(4):
         (tmp_path / "fast" / f"{i}.bin").write_bytes(bytes([i]) * 1000)
     fast = open_store(f"file://{tmp_path}?bucket=fast")
-    seen: list[tuple[object, Got | StoreError, float, int]] = []
+    seen: list[tuple[tuple[str, int] | int, Got | StoreError, float, int]] = []
 
-    def on_done(key: object, got: Got | StoreError) -> None:
+    def on_done(key: tuple[str, int] | int, got: Got | StoreError) -> None:
         seen.append((key, got, time.monotonic(), threading.get_ident()))
 
     with SlowStore(tmp_path, "hang") as endpoint:
         hung = S3Store("hung", READ, endpoint=endpoint)
-        requests = {("hung", i): FetchRequest(hung, f"x/{i}.bin", 1 << 20) for i in range(2)}
+        requests: dict[tuple[str, int] | int, FetchRequest] = {
+            ("hung", i): FetchRequest(hung, f"x/{i}.bin", 1 << 20) for i in range(2)
+        }
         requests |= {i: FetchRequest(fast, f"{i}.bin", 1 << 20) for i in range(4)}
         out = fetch_many(
             requests, budget_s=BUDGET_S, min_rate_bytes_s=1.0, grace_s=BUDGET_S, on_done=on_done

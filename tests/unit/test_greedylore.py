@@ -18,6 +18,7 @@ from codec.errors import DecodeError
 from codec.spec import ModelSpec
 from lab.strategies.greedylore_variants import GreedyLoreNow
 from node.strategy import make_strategy
+from node.strategy.greedylore import GreedyLore
 from protocol.runconfig import RunConfig
 from tests.support import wire_tampering as tampering
 
@@ -50,7 +51,7 @@ class _Named(torch.nn.Module):
         super().__init__()
         self.params = {n: torch.nn.Parameter(torch.zeros(s)) for n, s in SHAPES.items()}
 
-    def named_parameters(  # type: ignore[override]
+    def named_parameters(
         self, *args: object, **kwargs: object
     ) -> Iterator[tuple[str, torch.nn.Parameter]]:
         return iter(self.params.items())
@@ -81,6 +82,7 @@ def test_windowed_greedylore_follows_a_plain_reference() -> None:
     run, rank = _run(), 3
     peers = [make_strategy(run, SPEC) for _ in range(3)]
     validator = make_strategy(run, SPEC)
+    assert isinstance(validator, GreedyLore)
     ref_e = [{n: torch.zeros(_work(n, torch.zeros(SHAPES[n])).shape) for n in MATRICES}
              for _ in peers]  # fmt: skip
     for window in range(6):
@@ -141,6 +143,7 @@ def test_windowed_greedylore_follows_a_plain_reference() -> None:
 def test_outer_state_restores_the_basis_and_refuses_nonsense() -> None:
     run = _run()
     a, b = make_strategy(run, SPEC), make_strategy(run, SPEC)
+    assert isinstance(a, GreedyLore) and isinstance(b, GreedyLore)
     assert a.outer_state_dict() == {}
     ups = {u: make_strategy(run, SPEC).encode(_deltas(u), 0) for u in range(2)}
     a.receive(a.mean(ups))

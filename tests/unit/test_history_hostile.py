@@ -46,7 +46,7 @@ from protocol.keys import create_hotkey
 from protocol.naming import ObjectKind, aggregate_key, checkpoint_key, manifest_key
 from protocol.runconfig import RunConfig
 from protocol.signing import payload_digest, sign_object
-from protocol.stores import FileStore, S3Store, open_store
+from protocol.stores import ObjectStore, S3Store, open_store
 
 RUN = RunConfig.preset("tiny", name="hostile-history")
 WINDOWS = 3
@@ -87,7 +87,7 @@ class World:
     def source(self, uid: int, bucket: str) -> Source:
         return Source(uid, self.keys[uid].ss58_address, self.store(bucket))
 
-    def store(self, bucket: str) -> FileStore:
+    def store(self, bucket: str) -> ObjectStore:
         return open_store(f"file://{self.root}?bucket={bucket}")
 
     def evil(self, bucket: str = "evil") -> Source:
@@ -270,7 +270,7 @@ def test_checkpoint_manifests_are_signed_typed_and_capped(
     }
     for name, (body, sig, rule) in cases.items():
         _manifest(world, evil, 1, body, sig)
-        raw[name] = (evil.store.get(key, 4096), rule)  # type: ignore[attr-defined]
+        raw[name] = (evil.store.get(key, 4096), rule)
     for name, (data, rule) in raw.items():
         evil.store.put(key, data)  # type: ignore[attr-defined]
         caplog.clear()
@@ -308,7 +308,7 @@ def test_a_checkpoint_that_is_not_the_model_is_refused(world: World) -> None:
         next(iter(model.parameters())).fill_(float("nan"))
     publish_checkpoint(evil.store, RUN, 1, 3, world.evil_key, model, outer={})  # type: ignore[arg-type]
     assert latest_checkpoint(evil, world.strategy(), 1) is None
-    assert evil.store.exists(checkpoint_key(RUN.run_id, 1, 3, evil.hotkey))  # type: ignore[attr-defined]
+    assert evil.store.exists(checkpoint_key(RUN.run_id, 1, 3, evil.hotkey))
 
 
 # -- falling through to the next validator ---------------------------------------------------------

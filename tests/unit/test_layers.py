@@ -34,7 +34,7 @@ def _modules() -> dict[str, Path]:
 def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
     """The project modules `path` imports (a `from package import name` counts as the submodule
     when there is one)."""
-    out = set()
+    out: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]

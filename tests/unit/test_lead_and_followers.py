@@ -84,7 +84,7 @@ def test_a_restarted_lead_adopts_the_manifest_it_published(
     def run_again() -> Agreement:
         return decide(
             store, RUN, SPEC, keys[LEAD], roster, checks, uploads, START, scratch,
-            SteppingChain(0), ALL,  # type: ignore[arg-type]
+            SteppingChain(0), ALL,
         )  # fmt: skip
 
     first = run_again()
@@ -94,7 +94,7 @@ def test_a_restarted_lead_adopts_the_manifest_it_published(
     checks[2].verdict, checks[2].detail = Verdict.LATE, "late"
     again = run_again()
     assert again.manifest == first.manifest and sorted(again.updates) == [0, 1, 2]
-    published = read_manifest(store, RUN.run_id, WINDOW, LEAD, keys[LEAD].ss58_address, 1 << 20)  # type: ignore[arg-type]
+    published = read_manifest(store, RUN.run_id, WINDOW, LEAD, keys[LEAD].ss58_address, 1 << 20)
     assert published == first.manifest
 
 
@@ -107,9 +107,9 @@ def test_a_peer_serving_two_signed_updates_is_marked_by_the_follower(
     applied = {0: honest, 1: leads}
     publish_aggregate(
         store, RUN, WINDOW, LEAD, keys[LEAD], applied, {u: keys[u].ss58_address for u in applied}
-    )  # type: ignore[arg-type]
+    )
     publish_manifest(
-        store,  # type: ignore[arg-type]
+        store,
         WindowManifest(
             run_id=RUN.run_id,
             window=WINDOW,
@@ -124,7 +124,7 @@ def test_a_peer_serving_two_signed_updates_is_marked_by_the_follower(
         ),
         keys[LEAD],
     )
-    manifest = read_manifest(store, RUN.run_id, WINDOW, LEAD, keys[LEAD].ss58_address, 1 << 20)  # type: ignore[arg-type]
+    manifest = read_manifest(store, RUN.run_id, WINDOW, LEAD, keys[LEAD].ss58_address, 1 << 20)
     fetched, _, checks = _views({0: honest, 1: followers}, keys)  # the follower's view
     agreed = agree(_roster(keys, store, [0, 1]), fetched, manifest, START, RUN, SPEC)
     assert agreed.manifest is not None and sorted(agreed.updates) == [0, 1]

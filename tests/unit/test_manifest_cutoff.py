@@ -104,7 +104,7 @@ def test_a_prompt_and_a_loaded_node_see_the_same_manifest(
     assert may_publish(RUN, WINDOW, publish_at - 1)
 
     def publish() -> None:
-        publish_manifest(store, _manifest(keys), keys[LEAD])  # type: ignore[arg-type]
+        publish_manifest(store, _manifest(keys), keys[LEAD])
 
     gather = CUTOFF - 40
     prompt = wait_for_manifest(roster, RUN, WINDOW, SteppingChain(gather, {publish_at: publish}))
@@ -129,7 +129,7 @@ def test_a_manifest_stored_after_the_cutoff_counts_for_nobody(
     prompt = SteppingChain(CUTOFF - 3, first_at=past - timedelta(seconds=3))
     assert wait_for_manifest(roster, RUN, WINDOW, prompt) is None
     assert prompt.seen[-1] == settle
-    publish_manifest(store, _manifest(keys), keys[LEAD])  # type: ignore[arg-type]
+    publish_manifest(store, _manifest(keys), keys[LEAD])
     loaded = SteppingChain(settle + 50, first_at=past + timedelta(seconds=settle + 50 - CUTOFF))
     assert wait_for_manifest(roster, RUN, WINDOW, loaded) is None
     on_time = SteppingChain(CUTOFF + 1)  # the same object, had the cutoff been now
@@ -158,15 +158,15 @@ def test_a_lead_too_late_for_the_cutoff_publishes_no_manifest_and_an_empty_histo
     assert not may_publish(RUN, WINDOW, late)
     agreed = decide(
         store, RUN, SPEC, keys[LEAD], roster, checks, uploads, START, scratch,
-        SteppingChain(late), ALL,  # type: ignore[arg-type]
+        SteppingChain(late), ALL,
     )  # fmt: skip
     assert agreed.updates == {} and agreed.manifest is None
     assert not store.exists(applied_key(RUN.run_id, WINDOW, LEAD, keys[LEAD].ss58_address))
-    history = read_aggregate_bytes(store, RUN, SPEC, WINDOW, LEAD, keys[LEAD].ss58_address)  # type: ignore[arg-type]
+    history = read_aggregate_bytes(store, RUN, SPEC, WINDOW, LEAD, keys[LEAD].ss58_address)
     assert history == {}
     on_time = decide(
         store, RUN, SPEC, keys[LEAD], roster, checks, uploads, START, scratch,
-        SteppingChain(late - 10), ALL,  # type: ignore[arg-type]
+        SteppingChain(late - 10), ALL,
     )  # fmt: skip
     assert on_time.manifest is not None and sorted(on_time.updates) == [0, 1]
 
@@ -181,7 +181,7 @@ def test_a_lead_past_its_last_block_after_the_aggregate_publishes_no_manifest(
     assert may_publish(RUN, WINDOW, last - 1) and not may_publish(RUN, WINDOW, last)
     agreed = decide(
         store, RUN, SPEC, keys[LEAD], roster, checks, uploads, START, scratch,
-        SteppingChain(last - 1), ALL,  # type: ignore[arg-type]
+        SteppingChain(last - 1), ALL,
     )  # fmt: skip
     assert not store.exists(applied_key(RUN.run_id, WINDOW, LEAD, keys[LEAD].ss58_address))
     assert agreed.updates == {} and agreed.manifest is None
@@ -198,11 +198,11 @@ def test_a_lead_whose_manifest_is_stored_after_the_cutoff_applies_nothing(
     assert may_publish(RUN, WINDOW, start)
     chain = SteppingChain(start, first_at=SteppingChain(0).first_at - timedelta(seconds=200))
     agreed = decide(
-        store, RUN, SPEC, keys[LEAD], roster, checks, uploads, START, scratch, chain, ALL  # type: ignore[arg-type]
+        store, RUN, SPEC, keys[LEAD], roster, checks, uploads, START, scratch, chain, ALL
     )  # fmt: skip
     assert store.exists(applied_key(RUN.run_id, WINDOW, LEAD, keys[LEAD].ss58_address))
     assert agreed.updates == {} and agreed.manifest is None
-    history = read_aggregate_bytes(store, RUN, SPEC, WINDOW, LEAD, keys[LEAD].ss58_address)  # type: ignore[arg-type]
+    history = read_aggregate_bytes(store, RUN, SPEC, WINDOW, LEAD, keys[LEAD].ss58_address)
     assert history == {}
 
 
@@ -214,10 +214,10 @@ def test_a_lead_whose_manifest_cannot_be_stored_applies_nothing(
     (tmp_path / "lead" / key / "blocker").mkdir(parents=True)  # its PUT fails
     agreed = decide(
         store, RUN, SPEC, keys[LEAD], roster, checks, uploads, START, scratch, SteppingChain(0),
-        ALL,  # type: ignore[arg-type]
+        ALL,
     )  # fmt: skip
     assert agreed.updates == {} and agreed.manifest is None
-    history = read_aggregate_bytes(store, RUN, SPEC, WINDOW, LEAD, keys[LEAD].ss58_address)  # type: ignore[arg-type]
+    history = read_aggregate_bytes(store, RUN, SPEC, WINDOW, LEAD, keys[LEAD].ss58_address)
     assert history == {}  # not the set the manifest would have applied
 
 
@@ -252,7 +252,7 @@ def test_a_manifest_read_that_fails_is_tried_again_past_the_settle_block(
     """An outage of the lead's store around the cutoff is not taken for "no manifest": the node
     keeps reading past the settle block (for `READ_RETRY_S`) and applies the manifest stored in
     time; a store that stays down gives nothing, once that time is up."""
-    publish_manifest(open_store(f"file://{tmp_path}?bucket=lead"), _manifest(keys), keys[LEAD])  # type: ignore[arg-type]
+    publish_manifest(open_store(f"file://{tmp_path}?bucket=lead"), _manifest(keys), keys[LEAD])
     settle = settle_block(RUN, WINDOW)
     flaky = _roster(keys, _Failing(tmp_path, fails=30))
     at_cutoff = SteppingChain(CUTOFF).first_at

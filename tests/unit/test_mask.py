@@ -25,6 +25,7 @@ from codec.spec import CodecParams, ModelSpec
 from node.data.batches import open_run_dataset
 from node.model.llama import build_model
 from node.strategy import make_strategy
+from node.strategy.mask import SparseLoCoMask
 from node.window.exchange import encode_signed
 from node.window.history import HistoryError, Source, catch_up, publish_aggregate
 from protocol.keys import create_hotkey
@@ -52,6 +53,13 @@ def _run(shared: int = 20, beta: float = 0.9, explore: float = 0.25) -> RunConfi
 def _deltas(seed: int) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     return {n: torch.randn(s, generator=gen) for n, s in SHAPES.items()}
+
+
+def _masked(run: RunConfig) -> SparseLoCoMask:
+    """`make_strategy` of a masked run (`_run`), typed as the strategy it makes."""
+    strategy = make_strategy(run, SPEC)
+    assert isinstance(strategy, SparseLoCoMask)
+    return strategy
 
 
 def _ref_support(
@@ -102,8 +110,8 @@ def test_mask_follows_a_plain_reference_implementation() -> None:
     support from that mean."""
     run, beta = _run(), 0.9
     params = run.codec.model_copy(update={"k": run.mask.fresh_k})
-    peers = [make_strategy(run, SPEC) for _ in range(3)]
-    validator = make_strategy(run, SPEC)
+    peers = [_masked(run) for _ in range(3)]
+    validator = _masked(run)
     model = _model()
     ref_e = [{n: torch.zeros(s) for n, s in SHAPES.items()} for _ in peers]
     for window in range(3):
@@ -150,7 +158,7 @@ def test_mask_follows_a_plain_reference_implementation() -> None:
 
 def test_one_support_everywhere_and_after_a_restore() -> None:
     run = _run()
-    a, b = make_strategy(run, SPEC), make_strategy(run, SPEC)
+    a, b = _masked(run), _masked(run)
     assert a.supports()[0] == b.supports()[0]
     mean = {
         n: torch.randn(s, generator=torch.Generator().manual_seed(3)) for n, s in SHAPES.items()
@@ -160,7 +168,7 @@ def test_one_support_everywhere_and_after_a_restore() -> None:
     assert a.supports()[0] != b.supports()[0]
     b.load_outer_state_dict(a.outer_state_dict())
     assert a.supports()[0] == b.supports()[0]
-    c = make_strategy(run, SPEC)
+    c = _masked(run)
     c.receive({n: t.clone() for n, t in mean.items()})
     c.advance(_model())
     assert c.supports()[0] == a.supports()[0]
@@ -187,7 +195,7 @@ def test_an_unapplied_update_goes_back_even_after_the_support_moved() -> None:
 
 def test_updates_for_another_support_or_with_fresh_entries_on_it_are_refused() -> None:
     run = _run()
-    peer, validator = make_strategy(run, SPEC), make_strategy(run, SPEC)
+    peer, validator = _masked(run), _masked(run)
     stale = peer.encode(_deltas(1), 0)
     validator.receive(_deltas(5))  # the validator is a window ahead
     validator.advance(_model())
@@ -209,7 +217,7 @@ def test_updates_for_another_support_or_with_fresh_entries_on_it_are_refused() -
 
 def test_the_masked_encoder_refuses_two_supports_or_another_shared_k() -> None:
     run = _run()
-    peer = make_strategy(run, SPEC)
+    peer = _masked(run)
     pieces = peer.encode(_deltas(1), 0)
     shared_k = run.mask.shared_k
     wire.decode_update(
@@ -243,7 +251,7 @@ def test_a_masked_piece_is_checked_field_by_field() -> None:
     """What `MaskedTensor.validate` and `resolve` refuse in a piece built by hand (the wire
     decoder builds well-shaped pieces, so each rule is pinned here)."""
     run = _run()
-    peer = make_strategy(run, SPEC)
+    peer = _masked(run)
     piece = next(p for p in peer.encode(_deltas(1), 0) if p.name == "w")
     params = peer.params
     piece.validate(params)
@@ -278,7 +286,7 @@ def test_a_masked_piece_is_checked_field_by_field() -> None:
 
 def test_copy_detection_compares_the_shared_and_the_fresh_positions() -> None:
     run = _run()
-    peers = [make_strategy(run, SPEC) for _ in range(2)]
+    peers = [_masked(run) for _ in range(2)]
     sent = [p.encode(_deltas(i), 0) for i, p in enumerate(peers)]
     for piece in sent[0]:
         assert peers[0].entries(piece)[0].numel() == sum(g.codes.numel() for g in piece.groups)
@@ -328,7 +336,7 @@ def test_hostile_mask_bytes_raise_decode_error_quickly() -> None:
         _decode(run, _reframe(no_digest, payload))
     unmasked = {k: v for k, v in header.items() if k != "shared_k"}  # a digest, no shared values
     raw = msgpack.packb({**unmasked, "digest": payload_digest(payload)}, use_bin_type=True)
-    same_k = sparse_run.model_copy(update={"codec": make_strategy(run, SPEC).params})
+    same_k = sparse_run.model_copy(update={"codec": _masked(run).params})
     with pytest.raises(DecodeError, match="support digest"):
         _decode(same_k, wire.FRAME.pack(raw, payload))
 

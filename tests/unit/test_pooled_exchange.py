@@ -6,6 +6,7 @@ bit, and the usual path whenever the pool does not hold exactly the agreed updat
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,9 +17,10 @@ from codec.compress import Compressor
 from lab.bench.compress import student_t3
 from node.model.shapes import model_spec
 from node.strategy import make_strategy
+from node.strategy.base import Decoded
 from node.window.buckets import PeerBucket
 from node.window.exchange import encode_signed
-from node.window.gather import Pieces, gather
+from node.window.gather import Fetched, Pieces, gather
 from node.window.pooled import PooledExchange, auto_workers, open_pool, supports
 from protocol.naming import update_key
 from protocol.runconfig import RunConfig
@@ -50,8 +52,14 @@ def _peers(tmp_path: Path, n: int = 5, tampered: int = 2) -> list[PeerBucket]:
     return peers
 
 
+def _ok(fetched: Fetched) -> Decoded:
+    """A peer's update that was fetched and decoded."""
+    assert fetched.update is not None, fetched.reason
+    return fetched.update
+
+
 @pytest.fixture(scope="module")
-def pooled() -> PooledExchange:
+def pooled() -> Iterator[PooledExchange]:
     made = PooledExchange.start(RUN, SPEC, 2)
     assert made is not None
     yield made
@@ -71,15 +79,15 @@ def test_same_verdicts_and_the_same_mean_as_the_strict_path(
 
     strategy = make_strategy(RUN, SPEC)
     for agreed_uids in ([0, 1, 3, 4], [4, 1]):
-        agreed = {u: fast[u].update for u in agreed_uids}
-        want = strategy.mean(Pieces({u: strict[u].update for u in agreed_uids}))
+        agreed = {u: _ok(fast[u]) for u in agreed_uids}
+        want = strategy.mean(Pieces({u: _ok(strict[u]) for u in agreed_uids}))
         got = pooled.mean(agreed, torch.device("cpu"))
         assert got is not None
         for name in want:
             assert torch.equal(got[name], want[name]), name
         # the pooled tensors are lazily decodable too (the usual path, when it is needed)
         assert torch.equal(
-            agreed[4].tensors[0].groups[0].idx, strict[4].update.tensors[0].groups[0].idx
+            agreed[4].tensors[0].groups[0].idx, _ok(strict[4]).tensors[0].groups[0].idx
         )
 
 
@@ -90,9 +98,9 @@ def test_the_usual_path_when_the_pool_does_not_hold_the_agreed_updates(
     deadline = time.time() + 60
     strict = gather(peers, RUN, SPEC, WINDOW, deadline)
     fast = gather(peers, RUN, SPEC, WINDOW, deadline, pooled)
-    mixed = {0: fast[0].update, 1: strict[1].update}  # e.g. the lead's copy replaced ours
+    mixed = {0: _ok(fast[0]), 1: _ok(strict[1])}  # e.g. the lead's copy replaced ours
     assert pooled.mean(mixed, torch.device("cpu")) is None
-    held = {u: f.update for u, f in fast.items()}
+    held = {u: _ok(f) for u, f in fast.items()}
     gather(peers, RUN, SPEC, WINDOW + 1, deadline, pooled)  # the pool moved on: all missing
     assert pooled.mean(held, torch.device("cpu")) is None
 
@@ -115,10 +123,10 @@ def test_a_validators_stored_updates_step_the_model_as_the_strategy_does(tmp_pat
 
     peers = _peers(tmp_path, n=4, tampered=-1)
     fetched = gather(peers, RUN, SPEC, WINDOW, time.time() + 60)
-    stored = {
-        u: StoredUpdate.of(f.update, InMemory.of(f.body.read()), RUN, SPEC)  # type: ignore[union-attr]
-        for u, f in fetched.items()
-    }
+    stored = {}
+    for u, f in fetched.items():
+        assert f.body is not None, f.reason
+        stored[u] = StoredUpdate.of(_ok(f), InMemory.of(f.body.read()), RUN, SPEC)
     models = [build_model(RUN.model, RUN.seed) for _ in range(2)]
     strategies = [make_strategy(RUN, SPEC) for _ in range(2)]
     strategies[0].step(models[0], Pieces(stored))

@@ -119,7 +119,7 @@ def test_an_outage_of_the_local_chain_is_seen_by_every_handle_and_ridden_out(tmp
     for call in (node.block, node.metagraph, node.read_all_commitments):
         with pytest.raises(ChainUnavailable, match="down"):
             call()
-    after = ResilientChain(node, base_delay=0.05, max_delay=0.1).block()  # type: ignore[arg-type]
+    after = ResilientChain(node, base_delay=0.05, max_delay=0.1).block()
     assert time.time() >= asked + 1.0  # it answered only once the outage was over
     assert after >= before + 10  # the chain went on producing blocks meanwhile
     assert node.metagraph().neurons == ()

@@ -88,9 +88,9 @@ def test_wrong_signer_and_bad_signatures(kp: Keypair, other: Keypair) -> None:
     for bad in (flipped, b"\x00" * 64):
         with pytest.raises(SignatureError):
             verify_update(kp.ss58_address, bad, RUN, 12, 3, DIGEST)
-    for bad in (sig[:-1], sig + b"\x00", b"", sig.hex(), None):  # refused before any curve work
+    for malformed in (sig[:-1], sig + b"\x00", b"", sig.hex(), None):  # refused before curve work
         with pytest.raises(SignatureError, match="must be 64 bytes"):
-            verify_update(kp.ss58_address, bad, RUN, 12, 3, DIGEST)  # type: ignore[arg-type]
+            verify_update(kp.ss58_address, malformed, RUN, 12, 3, DIGEST)  # type: ignore[arg-type]
     for hotkey in ("", "5" * 48, kp.ss58_address[:-1], "0x" + kp.public_key.hex(), None):
         with pytest.raises(SignatureError):
             verify_update(hotkey, sig, RUN, 12, 3, DIGEST)  # type: ignore[arg-type]

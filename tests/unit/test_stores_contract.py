@@ -83,7 +83,7 @@ def s3_credentials_or_none(
     store_url: str, request: pytest.FixtureRequest
 ) -> WriteCredentials | None:
     if store_url.startswith("s3://"):
-        return request.getfixturevalue("s3_credentials")  # type: ignore[no-any-return]
+        return request.getfixturevalue("s3_credentials")
     return None
 
 

@@ -29,9 +29,11 @@ def test_the_chunked_loss_is_the_plain_loss_with_the_same_gradients() -> None:
         model = build_model(RUN.model, RUN.seed)
         loss = lm_loss(model, batch, chunk)
         loss.backward()
-        grads.append(
-            (float(loss.detach()), {n: p.grad.clone() for n, p in model.named_parameters()})
-        )
+        grad = {}
+        for n, p in model.named_parameters():
+            assert p.grad is not None  # every parameter has a gradient after backward
+            grad[n] = p.grad.clone()
+        grads.append((float(loss.detach()), grad))
     (plain, g0), *chunked = grads
     for value, g in chunked:
         assert value == pytest.approx(plain, rel=1e-6)

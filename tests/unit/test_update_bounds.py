@@ -23,6 +23,7 @@ from codec.spec import CodecParams, ModelSpec
 from lab.sim.forgeries import noise_update
 from node.model.llama import build_model
 from node.strategy import make_strategy
+from node.strategy.base import Decoded
 from node.window.exchange import check_update, encode_signed
 from protocol.keys import create_hotkey
 from protocol.runconfig import RunConfig
@@ -47,7 +48,7 @@ def update() -> list[SparseTensor]:
     return noise_update(SPEC, RUN, 1e-3, torch.Generator().manual_seed(3))
 
 
-def _check(data: bytes, key: Keypair) -> wire.DecodedUpdate:
+def _check(data: bytes, key: Keypair) -> Decoded:
     return check_update(data, 0, key.ss58_address, RUN, SPEC, WINDOW)
 
 
@@ -141,6 +142,7 @@ def test_an_honest_encoder_clamps_and_keeps_the_rest_in_error_feedback() -> None
     sparse = comp.compress("w", delta, beta=0.95)
     data = wire.encode_update([sparse], params, spec)
     (decoded,) = wire.decode_update(data, spec, params).tensors  # decodable by everyone
+    assert isinstance(decoded, SparseTensor)
     sent = torch.zeros(32, 32)
     scatter_add(sent, decoded, params)
     assert 0 < float(sent.abs().max()) <= 0.25

@@ -9,12 +9,14 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 from substrateinterface import Keypair
 
+from codec import wire
 from codec.aggregate import update_norm
 from codec.compress import Compressor
 from codec.spec import ModelSpec
@@ -200,20 +202,26 @@ def test_the_lead_decodes_each_update_once_before_its_manifest(
         peers.append(PeerBucket(uid, check.hotkey, store))
     decodes: list[int] = []
     real = sparseloco.decode_update
-    monkeypatch.setattr(
-        sparseloco, "decode_update", lambda *a, **k: decodes.append(1) or real(*a, **k)
-    )
+
+    def counted(*a: Any, **k: Any) -> wire.DecodedUpdate:
+        decodes.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(sparseloco, "decode_update", counted)
     spool = tmp_path / "spool"
     spool.mkdir()
     uploads = v._fetch(0, peers, spool, [p.uid for p in peers])
+    assert uploads is not None  # our spool is fine
     checks = check_window(
         0, {p.uid: p.hotkey for p in peers}, uploads, {}, None, v.history, RUN, v.spec, v.cfg,
         v.salt, v.strategy,
     )  # fmt: skip
     assert len(decodes) == len(peers), decodes  # once each, for its check
     assert all(c.verdict is Verdict.OK and c.sketch is not None for c in checks.values()), checks
-    again = {u: measure(u, up.fetched.update, 0, v.spec, RUN, v.cfg, v.salt, v.strategy)
-             for u, up in uploads.items()}  # fmt: skip
+    again = {}
+    for u, up in uploads.items():
+        assert up.fetched.update is not None  # every check above was OK
+        again[u] = measure(u, up.fetched.update, 0, v.spec, RUN, v.cfg, v.salt, v.strategy)
     assert {u: c.norm for u, c in checks.items()} == {u: m.norm for u, m in again.items()}
     chain.close()
     admin.close()
@@ -290,7 +298,7 @@ def test_a_lead_whose_spool_disk_is_full_decides_nothing_and_rates_nobody(
     report = v.run_window(window)
     assert report.aggregated == []
     lead = KEYS[0].ss58_address
-    manifest = read_manifest(store, RUN.run_id, window, 0, lead, 1 << 20)  # type: ignore[arg-type]
+    manifest = read_manifest(store, RUN.run_id, window, 0, lead, 1 << 20)
     assert manifest.entries == ()  # published in time: every node applies nothing, alike
     assert v.book.final_scores() == before and v.next_window == window + 1
     chain.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 import time
+from collections.abc import Sequence
 
 import msgpack
 import numpy as np
@@ -34,7 +35,7 @@ def compress_random(spec: ModelSpec, params: CodecParams, seed: int) -> list[Spa
     ]
 
 
-def assert_same(a: list[SparseTensor], b: list[SparseTensor]) -> None:
+def assert_same(a: list[SparseTensor], b: Sequence[wire.Piece]) -> None:
     assert [t.name for t in a] == [t.name for t in b]
     for x, y in zip(a, b, strict=True):
         assert x.shape == y.shape

@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     from lab.sim.buckets import SimKeyError
     from lab.sim.faults import parse_faults
     from lab.sim.flaky_s3 import flaky_storage
-    from lab.sim.layout import build_world, startup_blocks
+    from lab.sim.layout import build_world, first_block
     from lab.sim.scrape import check_ports, metrics_ports, write_scrape_config
 
     console = Console()
@@ -128,12 +128,10 @@ def run(args: argparse.Namespace) -> int:
     args.faults = parse_faults(args.faults, args.windows)
     if kinds and args.strategy != "sparseloco":  # the forgers write SparseLoCo updates
         raise SystemExit("--adversaries need --strategy sparseloco")
-    needed = startup_blocks(args.peers + len(kinds) + args.validators, args.block_time)
-    if args.start_block is not None and args.start_block < needed:
-        raise SystemExit(
-            f"--start-block {args.start_block}: the processes need until block {needed} to "
-            f"start; give {needed} or more"
-        )
+    try:
+        first_block(args.peers + len(kinds) + args.validators, args.block_time, args.start_block)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     if args.metrics_port:
         check_ports(args.metrics_port, args.peers + args.validators)
     if args.out.exists() and any(args.out.iterdir()):

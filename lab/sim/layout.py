@@ -112,6 +112,20 @@ def startup_blocks(members: int, block_time: float) -> int:
     return math.ceil(startup_seconds(members) / block_time)
 
 
+def first_block(members: int, block_time: float, start_block: int | None = None) -> int:
+    """Window 0's first block: `start_block`, or once every process can have started;
+    `ValueError` (the operator's fix in its message) when `start_block` is earlier than that."""
+    needed = startup_blocks(members, block_time)
+    if start_block is None:
+        return needed
+    if start_block < needed:
+        raise ValueError(
+            f"--start-block {start_block}: the processes need until block {needed} to start; "
+            f"give {needed} or more"
+        )
+    return start_block
+
+
 def build_world(
     out: Path,
     windows: int,
@@ -135,11 +149,7 @@ def build_world(
     The first validator (``validator``) has the most stake and leads; the next (``validator1``,
     half its stake) is the standby that decides when the lead does not (docs/consensus.md).
     """
-    members = peers + len(adversaries) + validators
-    needed = startup_blocks(members, block_time)
-    if start_block is not None and start_block < needed:
-        raise ValueError(f"start block {start_block} is before {needed}, when all can have started")
-    start = needed if start_block is None else start_block
+    start = first_block(peers + len(adversaries) + validators, block_time, start_block)
     out.mkdir(parents=True, exist_ok=True)
     db_path = out / "chain.db"
     create_local_chain(db_path, NETUID, block_time=block_time, exist_ok=True)

@@ -29,6 +29,6 @@ def test_the_same_start_block_gives_the_same_run_whatever_else_joins(tmp_path: P
 
 def test_a_start_block_before_the_processes_are_up_is_refused(tmp_path: Path) -> None:
     needed = startup_blocks(3, 1.0)
-    with pytest.raises(ValueError, match=f"before {needed}"):
+    with pytest.raises(ValueError, match=f"need until block {needed}"):
         build_world(tmp_path / "early", 2, 1.0, 60, 2, [], "file", start_block=needed - 1)
     assert not (tmp_path / "early").exists()

@@ -14,15 +14,15 @@ cd "$(dirname "$0")/.."
 # the report page's test opens it in a real browser (Debian's chromium) and the live view's test
 # runs a real Prometheus (Debian's prometheus), where this machine can install them (as root,
 # with apt); elsewhere those tests skip and say why
-install() {  # PACKAGE [APT FLAGS]: when its command is missing, as root, with apt
+apt_install() {  # PACKAGE [APT FLAGS]: when its command is missing, as root, with apt
     if command -v "$1" >/dev/null || [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
         return 0
     fi
     { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@"; } \
         >/dev/null 2>&1 || echo "$1 could not be installed: the tests that need it skip"
 }
-install chromium
-install prometheus --no-install-recommends
+apt_install chromium
+apt_install prometheus --no-install-recommends
 ruff check .
 ruff format --check .
 if [ "$#" -gt 0 ]; then

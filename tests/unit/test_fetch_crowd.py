@@ -56,12 +56,13 @@ def test_a_stalling_crowd_ahead_in_line_holds_each_slot_for_a_share_not_the_budg
         }
         requests |= {i: FetchRequest(honest, f"{i}.bin", 1 << 20) for i in range(4)}
         t0 = time.monotonic()
-        # 4 slots, 16 stalling requests first in line: each holds its slot for 2 x 4 / 20 s
+        # 4 slots, 16 stalling requests first in line: each holds its slot for 5 x 4 / 20 s, so
+        # the honest four get theirs after 4 s, with a second left on a loaded machine
         out = fetch_many(
-            requests, budget_s=2.0, min_rate_bytes_s=1.0, grace_s=2.0, max_connections=4
+            requests, budget_s=5.0, min_rate_bytes_s=1.0, grace_s=5.0, max_connections=4
         )
         took = time.monotonic() - t0
-    assert took <= 2.0 + MARGIN_S
+    assert took <= 5.0 + MARGIN_S
     for i in range(4):
         got = out[i]
         assert isinstance(got, Got) and got.data == bytes([i]) * 1000, out

@@ -176,15 +176,19 @@ def test_an_object_over_the_cap_is_refused_before_its_body(tmp_path: Path) -> No
     with SlowStore(_hostile_root(tmp_path), "drip_body") as endpoint:
         out, took = _timed({"k": FetchRequest(_evil(endpoint), KEY, SIZE - 1)})
     assert isinstance(out["k"], ObjectTooLarge) and out["k"].size == SIZE
-    assert took < 0.5  # its body, one byte per second, was never waited for
+    assert took < GRACE  # its body, one byte per second, was never waited for (that ends in
+    # TooSlow after the grace)
 
 
 def test_a_server_cannot_push_more_than_the_cap(tmp_path: Path) -> None:
     root = _hostile_root(tmp_path)
 
     def fetch(mode: str, cap: int) -> Got | StoreError:
-        with SlowStore(root, mode) as endpoint:
-            return _timed({"k": FetchRequest(_evil(endpoint), KEY, cap)})[0]["k"]
+        with SlowStore(root, mode) as endpoint:  # a cap test, not a rate test: a loaded machine
+            got = _timed(
+                {"k": FetchRequest(_evil(endpoint), KEY, cap)}, budget_s=30.0, grace_s=20.0
+            )
+            return got[0]["k"]
 
     # no announced length: the stream is counted and cut at the cap (it sends 4 MiB more)
     too_much = fetch("no_length", 1 << 20)
@@ -233,11 +237,14 @@ def test_eight_hung_endpoints_do_not_cost_sixteen_honest_peers(
         requests = {
             ("hung", i): FetchRequest(_evil(e), KEY, 1 << 20) for i, e in enumerate(endpoints)
         }
-        out, took = _timed(requests | _honest_requests(honest, 16), min_rate_bytes_s=rate)
+        # twice the usual budget: sixteen honest GETs to moto on a loaded machine
+        out, took = _timed(
+            requests | _honest_requests(honest, 16), min_rate_bytes_s=rate, budget_s=2 * BUDGET
+        )
     finally:
         for server in servers:
             server.__exit__(None, None, None)
-    assert took <= BUDGET + MARGIN_S
+    assert took <= 2 * BUDGET + MARGIN_S
     _assert_honest(out, 16)
     expected = TooSlow if rate else FetchTimeout
     assert all(isinstance(out[("hung", i)], expected) for i in range(8))

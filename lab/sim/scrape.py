@@ -10,10 +10,10 @@ then feeds the dashboard of ``docker/monitoring`` from the simulation (docs/moni
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 from lab.sim.layout import World
+from node.runtime.preflight import PreflightError, check_port_free
 
 JOBS = {"honest": "miner", "validator": "validator"}
 """The members that serve metrics, by kind, and their Prometheus job."""
@@ -35,14 +35,13 @@ def check_ports(base: int, count: int) -> None:
             f"--metrics-port {base}: {count} ports in a row would pass 65535: give a lower port"
         )
     for port in range(base, base + count):
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                raise SystemExit(
-                    f"--metrics-port {base}: port {port} is busy on 127.0.0.1: give another "
-                    f"first port ({count} in a row are used)"
-                ) from None
+        try:
+            check_port_free(port)
+        except PreflightError:
+            raise SystemExit(
+                f"--metrics-port {base}: port {port} is busy on 127.0.0.1: give another "
+                f"first port ({count} in a row are used)"
+            ) from None
 
 
 def write_scrape_config(world: World, ports: dict[str, int]) -> Path:

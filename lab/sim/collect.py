@@ -87,8 +87,10 @@ def collect(
     validator, *standbys = world.of_kind("validator")
     scores = {r["window"]: r for r in read_json_lines(validator.state_dir / REPORTS)}
     others = [{r["window"]: r for r in read_json_lines(v.state_dir / REPORTS)} for v in standbys]
-    # the windows the honest peers trained (the validator runs one more, in case they start late)
-    trained = {w for m in world.of_kind("honest") for w in peer_logs[m.name]}
+    # the windows the honest peers trained (the validator runs one more, in case they start late),
+    # of the run's own: a peer that skipped one (a chain outage, a restart) trains past its end
+    planned = world.run.outer.total_windows
+    trained = {w for m in world.of_kind("honest") for w in peer_logs[m.name] if w < planned}
     if scores:  # a peer that skipped a window (and caught up) trains one past the validator's
         trained = {w for w in trained if w <= max(scores)}
     windows = sorted(trained or scores)

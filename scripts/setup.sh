@@ -5,7 +5,12 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 python3 -m venv .venv
 . .venv/bin/activate
-python -m pip install -q --upgrade pip
-# torch and any other pin come from scripts/constraints.txt, which the Docker image uses too
+python -m pip install -q --upgrade pip uv
+# torch and any other pin come from scripts/constraints.txt, which the Docker image uses too;
+# torch with pip, which finds a local copy of the CPU build where the machine has one
 python -m pip install -q -c scripts/constraints.txt torch
-python -m pip install -q -c scripts/constraints.txt -e '.[dev]'
+# the rest with uv (about seven times faster than pip), with pip where uv cannot reach the index
+uv pip install -q -c scripts/constraints.txt -e '.[dev]' || {
+    echo "uv could not install the project: pip installs it"
+    python -m pip install -q -c scripts/constraints.txt -e '.[dev]'
+}

@@ -3,9 +3,9 @@
 #
 # With no arguments the suite runs as two pytest sessions of two workers each (pytest-xdist): the
 # end-to-end tests (marked `slow`, in tests/e2e: real peers and validators on a ticking chain
-# clock, which leave most of a core idle while they wait for blocks) at normal priority, and
-# everything else at the lowest priority in the CPU time the e2e tests leave. Each prints its
-# slowest tests.
+# clock, which leave most of a core idle while they wait for blocks) at normal priority, started
+# first, with the type check beside their start-up; then everything else at the lowest priority
+# in the CPU time the e2e tests leave. Each prints its slowest tests.
 # Arguments run one pytest with them (e.g. `bash scripts/test.sh -k consensus`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,12 +24,15 @@ apt_install chromium
 apt_install prometheus --no-install-recommends
 ruff check .
 ruff format --check .
-mypy  # before the tests: beside them it loads the machine while the fetch deadline tests run
 if [ "$#" -gt 0 ]; then
+    mypy
     exec python -m pytest -q "$@"
 fi
 python -m pytest -q -p no:cacheprovider --durations=10 -n 2 --dist worksteal -m slow tests/e2e &
 e2e=$!
+# the type check while the end-to-end tests start their nodes, before the other tests (beside
+# those it would load the machine while the fetch deadline tests run)
+mypy || { kill "$e2e"; wait "$e2e" || true; exit 1; }
 unit=0
 OMP_NUM_THREADS=1 nice -n 19 python -m pytest -q -p no:cacheprovider --durations=10 -n 2 --dist worksteal \
     -m "not slow" tests || unit=$?

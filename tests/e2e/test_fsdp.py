@@ -6,8 +6,6 @@ compression, the peer's weight operations) and as the real peer under torchrun (
 from __future__ import annotations
 
 import copy
-import os
-import signal
 import time
 from pathlib import Path
 from typing import TypedDict, cast
@@ -16,8 +14,6 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from test_multigpu import LR, fraction_off, max_abs_diff, relative_diff, setup_peer, start_miner
-from test_peers_e2e import reports, wait
 from torch.distributed.tensor import DTensor
 
 from codec.aggregate import aggregate
@@ -34,6 +30,16 @@ from node.runtime.memory import GIB, RECIPES, pick_recipe, pick_sharding, plan_m
 from node.runtime.state import PeerState, load_state
 from node.strategy import Strategy, make_strategy
 from protocol.runconfig import RunConfig
+from tests.support.local_run import kill_tree
+from tests.support.multirank import (
+    LR,
+    PEER,
+    fraction_off,
+    max_abs_diff,
+    relative_diff,
+    setup_peer,
+    start_miner,
+)
 
 FSDP2 = ("--sharding", "fsdp2")
 CPU = torch.device("cpu")
@@ -249,44 +255,27 @@ def test_sharded_weights_refuse_a_strategy_with_whole_tensor_outer_state() -> No
 # -- the real peer: `tessera miner --sharding fsdp2` under torchrun ----------------------------
 
 
-def kill_tree(pid: int) -> None:
-    """SIGKILL a process and all its descendants (torchrun starts each rank in a session of its
-    own, so its process group does not hold them)."""
-    children = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # gone meanwhile
-            continue
-        if int(fields[1]) == pid:
-            children.append(int(stat.parent.name))
-    os.kill(pid, signal.SIGKILL)
-    for child in children:
-        kill_tree(child)
-
-
 @pytest.mark.slow
 def test_fsdp2_peer_ends_where_one_rank_ends_and_resumes_after_kill(tmp_path: Path) -> None:
-    one, two = tmp_path / "one", tmp_path / "two"
     # both chains start in 20 s: both peers, however slow torchrun is to start, have committed
     # their bucket by window 0 and train windows 0 and 1 alike
-    setup_peer(one, 20.0)
-    setup_peer(two, 20.0)
+    one = setup_peer(tmp_path / "one", 20.0)
+    two = setup_peer(tmp_path / "two", 20.0)
     single, sharded = start_miner(one, 1, 2), start_miner(two, 2, 3, *FSDP2)
-    run_id = RunConfig.load(one / "run.json").run_id
+    run_id = RunConfig.load(one.run_file).run_id
     deadline = time.monotonic() + 150
-    while len(reports(two, 0)) < 2:
-        assert sharded.poll() is None, (two / "peer0.log").read_text()[-3000:]
+    while len(two.reports(PEER)) < 2:
+        assert sharded.poll() is None, two.log(PEER)[-3000:]
         assert time.monotonic() < deadline, "the FSDP2 peer never finished window 1"
         time.sleep(0.2)
-    after_1 = load_state(two / "state0", run_id)  # saved before the window's report
+    after_1 = load_state(two.state_dir(PEER), run_id)  # saved before the window's report
     time.sleep(1.0)
     kill_tree(sharded.pid)  # torchrun and both ranks, training window 2
     sharded.wait()
-    wait([single], one, timeout=120)
-    log = (two / "peer0.log").read_text()
+    one.wait({PEER: single}, timeout=120)
+    log = two.log(PEER)
     assert "2 ranks: FSDP2 (--sharding fsdp2)" in log
-    a, b = reports(one, 0), reports(two, 0)
+    a, b = one.reports(PEER), two.reports(PEER)
     assert [r["window"] for r in a] == [r["window"] for r in b] == [0, 1]
     assert [r["gathered"] for r in a] == [r["gathered"] for r in b] == [[0], [0]]
     assert b[1]["applied"] == [0]
@@ -298,20 +287,20 @@ def test_fsdp2_peer_ends_where_one_rank_ends_and_resumes_after_kill(tmp_path: Pa
     # scale byte, and that entry then differs by a quantization step. All but 0.1 % of the
     # weights agree within 1e-5 of their tensor's largest value (measured: 1e-6 of them differ,
     # while the two outer steps moved 12 %).
-    s1 = load_state(one / "state0", run_id)
+    s1 = load_state(one.state_dir(PEER), run_id)
     assert s1 is not None and after_1 is not None and s1.window == after_1.window == 2
     assert fraction_off(s1.model, after_1.model, 1e-5) < 1e-3
-    start = dict(build_model(RunConfig.load(one / "run.json").model, 0).state_dict())
+    start = dict(build_model(RunConfig.load(one.run_file).model, 0).state_dict())
     moved = fraction_off(start, after_1.model, 1e-5)  # what the sparse outer step moved
     assert moved > 0.01
 
     # kill -9 mid-window, restart: both ranks resume from state.pt (rank 1 from its EF shard)
-    saved = load_state(two / "state0", run_id)
-    assert saved is not None and (two / "state0" / "ef-rank1.pt").exists()
-    wait([start_miner(two, 2, 1, *FSDP2)], two, timeout=120)
-    restarted = (two / "peer0.log").read_text()[len(log) :]
+    saved = load_state(two.state_dir(PEER), run_id)
+    assert saved is not None and (two.state_dir(PEER) / "ef-rank1.pt").exists()
+    two.wait({PEER: start_miner(two, 2, 1, *FSDP2)}, timeout=120)
+    restarted = two.log(PEER)[len(log) :]
     assert f"resumed at window {saved.window}" in restarted
-    assert reports(two, 0)[-1]["window"] >= saved.window
+    assert two.reports(PEER)[-1]["window"] >= saved.window
 
 
 def test_memory_plan_puts_8b_on_eight_80gb_gpus_only_with_fsdp2() -> None:

@@ -3,17 +3,12 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from test_peers_e2e import reports, wait
 
 from codec.aggregate import aggregate
 from codec.compress import Compressor, SparseTensor
@@ -22,11 +17,17 @@ from miner.ranks import DistributedRanks, Ranks, shard_tensors
 from miner.train import make_optimizer, micro_steps, train_window
 from node.model.llama import build_model
 from node.runtime.state import PeerState, load_error_feedback, load_state, save_ef_shard
-from protocol.chain.local_db import LocalChainDB, create_local_chain
-from protocol.keys import create_hotkey
 from protocol.runconfig import RunConfig
+from tests.support.multirank import (
+    LR,
+    PEER,
+    fraction_off,
+    max_abs_diff,
+    relative_diff,
+    setup_peer,
+    start_miner,
+)
 
-NETUID = 1
 CPU = torch.device("cpu")
 
 
@@ -76,10 +77,6 @@ def test_ef_of_a_state_is_merged_from_the_shards_of_its_window(tmp_path: Path) -
 
 
 # -- 2 gloo ranks in-process: inner steps, sharded compression, aggregate broadcast ------------
-
-
-LR = RunConfig.preset("tiny").optimizer.lr
-"""The most one AdamW step moves an entry whose gradient is noise (``m/sqrt(v)`` is about ±1)."""
 
 
 def _tiny_window(ranks: Ranks) -> tuple[dict[str, torch.Tensor], float, list[SparseTensor]]:
@@ -144,96 +141,35 @@ def test_two_gloo_ranks_train_compress_and_aggregate_like_one(tmp_path: Path) ->
 # -- 2 ranks vs 1 rank, real processes on the embedded chain and storage -----------------------
 
 
-def fast_run(tmp: Path) -> Path:
-    run = RunConfig.preset(
-        "tiny",
-        name="multigpu",
-        inner_steps=4,
-        optimizer={"warmup_steps": 4},
-        outer={"ef_freeze_fraction": 0.0},  # error feedback from the first window
-        # 16 s windows: a loaded machine still trains, encodes and uploads before the deadline
-        timing={"block_time_s": 0.5, "blocks_per_window": 32, "upload_deadline_blocks": 4,
-                "clock_skew_tolerance_s": 0.5},
-    )  # fmt: skip
-    return run.dump(tmp / "run.json")
-
-
-def setup_peer(tmp: Path, genesis_in_s: float) -> None:
-    """A run config and a chain of its own, starting in `genesis_in_s`, with uid 0 registered."""
-    tmp.mkdir()
-    fast_run(tmp)
-    create_local_chain(tmp / "chain.db", NETUID, block_time=0.5, clock=lambda: time.time() + genesis_in_s)  # fmt: skip
-    kp = create_hotkey("sim", "peer0", root=tmp / "wallets")
-    LocalChainDB(tmp / "chain.db").register(NETUID, kp.ss58_address)
-
-
-def start_miner(tmp: Path, nproc: int, windows: int, *extra: str) -> subprocess.Popen:
-    """The peer of `tmp` on `nproc` ranks for `windows` windows (`extra`: more miner options);
-    its log is `tmp/peer0.log`. It leads a process group of its own (torchrun and its ranks)."""
-    launcher = [sys.executable, "-m", "commands.cli"]
-    if nproc > 1:
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                    "--nproc_per_node", str(nproc), "-m", "commands.cli"]  # fmt: skip
-    cmd = [
-        *launcher, "miner", "--run-config", str(tmp / "run.json"), "--device", "cpu",
-        "--chain", f"local://{tmp / 'chain.db'}", "--netuid", str(NETUID),
-        "--store", f"file://{tmp / 'buckets'}?bucket=peer-0", "--local-root", str(tmp / "buckets"),
-        "--wallet", "sim", "--hotkey", "peer0", "--wallet-path", str(tmp / "wallets"),
-        "--state-dir", str(tmp / "state0"), "--windows", str(windows), "--commit", *extra,
-    ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    log = (tmp / "peer0.log").open("ab")
-    return subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-    )
-
-
-def relative_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys()
-    return max(float((a[k] - b[k]).abs().max() / a[k].abs().max().clamp(min=1e-12)) for k in a)
-
-
-def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys()
-    return max(float((a[k] - b[k]).abs().max()) for k in a)
-
-
-def fraction_off(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], rel: float) -> float:
-    """Fraction of all elements differing by more than `rel` times their tensor's max |a|."""
-    assert a.keys() == b.keys()
-    off = sum(int(((a[k] - b[k]).abs() > rel * a[k].abs().max()).sum()) for k in a)
-    return off / sum(t.numel() for t in a.values())
-
-
 @pytest.mark.slow
 def test_two_ranks_end_where_one_rank_ends(tmp_path: Path) -> None:
-    one, two = tmp_path / "one", tmp_path / "two"
     # both chains start in 20 s, so both peers, however slow to start (torchrun under load:
     # over 10 s), have committed their bucket by window 0 and train windows 0 and 1
-    setup_peer(one, 20.0)
-    setup_peer(two, 20.0)
+    one = setup_peer(tmp_path / "one", 20.0)
+    two = setup_peer(tmp_path / "two", 20.0)
     procs = [start_miner(one, 1, 2), start_miner(two, 2, 2)]
-    for p, d in zip(procs, (one, two), strict=True):
-        wait([p], d, timeout=150)
-    r1, r2 = reports(one, 0), reports(two, 0)
+    for p, local in zip(procs, (one, two), strict=True):
+        local.wait({PEER: p}, timeout=150)
+    r1, r2 = one.reports(PEER), two.reports(PEER)
     assert [r["window"] for r in r1] == [r["window"] for r in r2] == [0, 1]
     assert [r["gathered"] for r in r2] == [[0], [0]]
     for a, b in zip(r1, r2, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
         assert b["upload_bytes"] > 0
 
-    run_id = RunConfig.load(one / "run.json").run_id  # the same config in both
-    s1, s2 = load_state(one / "state0", run_id), load_state(two / "state0", run_id)
+    run_id = RunConfig.load(one.run_file).run_id  # the same config in both
+    s1, s2 = load_state(one.state_dir(PEER), run_id), load_state(two.state_dir(PEER), run_id)
     assert s1 is not None and s2 is not None and s1.window == s2.window == 2
     # The update is discrete (Top-k positions, 2-bit codes, scale bytes): a last-bit difference
     # in the pseudo-gradient can move an entry across the Top-k threshold or a chunk's scale
     # byte, and that entry then differs by a quantization step. All others must agree.
     assert fraction_off(s1.model, s2.model, 1e-5) < 0.005
-    assert (two / "state0" / "ef-rank1.pt").exists()
+    assert (two.state_dir(PEER) / "ef-rank1.pt").exists()
     assert set(s2.error_feedback) < set(s1.error_feedback)  # rank 0 keeps only its shard
-    assert fraction_off(s1.error_feedback, load_error_feedback(two / "state0", s2), 1e-3) < 0.005
+    ef2 = load_error_feedback(two.state_dir(PEER), s2)
+    assert fraction_off(s1.error_feedback, ef2, 1e-3) < 0.005
 
     # both ranks resume from the saved state (rank 1 from its EF shard) and train on
-    wait([start_miner(two, 2, 1)], two, timeout=90)
-    assert "resumed at window 2" in (two / "peer0.log").read_text()
-    assert len(reports(two, 0)) == 3 and reports(two, 0)[-1]["window"] >= 2
+    two.wait({PEER: start_miner(two, 2, 1)}, timeout=90)
+    assert "resumed at window 2" in two.log(PEER)
+    assert len(two.reports(PEER)) == 3 and two.reports(PEER)[-1]["window"] >= 2

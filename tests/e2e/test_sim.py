@@ -10,6 +10,7 @@ from moto.core.authorization import disable_iam_authentication
 
 from commands.cli import main
 from lab.sim.layout import World
+from node.runtime.report_log import REPORTS, read_json_lines
 from tests.support.servers import iam_user
 
 # 30 s windows: under the load of ten processes on two cores the lead validator still publishes
@@ -17,7 +18,14 @@ from tests.support.servers import iam_user
 FAST = ["--block-time", "0.5", "--blocks-per-window", "60", "--timeout", "600"]
 
 
-@pytest.mark.slow
+@pytest.fixture(autouse=True)
+def small_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The validators probe 16 samples per peer (their default is 64, a core's work for most of a
+    window here): the same rules on a quarter of the CPU."""
+    monkeypatch.setenv("TESSERA_VALIDATOR_SAMPLES", "16")
+
+
+@pytest.mark.slow(seconds=240)
 @pytest.mark.timeout(1200)  # the run (at most 600 s) and its DDP baseline, on a loaded machine
 def test_simulation_with_every_adversary(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
@@ -73,7 +81,7 @@ def test_simulation_with_every_adversary(
             assert said[-1]["weight"] > 0, said[-1]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=320)
 def test_simulation_with_ordinary_faults_on_an_s3_server(
     tmp_path: Path,
     s3_server: str,
@@ -105,7 +113,17 @@ def test_simulation_with_ordinary_faults_on_an_s3_server(
     assert all(f"{kind} ×" in injected for kind in ("503", "lost answer", "throttled")), injected
     report = json.loads((out / "report.json").read_text())
     assert report["diverged"] == [] and report["non_finite"] == []
-    assert all(w > 0 for name, w in report["final_weights"].items() if name.startswith("peer"))
+    # every honest peer is paid: the chain weighs the validators' weights by stake, and the lead,
+    # down or catching up for half the run, may not have scored them all since
+    uids = {p["name"]: p["uid"] for p in report["windows"][-1]["peers"]}
+    last = report["windows"][-1]["window"]
+    paid = [
+        {int(u): w for u, w in r["weights"].items() if w > 0}
+        for v in ("validator", "validator1")
+        for r in read_json_lines(out / "state" / v / REPORTS)
+        if r["window"] == last
+    ]
+    assert all(any(uids[p] in ws for ws in paid) for p in ("peer0", "peer1")), paid
     log = (out / "logs" / "validator.log").read_text()
     assert log.count("starting at window") == 3  # started, restarted, back after the outage
     restarted = (out / "logs" / "peer0.log").read_text()

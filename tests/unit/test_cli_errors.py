@@ -12,16 +12,9 @@ from pathlib import Path
 import pytest
 
 from commands.cli import main
+from tests.support.cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _run(argv: list[str]) -> int:
-    """`main`'s exit code, whether it returns it or argparse exits with it."""
-    try:
-        return main(argv)
-    except SystemExit as stop:
-        return int(stop.code or 0)
 
 
 @pytest.mark.parametrize(
@@ -43,7 +36,7 @@ def _run(argv: list[str]) -> int:
 def test_bad_input_is_one_line_with_what_is_wrong(
     argv: list[str], code: int, says: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert _run(argv) == code
+    assert run_cli(argv) == code
     err = capsys.readouterr().err.strip()
     assert "Traceback" not in err and says in err
     if code == 1:  # ours: one line; argparse's usage errors (2) come with the usage line

@@ -43,6 +43,9 @@ RATE = 64 * 1024
 GRACE = (
     2.0  # an honest loopback GET under the suite's load has this long to start; below the budget
 )
+LONG_BUDGET = 30.0
+"""A budget far past the grace: what cuts a fetch well before it is the rate rule, on a machine
+however loaded."""
 KEY = "run/w1/update/obj.tsr"
 SIZE = 5000
 SLOW_MODES = ("drip_headers", "drip_body", "hang")
@@ -208,9 +211,9 @@ def test_a_slow_endpoint_is_cut_at_the_rate_and_honest_ones_arrive(
 ) -> None:
     with SlowStore(_hostile_root(tmp_path), mode) as endpoint:
         requests = {"evil": FetchRequest(_evil(endpoint), KEY, 1 << 20)}
-        out, took = _timed(requests | _honest_requests(honest, 4))
+        out, took = _timed(requests | _honest_requests(honest, 4), budget_s=LONG_BUDGET)
     assert isinstance(out["evil"], TooSlow), out["evil"]
-    assert took <= GRACE + MARGIN_S  # cut once the grace period is over, not at the budget
+    assert took < LONG_BUDGET / 2  # cut once the grace period is over, long before the budget
     _assert_honest(out, 4)
 
 

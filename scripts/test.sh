@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Set up the environment and run the tests: lint, format check, type check, then the whole suite.
 #
-# With no arguments the suite runs as two pytest sessions (pytest-xdist): the end-to-end tests
-# (marked `slow`, in tests/e2e: real peers and validators on a ticking chain clock, which leave
-# most of a core idle while they wait for blocks) on three workers at normal priority, longest
-# first, started first, with the type check beside their start-up; then everything else on two
-# workers at the lowest priority, in the CPU time the e2e tests leave. Each prints its slowest
-# tests.
+# With no arguments the suite runs as two pytest sessions of two workers each (pytest-xdist): the
+# end-to-end tests (marked `slow`, in tests/e2e: real peers and validators on a ticking chain
+# clock, which leave most of a core idle while they wait for blocks) at normal priority, started
+# first, with the type check beside their start-up; then everything else at the lowest priority
+# in the CPU time the e2e tests leave. Each prints its slowest tests. (A third end-to-end worker
+# overloads two cores: simulated windows then run out for the nodes.)
 # Arguments run one pytest with them (e.g. `bash scripts/test.sh -k consensus`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,8 +29,7 @@ if [ "$#" -gt 0 ]; then
     mypy
     exec python -m pytest -q "$@"
 fi
-python -m pytest -q -p no:cacheprovider --durations=10 -n 3 --dist load --maxschedchunk 1 \
-    -m slow tests/e2e &
+python -m pytest -q -p no:cacheprovider --durations=10 -n 2 --dist worksteal -m slow tests/e2e &
 e2e=$!
 # the type check while the end-to-end tests start their nodes, before the other tests (beside
 # those it would load the machine while the fetch deadline tests run)

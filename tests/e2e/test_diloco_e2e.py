@@ -16,7 +16,7 @@ WINDOWS = 4
 START_BLOCK = 70  # window 0 opens once every process has imported torch and loaded the data
 
 
-@pytest.mark.slow(seconds=210)
+@pytest.mark.slow
 def test_diloco_peers_validator_and_a_latecomer_stay_identical(tmp_path: Path) -> None:
     """With outer.delay = 1 (delay 0 is the other end-to-end tests' schedule): the validator's
     schedule, its checkpoint (momentum and the held mean) and the latecomer's replay of it match

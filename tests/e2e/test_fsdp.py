@@ -255,7 +255,7 @@ def test_sharded_weights_refuse_a_strategy_with_whole_tensor_outer_state() -> No
 # -- the real peer: `tessera miner --sharding fsdp2` under torchrun ----------------------------
 
 
-@pytest.mark.slow(seconds=100)
+@pytest.mark.slow
 def test_fsdp2_peer_ends_where_one_rank_ends_and_resumes_after_kill(tmp_path: Path) -> None:
     # both chains start in 20 s: both peers, however slow torchrun is to start, have committed
     # their bucket by window 0 and train windows 0 and 1 alike

@@ -141,7 +141,7 @@ def test_two_gloo_ranks_train_compress_and_aggregate_like_one(tmp_path: Path) ->
 # -- 2 ranks vs 1 rank, real processes on the embedded chain and storage -----------------------
 
 
-@pytest.mark.slow(seconds=100)
+@pytest.mark.slow
 def test_two_ranks_end_where_one_rank_ends(tmp_path: Path) -> None:
     # both chains start in 20 s, so both peers, however slow to start (torchrun under load:
     # over 10 s), have committed their bucket by window 0 and train windows 0 and 1

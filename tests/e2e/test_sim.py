@@ -25,7 +25,7 @@ def small_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TESSERA_VALIDATOR_SAMPLES", "16")
 
 
-@pytest.mark.slow(seconds=240)
+@pytest.mark.slow
 @pytest.mark.timeout(1200)  # the run (at most 600 s) and its DDP baseline, on a loaded machine
 def test_simulation_with_every_adversary(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
@@ -81,7 +81,7 @@ def test_simulation_with_every_adversary(
             assert said[-1]["weight"] > 0, said[-1]
 
 
-@pytest.mark.slow(seconds=320)
+@pytest.mark.slow
 def test_simulation_with_ordinary_faults_on_an_s3_server(
     tmp_path: Path,
     s3_server: str,

@@ -93,7 +93,7 @@ class Watcher(threading.Thread):
             self.proc.wait(timeout=30)
 
 
-@pytest.mark.slow(seconds=170)
+@pytest.mark.slow
 @pytest.mark.skipif(
     PROMETHEUS is None,
     reason="no prometheus binary: install the OS package (apt-get install prometheus; "

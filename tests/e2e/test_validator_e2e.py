@@ -23,7 +23,7 @@ STARTUP_BLOCKS = 60
 posted its commitment) before window 1's roster is pinned, on a machine busy with other tests."""
 
 
-@pytest.mark.slow(seconds=125)
+@pytest.mark.slow
 def test_validator_weights_honest_peers_only(tmp_path: Path) -> None:
     local = LocalRun(tmp_path)
     local.write_config(

@@ -3,10 +3,11 @@
 #
 # With no arguments the suite runs as two pytest sessions of two workers each (pytest-xdist): the
 # end-to-end tests (marked `slow`, in tests/e2e: real peers and validators on a ticking chain
-# clock, which leave most of a core idle while they wait for blocks) at normal priority, started
-# first, with the type check beside their start-up; then everything else at the lowest priority
-# in the CPU time the e2e tests leave. Each prints its slowest tests. (A third end-to-end worker
-# overloads two cores: simulated windows then run out for the nodes.)
+# clock, which leave most of a core idle while they wait for blocks) and the tests that time a
+# deadline against the wall clock (marked `deadlines`: starved at the lowest priority, their
+# loopback servers would miss it) at normal priority; everything else, and the type check, at the
+# lowest priority, in the CPU time those leave. Each session prints its slowest tests. (A third
+# end-to-end worker overloads two cores: simulated windows then run out for the nodes.)
 # Arguments run one pytest with them (e.g. `bash scripts/test.sh -k consensus`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,15 +30,17 @@ if [ "$#" -gt 0 ]; then
     mypy
     exec python -m pytest -q "$@"
 fi
-python -m pytest -q -p no:cacheprovider --durations=10 -n 2 --dist worksteal -m slow tests/e2e &
+python -m pytest -q -p no:cacheprovider --durations=10 -n 2 --dist worksteal -m "slow or deadlines" \
+    tests &
 e2e=$!
-# the type check while the end-to-end tests start their nodes, before the other tests (beside
-# those it would load the machine while the fetch deadline tests run)
-mypy || { kill "$e2e"; wait "$e2e" || true; exit 1; }
+nice -n 19 mypy &
+types=$!
 unit=0
 OMP_NUM_THREADS=1 nice -n 19 python -m pytest -q -p no:cacheprovider --durations=10 -n 2 --dist worksteal \
-    -m "not slow" tests || unit=$?
+    -m "not slow and not deadlines" tests || unit=$?
+typed=0
+wait "$types" || typed=$?
 slow=0
 wait "$e2e" || slow=$?
-echo "unit tests: exit $unit; end-to-end tests: exit $slow"
-[ "$unit" -eq 0 ] && [ "$slow" -eq 0 ]
+echo "type check: exit $typed; unit tests: exit $unit; end-to-end and deadline tests: exit $slow"
+[ "$typed" -eq 0 ] && [ "$unit" -eq 0 ] && [ "$slow" -eq 0 ]

@@ -26,6 +26,8 @@ from protocol.stores import S3Store, open_store
 from protocol.stores.fetch import MARGIN_S, FetchRequest, Got, TooSlow, fetch_many
 from validator.fetching import fetch_uploads
 
+pytestmark = pytest.mark.deadlines  # timed against the wall clock: run at normal priority
+
 READ = ReadCredentials(access_key_id="r", secret_access_key="r")
 HONEST = 8
 CROWD = 4 * HONEST

@@ -239,6 +239,7 @@ class LossProbe:
         self.before_random = self._rows(self.random)
         self.ref = self._consensus(reference, norms)
         self.ref_random = self._gain(self.before_random, self._stepped(self.ref, [self.random])[0])
+        self._own_gains: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
 
     def _rows(self, batch: torch.Tensor) -> np.ndarray:
         return row_losses(self.model, batch, self.run.micro_batch_size, self.device)
@@ -300,6 +301,16 @@ class LossProbe:
         share = self._factor(self.norms[uid], self.target) / factor
         return (n * r - share * g) / (n - 1)
 
+    def _own_before(self, uid: int, own: torch.Tensor) -> tuple[np.ndarray, np.ndarray | None]:
+        """The losses of `uid`'s own samples `own` at the window's start, and their gains under
+        the consensus step: the same whatever update of `uid` is probed at whatever norm, so run
+        once per peer (the lead probes an update at its own norm, then again at ``T``)."""
+        if uid not in self._own_gains:
+            before = self._rows(own)
+            ref = None if self.ref is None else self._stepped(self.ref, [own])[0]
+            self._own_gains[uid] = (before, None if ref is None else self._gain(before, ref))
+        return self._own_gains[uid]
+
     def score(self, uid: int, update: Update, norm: float, target: float) -> LossScore:
         """`uid`'s update (of `norm`) probed at the step of norm `target` (``T``; `norm` itself
         for the probe at its own norm)."""
@@ -307,14 +318,13 @@ class LossProbe:
             self.dataset, self.run, uid, self.window, self.reveal.seed, self.cfg.n_own
         )
         own = self.dataset.read_slots(slots)
-        before_own = self._rows(own)
+        before_own, ref_own = self._own_before(uid, own)
         factor = self._factor(norm, target)
         after_random, after_own = self._stepped(update, [self.random, own], factor)
         g_rand = self._gain(self.before_random, after_random)
         g_own = self._gain(before_own, after_own)
         test = welch(g_own, g_rand)
-        if self.ref is not None:
-            ref_own = self._gain(before_own, self._stepped(self.ref, [own])[0])
+        if ref_own is not None:
             c_own = self._covariate(uid, update, g_own, ref_own, factor)
             c_rand = self._covariate(uid, update, g_rand, self.ref_random, factor)
             if c_own is not None and c_rand is not None:

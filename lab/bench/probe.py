@@ -5,12 +5,13 @@ manifest waits for ``G`` probes; every validator then scores the rest. One probe
 `validator.scoring.LossProbe.score` runs: the losses of the peer's own samples at the start
 model, the update stepped in, the random and own samples' losses, the model restored, the
 consensus direction stepped in, the own samples' losses, the model restored (four forward passes
-of ``samples`` sequences, two steps, two restores), in the validator's precision (bf16 autocast
-on a GPU, fp32 elsewhere: `node.model.losses`). The reference, measured in the same run, is one
-forward pass of the same samples in that precision, and on a GPU one in fp32 as well, with how far
-bf16 moves a probe's readings: the largest per-sample loss gap and the gap in the update's mean
-gain on its own samples. Random tokens and a random sparse update of the run's
-codec: the cost does not depend on the values.
+of ``samples`` sequences, two steps, two restores; the lead's second probe of a peer, at ``T``
+after the one at its own norm, reuses the first and the last), in the validator's precision (bf16
+autocast on a GPU, fp32 elsewhere: `node.model.losses`). The reference, measured in the same run,
+is one forward pass of the same samples in that precision, and on a GPU one in fp32 as well, with
+how far bf16 moves a probe's readings: the largest per-sample loss gap and the gap in the update's
+mean gain on its own samples. Random tokens and a random sparse update of the run's codec: the
+cost does not depend on the values.
 """
 
 from __future__ import annotations

@@ -184,6 +184,24 @@ def test_scaling_an_update_never_raises_its_score_or_rank(world: World) -> None:
     assert s.score == pytest.approx(u0.score, rel=1e-3)  # inside the band: nothing changes
 
 
+def test_a_peer_probed_again_costs_two_forward_passes_and_reads_the_same(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lead probes an update at its own norm, then every validator at ``T``: the own
+    samples' losses at the start and under the consensus step are the peer's whatever the update
+    or the norm, so the second probe runs only the update's two forward passes, and it reads
+    exactly what a fresh probe reads."""
+    probe = world.probe(secret(9))
+    passes: list[int] = []
+    rows = probe._rows
+    monkeypatch.setattr(probe, "_rows", lambda batch: passes.append(len(batch)) or rows(batch))
+    probe.score(0, world.updates[0], world.norms[0], world.norms[0])
+    first = len(passes)
+    again = probe.score(0, world.updates[0], world.norms[0], world.target)
+    assert (first, len(passes) - first) == (4, 2)
+    assert again == world.probe(secret(9)).score(0, world.updates[0], world.norms[0], world.target)
+
+
 def test_a_scaled_peer_earns_less_than_the_same_work_unscaled(world: World) -> None:
     probe = world.probe(secret(8))
     honest = probe.score(0, world.updates[0], world.norms[0], world.target)

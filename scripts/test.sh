@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
 # Set up the environment and run the tests: lint, format check, type check, then the whole suite.
 #
-# With no arguments: the type check (mypy) at the lowest priority, beside everything after it;
-# first, alone at normal priority, the tests that time a deadline against the wall clock (marked
-# `deadlines`: niced, their loopback servers starve; beside the end-to-end runs, they load the
-# machine those need); then two pytest sessions of two workers each (pytest-xdist): the end-to-end
-# tests (marked `slow`, in tests/e2e: real peers and validators on a ticking chain clock, which
-# leave most of a core idle while they wait for blocks) at normal priority, and everything else at
-# the lowest priority, in the CPU time those leave. Each prints its slowest tests. (A third
-# end-to-end worker overloads two cores: simulated windows then run out for the nodes.)
+# With no arguments, four things share the two cores: at the lowest priority, the type check
+# (mypy) and the unit tests (two pytest-xdist workers), in the CPU time the others leave; at
+# normal priority, first the tests that time a deadline against the wall clock (marked
+# `deadlines`: niced, their loopback servers starve; beside the end-to-end runs, they take the CPU
+# those need), then the end-to-end tests (marked `slow`, in tests/e2e: real peers and validators
+# on a ticking chain clock) on two workers. Each prints its slowest tests. (A third end-to-end
+# worker overloads two cores: simulated windows then run out for the nodes.)
 # Arguments run one pytest with them (e.g. `bash scripts/test.sh -k consensus`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,17 +32,18 @@ if [ "$#" -gt 0 ]; then
 fi
 nice -n 19 mypy &
 types=$!
+OMP_NUM_THREADS=1 nice -n 19 python -m pytest -q -p no:cacheprovider --durations=10 -n 2 \
+    --dist worksteal -m "not slow and not deadlines" tests &
+rest=$!
 deadlines=0
 python -m pytest -q -p no:cacheprovider -n 2 --dist worksteal -m deadlines tests || deadlines=$?
-python -m pytest -q -p no:cacheprovider --durations=10 -n 2 --dist worksteal -m slow tests/e2e &
-e2e=$!
+slow=0
+python -m pytest -q -p no:cacheprovider --durations=10 -n 2 --dist worksteal -m slow tests/e2e ||
+    slow=$?
 unit=0
-OMP_NUM_THREADS=1 nice -n 19 python -m pytest -q -p no:cacheprovider --durations=10 -n 2 --dist worksteal \
-    -m "not slow and not deadlines" tests || unit=$?
+wait "$rest" || unit=$?
 typed=0
 wait "$types" || typed=$?
-slow=0
-wait "$e2e" || slow=$?
 echo "type check: exit $typed; deadline tests: exit $deadlines; unit tests: exit $unit;" \
     "end-to-end tests: exit $slow"
 [ "$typed" -eq 0 ] && [ "$deadlines" -eq 0 ] && [ "$unit" -eq 0 ] && [ "$slow" -eq 0 ]

@@ -194,7 +194,12 @@ def test_a_peer_probed_again_costs_two_forward_passes_and_reads_the_same(
     probe = world.probe(secret(9))
     passes: list[int] = []
     rows = probe._rows
-    monkeypatch.setattr(probe, "_rows", lambda batch: passes.append(len(batch)) or rows(batch))
+
+    def counted(batch: torch.Tensor) -> np.ndarray:
+        passes.append(len(batch))
+        return rows(batch)
+
+    monkeypatch.setattr(probe, "_rows", counted)
     probe.score(0, world.updates[0], world.norms[0], world.norms[0])
     first = len(passes)
     again = probe.score(0, world.updates[0], world.norms[0], world.target)

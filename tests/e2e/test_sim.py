@@ -18,13 +18,6 @@ from tests.support.servers import iam_user
 FAST = ["--block-time", "0.5", "--blocks-per-window", "60", "--timeout", "600"]
 
 
-@pytest.fixture(autouse=True)
-def small_probe(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The validators probe 16 samples per peer (their default is 64, a core's work for most of a
-    window here): the same rules on a quarter of the CPU."""
-    monkeypatch.setenv("TESSERA_VALIDATOR_SAMPLES", "16")
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # the run (at most 600 s) and its DDP baseline, on a loaded machine
 def test_simulation_with_every_adversary(

@@ -100,9 +100,8 @@ class Watcher(threading.Thread):
     "scripts/test.sh does as root)",
 )
 def test_prometheus_scrapes_the_simulation_and_every_dashboard_query_has_series(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
-    monkeypatch.setenv("TESSERA_VALIDATOR_SAMPLES", "16")  # a quarter of the default's CPU
     queries = dashboard_queries()
     assert len(queries) >= 10
     out = tmp_path / "live"

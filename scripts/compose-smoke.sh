@@ -7,7 +7,12 @@
 #   3. a host-owned 0600 hotkey works with the documented `user: "${UID}:${GID}"` mapping, and
 #      without it the entrypoint refuses to start and prints that fix;
 #   4. the `sim` profile runs `tessera sim --storage s3://…` against the same server and writes
-#      its report, owned by the mapped user, into the mounted folder.
+#      its report, owned by the mapped user, into the mounted folder;
+#   5. the `monitoring` profile's Prometheus (an image of Debian's `prometheus` package on the
+#      same base, as no registry is reachable) scrapes the local miner and validator by service
+#      name, and every query of the Grafana dashboard returns series. Grafana itself is not run:
+#      Debian does not package it and its image cannot be pulled here (PROMETHEUS_IMAGE and
+#      GRAFANA_IMAGE point the profile at pulled images on a machine that can).
 # Prints the build time, image size and time to the first window. Skips (exit 0, reason printed)
 # when no Docker daemon or Compose v2 is there.
 #
@@ -76,7 +81,22 @@ create_hotkey('local', 'miner', root='/smoke/wallets')"
 [ "$(stat -c '%u %a' "$WORK/wallets/local/hotkeys/miner")" = "$HOST_UID 600" ] \
     || fail "the host hotkey is not owned by $HOST_UID with mode 0600"
 
-compose() { docker compose -p "$PROJECT" -f "$WORK/docker/compose.yml" -f "$WORK/docker/compose.smoke.yml" --profile local "$@"; }
+# -- 5a. a Prometheus image made from Debian's package on the same base -------------------------
+PROMETHEUS_IMAGE=${PROMETHEUS_IMAGE:-tessera-prometheus:smoke}
+if ! docker image inspect "$PROMETHEUS_IMAGE" >/dev/null 2>&1; then
+    "${builder[@]}" docker build --network host -q -t "$PROMETHEUS_IMAGE" - >/dev/null <<EOF || fail "could not build $PROMETHEUS_IMAGE"
+FROM $BASE_IMAGE
+RUN apt-get update && apt-get install -y --no-install-recommends prometheus \\
+    && rm -rf /var/lib/apt/lists/* && mkdir -p /prometheus && chown nobody:nogroup /prometheus
+USER nobody
+ENTRYPOINT ["/usr/bin/prometheus"]
+CMD ["--config.file=/etc/prometheus/prometheus.yml", "--storage.tsdb.path=/prometheus"]
+EOF
+fi
+export PROMETHEUS_IMAGE PROMETHEUS_PORT=${PROMETHEUS_PORT:-19090}
+cp -r docker/monitoring "$WORK/docker/"
+
+compose() { docker compose -p "$PROJECT" -f "$WORK/docker/compose.yml" -f "$WORK/docker/compose.smoke.yml" --profile local --profile monitoring "$@"; }
 cleanup() {
     if [ -z "${KEEP:-}" ]; then
         compose down -v --remove-orphans >/dev/null 2>&1 || true
@@ -107,7 +127,7 @@ echo "ok: without the mapping the miner refuses to start and prints: user: \"\${
 
 # -- 2. the local profile: windows, scores -------------------------------------------------------
 start=$(date +%s)
-compose up -d >/dev/null 2>&1 || fail "compose up failed"
+compose up -d minio buckets chain local-miner local-validator prometheus >/dev/null 2>&1 || fail "compose up failed"
 first_window() { [ -n "$(reports local-miner miner)" ]; }
 wait_for 900 "the miner's first window" first_window
 first_s=$(( $(date +%s) - start ))
@@ -129,6 +149,29 @@ for r in map(json.loads, filter(str.strip, sys.stdin)):
     p = r['peers'][0] if r['peers'] else {}
     score = (p.get('loss') or {}).get('score')
     print(f'   window {r[\"window\"]}: verdict {p.get(\"verdict\")}, loss score {score}, aggregated {r[\"aggregated\"]}, weights {r[\"weights\"] or r[\"weights_status\"]}')"
+
+# -- 5b. Prometheus scrapes both nodes and answers every dashboard query -------------------------
+dashboard_answers() {
+    python3 - "$PROMETHEUS_PORT" docker/monitoring/grafana/dashboards/tessera.json <<'EOF'
+import json, sys, urllib.parse, urllib.request
+port, dashboard = sys.argv[1], json.load(open(sys.argv[2]))
+def api(path):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/{path}", timeout=10) as r:
+        return json.load(r)["data"]
+try:
+    up = {t["labels"]["instance"] for t in api("targets")["activeTargets"] if t["health"] == "up"}
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", []) if t.get("expr")]
+    silent = [e for e in exprs if not api("query?" + urllib.parse.urlencode({"query": e}))["result"]]
+except OSError as e:
+    sys.exit(print(f"   prometheus: {e}"))
+missing = {"local-miner:9100", "local-validator:9101"} - up
+print(f"   prometheus: targets up {sorted(up)}; dashboard queries without series: {silent}")
+sys.exit(1 if missing or silent else 0)
+EOF
+}
+wait_for 300 "Prometheus to scrape both nodes and answer every dashboard query" dashboard_answers
+echo "ok: the monitoring profile's Prometheus scrapes local-miner and local-validator; every dashboard query has series"
+compose stop prometheus >/dev/null 2>&1
 
 # -- 2b. stop saves state, start resumes it ------------------------------------------------------
 compose stop local-miner >/dev/null 2>&1
@@ -163,4 +206,4 @@ assert report["diverged"] == [] and all(c == 0 for c in report["exit_codes"].val
 EOF
 [ "$(stat -c '%u' "$WORK/runs/sim/report.html")" = "$HOST_UID" ] || fail "the sim report is not owned by $HOST_UID"
 echo "ok: the sim profile ran 2 peers for 2 windows on the S3 server in ${sim_s} s, report in runs/sim/"
-echo "PASS compose smoke: build ${build_s} s, image $(( size / 1000000 )) MB, first window ${first_s} s, sim profile ${sim_s} s"
+echo "PASS compose smoke (Grafana not run, see the top): build ${build_s} s, image $(( size / 1000000 )) MB, first window ${first_s} s, sim profile ${sim_s} s"

@@ -88,3 +88,28 @@ def admit(
         admitted.discard(uid)
         refused[uid] = detail
     return Admission(frozenset(admitted), refused, scored, time.monotonic() - start)
+
+
+MIN_PUBLISH_RESERVE_S = 2.0
+"""The least time kept to publish when it was never measured: the decision's few requests (the
+aggregate, the manifest, a read of the chain's block) on an ordinary link."""
+
+
+def publish_reserve(
+    left: float, last_publish_s: float | None, publish_bytes: int, fetched_bytes: int,
+    fetch_s: float,
+) -> float:  # fmt: skip
+    """Seconds the lead keeps, of the `left` before its last block to publish, for publishing
+    its decision after the admission probes: twice what publishing took last time. Before it
+    ever published: twice the time `publish_bytes` (the applied updates' bodies, which the
+    aggregate puts once) take at the rate this window's fetch reached, at least
+    `MIN_PUBLISH_RESERVE_S`, never more than half the time left. The fetch rate counts the time
+    spent waiting for slow peers too, so it understates the link and the reserve errs long; a
+    crowd of slow uploads can push it only up to that half."""
+    if last_publish_s is not None:
+        return min(left, 2.0 * last_publish_s)
+    half = 0.5 * left
+    if fetched_bytes <= 0 or fetch_s <= 0:
+        return half
+    transfer = publish_bytes * fetch_s / fetched_bytes
+    return min(half, max(MIN_PUBLISH_RESERVE_S, 2.0 * transfer))

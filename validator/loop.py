@@ -66,7 +66,7 @@ from protocol.naming import fingerprint_key, run_prefix, scores_key
 from protocol.runconfig import RunConfig
 from protocol.stores import ObjectStore, StoreError
 from protocol.stores.spool import SpoolError
-from validator.admission import Admission, admit
+from validator.admission import Admission, admit, publish_reserve
 from validator.agreement import Decider, adopt, follow, mark_equivocations, propose, publish_history
 from validator.classify import Measured, PeerCheck, check_window, mark_norm_outliers, measure
 from validator.config import ValidatorConfig
@@ -139,6 +139,7 @@ class Validator:
         self._reveal: SampleReveal | None = None  # the secret of the window being scored
         self._wrap_up_s: float | None = None  # the last window's work after scoring
         self._publish_s: float | None = None  # the last decision's publishing, as the lead
+        self._fetch_rate: tuple[int, float] = (0, 0.0)  # this window's fetch: bytes, seconds
         self.metrics = ValidatorMetrics(run.timing.blocks_per_window * run.timing.block_time_s)
         self.metrics.identify(uid, keypair.ss58_address, run.run_id)
         clear_spool(state_dir)  # a crashed run's spool files
@@ -241,9 +242,10 @@ class Validator:
             )  # fmt: skip
             return None
         got = sum(up.fetched.ok for up in uploads.values())
+        took = time.monotonic() - begun
+        self._fetch_rate = (sum(up.body.size for up in uploads.values() if up.body), took)
         log.info(
-            "window %d: fetched %d of %d peers' updates in %.1f s", window, got, len(buckets),
-            time.monotonic() - begun,
+            "window %d: fetched %d of %d peers' updates in %.1f s", window, got, len(buckets), took
         )  # fmt: skip
         return uploads
 
@@ -262,7 +264,7 @@ class Validator:
         (our scores can wait, the agreement cannot). The aggregate we publish is written in
         `spool`, one update read back at a time."""
         if roster.decider(self.uid) is not None:
-            admission = self._admit(roster, checks, scorer)
+            admission = self._admit(roster, checks, uploads, scorer)
             begun = time.monotonic()
             me = Decider(self.store, self.run, self.spec, self.keypair, spool, self.chain)
             proposed = propose(me, roster, checks, uploads, self.fingerprint, admission)
@@ -307,16 +309,20 @@ class Validator:
         )  # fmt: skip
 
     def _admit(
-        self, roster: Roster, checks: Mapping[int, PeerCheck], scorer: WindowScorer | None
+        self,
+        roster: Roster,
+        checks: Mapping[int, PeerCheck],
+        uploads: Mapping[int, Upload],
+        scorer: WindowScorer | None,
     ) -> Admission:
         """The lead's evidence on the selected updates (those of peers without earning evidence
-        first), scored until its last block to publish less room to publish: twice what
-        publishing took last time (the first time: half the time left)."""
+        first), scored until its last block to publish less room to publish (`publish_reserve`)."""
         window = roster.window
         left = max(0.0, self.clock.seconds_until(last_publish_block(self.run, window)))
-        reserve = 0.5 * left if self._publish_s is None else min(left, 2.0 * self._publish_s)
-        until = time.monotonic() + left - reserve
         passed = [u for u in roster.selected if u in checks and checks[u].ok]
+        size = sum(body.size for u in passed if u in uploads and (body := uploads[u].body))
+        reserve = publish_reserve(left, self._publish_s, size, *self._fetch_rate)
+        until = time.monotonic() + left - reserve
         established = self.book.earning({u: checks[u].hotkey for u in passed})
         drawn = scorer.admission_order(passed) if scorer else passed
         # the peers without evidence first: they need it to be applied at all

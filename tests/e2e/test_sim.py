@@ -1,8 +1,12 @@
-"""`tessera sim` end to end: real processes, every adversary, a report people can open."""
+"""`tessera sim` end to end: real processes, every adversary, a live view that Prometheus scrapes,
+a report people can open."""
 
 from __future__ import annotations
 
+import io
 import json
+from contextlib import redirect_stdout
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -11,6 +15,13 @@ from moto.core.authorization import disable_iam_authentication
 from commands.cli import main
 from lab.sim.layout import World
 from node.runtime.report_log import REPORTS, read_json_lines
+from tests.support.prometheus import (
+    MISSING,
+    PROMETHEUS,
+    Watcher,
+    dashboard_queries,
+    free_ports,
+)
 from tests.support.servers import iam_user
 
 # 30 s windows: under the load of ten processes on two cores the lead validator still publishes
@@ -18,20 +29,49 @@ from tests.support.servers import iam_user
 FAST = ["--block-time", "0.5", "--blocks-per-window", "60", "--timeout", "600"]
 
 
+KINDS = "noise,copier,stale,freeloader,nan,late"
+
+
+@dataclass
+class AdversaryRun:
+    """`tessera sim` with every adversary, watched by Prometheus where the OS has it."""
+
+    out: Path
+    code: int
+    stdout: str
+    watcher: Watcher | None
+
+
+@pytest.fixture(scope="module")
+def adversary_run(tmp_path_factory: pytest.TempPathFactory) -> AdversaryRun:
+    """One run for the module's tests (they share an xdist group, so one worker runs them)."""
+    tmp = tmp_path_factory.mktemp("adversaries")
+    base = free_ports(3)  # the honest peers' and the validator's metrics; Prometheus past them
+    web = free_ports(1, base + 3)
+    watcher = Watcher(tmp / "demo", tmp / "tsdb", dashboard_queries(), web) if PROMETHEUS else None
+    argv = ["sim", "--peers", "2", "--windows", "3", "--out", "demo", "--adversaries", KINDS]
+    with pytest.MonkeyPatch.context() as patch, redirect_stdout(io.StringIO()) as stdout:
+        patch.chdir(tmp)  # a relative --out, as in the README's main job
+        if watcher is not None:
+            watcher.start()
+        try:
+            code = main([*argv, "--metrics-port", str(base), *FAST])
+        finally:
+            if watcher is not None:
+                watcher.stop()
+    return AdversaryRun(tmp / "demo", code, stdout.getvalue(), watcher)
+
+
 @pytest.mark.slow
+@pytest.mark.xdist_group("adversaries")
 @pytest.mark.timeout(1200)  # the run (at most 600 s) and its DDP baseline, on a loaded machine
 def test_simulation_with_every_adversary(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    adversary_run: AdversaryRun, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.chdir(tmp_path)  # a relative --out, as in the README's main job
-    out = tmp_path / "demo"
-    kinds = "noise,copier,stale,freeloader,nan,late"
-    code = main(
-        ["sim", "--peers", "2", "--windows", "3", "--out", "demo", "--adversaries", kinds, *FAST]
-    )
-    assert code == 0, _log_tails(out)
+    out, kinds = adversary_run.out, KINDS
+    assert adversary_run.code == 0, _log_tails(out)
     # a line per window while it runs; in the last one every adversary is paid nothing, by a rule
-    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("window ")]
+    lines = [x for x in adversary_run.stdout.splitlines() if x.startswith("window ")]
     assert [x.split(":")[0] for x in lines] == [f"window {w}" for w in range(4)], lines
     assert all("s left" in x for x in lines)
     unpaid = lines[-1].split("paid nothing: ")[1]
@@ -72,6 +112,27 @@ def test_simulation_with_every_adversary(
             assert said[-1]["weight"] == 0 and said[-1]["rule"] != "ok" and said[-1]["hint"]
         else:
             assert said[-1]["weight"] > 0, said[-1]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("adversaries")
+@pytest.mark.timeout(1200)
+@pytest.mark.skipif(PROMETHEUS is None, reason=MISSING)
+def test_prometheus_scrapes_the_simulation_and_every_dashboard_query_has_series(
+    adversary_run: AdversaryRun,
+) -> None:
+    """`tessera sim --metrics-port`: a real Prometheus scrapes the honest peers and the validator
+    with the configuration the run folder gets, and every query of the Grafana dashboard in
+    docker/monitoring returns series while the run goes on."""
+    watcher = adversary_run.watcher
+    assert watcher is not None and adversary_run.code == 0
+    queries = dashboard_queries()
+    assert len(queries) >= 10
+    config = json.loads((adversary_run.out / "prometheus.yml").read_text())
+    assert {job["job_name"] for job in config["scrape_configs"]} == {"miner", "validator"}
+    members = {t["labels"]["member"] for t in watcher.targets}
+    assert members == {"peer0", "peer1", "validator"}, watcher.targets
+    assert set(queries) == watcher.answered, sorted(set(queries) - watcher.answered)
 
 
 @pytest.mark.slow

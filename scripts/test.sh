@@ -6,9 +6,8 @@
 # normal priority, first the tests that time a deadline against the wall clock (marked
 # `deadlines`: niced, their loopback servers starve; beside the end-to-end runs, they take the CPU
 # those need), then the end-to-end tests (marked `slow`, in tests/e2e: real peers and validators
-# on a ticking chain clock) on two workers, the tests that share one simulation (an xdist group)
-# on one of them. Each prints its slowest tests. (A third end-to-end worker overloads two cores:
-# simulated windows then run out for the nodes.)
+# on a ticking chain clock) on two workers. Each prints its slowest tests. (A third end-to-end
+# worker overloads two cores: simulated windows then run out for the nodes.)
 # Arguments run one pytest with them (e.g. `bash scripts/test.sh -k consensus`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,7 +38,7 @@ rest=$!
 deadlines=0
 python -m pytest -q -p no:cacheprovider -n 2 --dist worksteal -m deadlines tests || deadlines=$?
 slow=0
-python -m pytest -q -p no:cacheprovider --durations=10 -n 2 --dist loadgroup -m slow tests/e2e ||
+python -m pytest -q -p no:cacheprovider --durations=10 -n 2 --dist worksteal -m slow tests/e2e ||
     slow=$?
 unit=0
 wait "$rest" || unit=$?

@@ -3,10 +3,11 @@ a report people can open."""
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 from contextlib import redirect_stdout
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pytest
@@ -34,18 +35,25 @@ KINDS = "noise,copier,stale,freeloader,nan,late"
 
 @dataclass
 class AdversaryRun:
-    """`tessera sim` with every adversary, watched by Prometheus where the OS has it."""
+    """`tessera sim` with every adversary, and what Prometheus saw of it where the OS has one."""
 
     out: Path
     code: int
     stdout: str
-    watcher: Watcher | None
+    watched: bool
+    answered: list[str]  # the dashboard queries that returned series while the run went on
+    targets: list[dict]  # Prometheus' scrape targets at the end
+
+    def dump(self, path: Path) -> None:
+        path.write_text(json.dumps({**asdict(self), "out": str(self.out)}))
+
+    @classmethod
+    def load(cls, path: Path) -> AdversaryRun:
+        fields = json.loads(path.read_text())
+        return cls(**{**fields, "out": Path(fields["out"])})
 
 
-@pytest.fixture(scope="module")
-def adversary_run(tmp_path_factory: pytest.TempPathFactory) -> AdversaryRun:
-    """One run for the module's tests (they share an xdist group, so one worker runs them)."""
-    tmp = tmp_path_factory.mktemp("adversaries")
+def _run_with_every_adversary(tmp: Path) -> AdversaryRun:
     base = free_ports(3)  # the honest peers' and the validator's metrics; Prometheus past them
     web = free_ports(1, base + 3)
     watcher = Watcher(tmp / "demo", tmp / "tsdb", dashboard_queries(), web) if PROMETHEUS else None
@@ -59,11 +67,33 @@ def adversary_run(tmp_path_factory: pytest.TempPathFactory) -> AdversaryRun:
         finally:
             if watcher is not None:
                 watcher.stop()
-    return AdversaryRun(tmp / "demo", code, stdout.getvalue(), watcher)
+    answered = sorted(watcher.answered) if watcher else []
+    targets = watcher.targets if watcher else []
+    return AdversaryRun(
+        tmp / "demo", code, stdout.getvalue(), watcher is not None, answered, targets
+    )
+
+
+@pytest.fixture(scope="session")
+def adversary_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> AdversaryRun:
+    """One run for the tests that read it, whichever pytest-xdist workers run them: the first
+    to ask runs it under a lock in the session's shared folder, the others read its record."""
+    if worker_id == "master":  # no xdist: this process is the whole session
+        return _run_with_every_adversary(tmp_path_factory.mktemp("adversaries"))
+    shared = tmp_path_factory.getbasetemp().parent  # this session's, shared by its workers
+    with (shared / "adversaries.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        record = shared / "adversaries.json"
+        if record.exists():
+            return AdversaryRun.load(record)
+        tmp = shared / "adversaries"
+        tmp.mkdir()
+        run = _run_with_every_adversary(tmp)
+        run.dump(record)
+        return run
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("adversaries")
 @pytest.mark.timeout(1200)  # the run (at most 600 s) and its DDP baseline, on a loaded machine
 def test_simulation_with_every_adversary(
     adversary_run: AdversaryRun, capsys: pytest.CaptureFixture[str]
@@ -115,7 +145,6 @@ def test_simulation_with_every_adversary(
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("adversaries")
 @pytest.mark.timeout(1200)
 @pytest.mark.skipif(PROMETHEUS is None, reason=MISSING)
 def test_prometheus_scrapes_the_simulation_and_every_dashboard_query_has_series(
@@ -124,15 +153,15 @@ def test_prometheus_scrapes_the_simulation_and_every_dashboard_query_has_series(
     """`tessera sim --metrics-port`: a real Prometheus scrapes the honest peers and the validator
     with the configuration the run folder gets, and every query of the Grafana dashboard in
     docker/monitoring returns series while the run goes on."""
-    watcher = adversary_run.watcher
-    assert watcher is not None and adversary_run.code == 0
+    assert adversary_run.watched and adversary_run.code == 0
     queries = dashboard_queries()
     assert len(queries) >= 10
     config = json.loads((adversary_run.out / "prometheus.yml").read_text())
     assert {job["job_name"] for job in config["scrape_configs"]} == {"miner", "validator"}
-    members = {t["labels"]["member"] for t in watcher.targets}
-    assert members == {"peer0", "peer1", "validator"}, watcher.targets
-    assert set(queries) == watcher.answered, sorted(set(queries) - watcher.answered)
+    members = {t["labels"]["member"] for t in adversary_run.targets}
+    assert members == {"peer0", "peer1", "validator"}, adversary_run.targets
+    answered = set(adversary_run.answered)
+    assert set(queries) == answered, sorted(set(queries) - answered)
 
 
 @pytest.mark.slow

@@ -12,7 +12,10 @@ import pytest
 
 from tests.support.local_run import LocalRun, stop
 
-WINDOWS = 4
+WINDOWS = 5
+"""Windows every node trains and the validator decides: the latecomer's last one among them
+(with no decision it would wait for a manifest until the cutoff block, fetch budget plus
+manifest wait: 90 s, before it ends)."""
 START_BLOCK = 70  # window 0 opens once every process has imported torch and loaded the data
 
 
@@ -36,7 +39,7 @@ def test_diloco_peers_validator_and_a_latecomer_stay_identical(tmp_path: Path) -
     running = {
         "val": local.start("validator", "val", "--samples", "16", "--checkpoint-every", "2",
                            windows=WINDOWS),
-        **{p: local.start("miner", p, windows=WINDOWS + 1) for p in ("peer0", "peer1")},
+        **{p: local.start("miner", p, windows=WINDOWS) for p in ("peer0", "peer1")},
     }  # fmt: skip
     deadline = time.time() + 420
     while len(local.reports("val")) < 2 and time.time() < deadline:

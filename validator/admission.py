@@ -91,8 +91,9 @@ def admit(
 
 
 MIN_PUBLISH_RESERVE_S = 2.0
-"""The least time kept to publish when it was never measured: the decision's few requests (the
-aggregate, the manifest, a read of the chain's block) on an ordinary link."""
+"""The least time kept to publish: the decision's few requests (the aggregate, the manifest, a
+read of the chain's block), and the overrun of the last probe (probing stops once the longest
+probe so far no longer fits, and on a loaded machine the next can take a second longer)."""
 
 
 def publish_reserve(
@@ -100,14 +101,14 @@ def publish_reserve(
     fetch_s: float,
 ) -> float:  # fmt: skip
     """Seconds the lead keeps, of the `left` before its last block to publish, for publishing
-    its decision after the admission probes: twice what publishing took last time. Before it
-    ever published: twice the time `publish_bytes` (the applied updates' bodies, which the
-    aggregate puts once) take at the rate this window's fetch reached, at least
-    `MIN_PUBLISH_RESERVE_S`, never more than half the time left. The fetch rate counts the time
-    spent waiting for slow peers too, so it understates the link and the reserve errs long; a
-    crowd of slow uploads can push it only up to that half."""
+    its decision after the admission probes: twice what publishing took last time, at least
+    `MIN_PUBLISH_RESERVE_S`. Before it ever published: twice the time `publish_bytes` (the
+    applied updates' bodies, which the aggregate puts once) take at the rate this window's fetch
+    reached, at least that floor, never more than half the time left. The fetch rate counts the
+    time spent waiting for slow peers too, so it understates the link and the reserve errs long;
+    a crowd of slow uploads can push it only up to that half."""
     if last_publish_s is not None:
-        return min(left, 2.0 * last_publish_s)
+        return min(left, max(MIN_PUBLISH_RESERVE_S, 2.0 * last_publish_s))
     half = 0.5 * left
     if fetched_bytes <= 0 or fetch_s <= 0:
         return half

@@ -10,8 +10,14 @@ from validator.admission import MIN_PUBLISH_RESERVE_S, publish_reserve
 
 
 def test_after_a_publish_the_lead_keeps_twice_what_it_took() -> None:
-    assert publish_reserve(20.0, 0.5, 10**6, 10**6, 1.0) == pytest.approx(1.0)
+    assert publish_reserve(20.0, 3.0, 10**6, 10**6, 1.0) == pytest.approx(6.0)
     assert publish_reserve(20.0, 30.0, 10**6, 10**6, 1.0) == pytest.approx(20.0)  # all of it
+
+
+def test_a_quick_publish_still_keeps_the_floor_for_a_probe_that_overruns() -> None:
+    # publishing took 0.1 s: 0.2 s kept let a loaded lead's last probe run past its last block
+    assert publish_reserve(20.0, 0.1, 10**6, 10**6, 1.0) == MIN_PUBLISH_RESERVE_S
+    assert publish_reserve(1.5, 0.1, 10**6, 10**6, 1.0) == pytest.approx(1.5)  # all that is left
 
 
 def test_a_first_publish_keeps_twice_the_transfer_at_the_fetch_rate_not_half_the_window() -> None:

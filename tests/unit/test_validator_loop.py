@@ -161,6 +161,10 @@ def test_scoring_stops_when_its_time_is_up(tmp_path: Path) -> None:
     assert scorer is not None
     assert set(scorer.rest(time.monotonic() + 600, [2, 3])) == {2, 3}
     assert scorer.rest(time.monotonic() - 1, [2, 3]) == {}
+    # the lead's probe of an update at its own norm stands for its score at T when the norms
+    # agree (here T is its own): no forward pass, so it is scored however late
+    assert scorer.own_norm_score(2) is not None
+    assert set(scorer.rest(time.monotonic() - 1, [2])) == {2}
     # the deadline is the next window's gather block, less room for the work after scoring
     # (the first time: manifest_wait_s; then twice what it took last time)
     left = (v.clock.gather_block(1) - chain.block()) * BLOCK_TIME

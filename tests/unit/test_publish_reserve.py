@@ -1,6 +1,7 @@
 """How long the lead keeps for publishing its decision after the admission probes
-(`validator.admission.publish_reserve`): what it measured last time, else an estimate from the
-bytes it will put and the rate its fetch reached, never more than half the time left."""
+(`validator.admission.publish_reserve`): twice what publishing took last time, else an estimate
+from the bytes it will put and the rate its fetch reached (then never more than half the time
+left); at least a floor for a probe that overruns, either way."""
 
 from __future__ import annotations
 

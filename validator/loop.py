@@ -139,7 +139,7 @@ class Validator:
         self._reveal: SampleReveal | None = None  # the secret of the window being scored
         self._wrap_up_s: float | None = None  # the last window's work after scoring
         self._publish_s: float | None = None  # the last decision's publishing, as the lead
-        self._fetch_rate: tuple[int, float] = (0, 0.0)  # this window's fetch: bytes, seconds
+        self._fetch_s = 0.0  # how long this window's fetch took
         self.metrics = ValidatorMetrics(run.timing.blocks_per_window * run.timing.block_time_s)
         self.metrics.identify(uid, keypair.ss58_address, run.run_id)
         clear_spool(state_dir)  # a crashed run's spool files
@@ -242,10 +242,10 @@ class Validator:
             )  # fmt: skip
             return None
         got = sum(up.fetched.ok for up in uploads.values())
-        took = time.monotonic() - begun
-        self._fetch_rate = (sum(up.body.size for up in uploads.values() if up.body), took)
+        self._fetch_s = time.monotonic() - begun
         log.info(
-            "window %d: fetched %d of %d peers' updates in %.1f s", window, got, len(buckets), took
+            "window %d: fetched %d of %d peers' updates in %.1f s", window, got, len(buckets),
+            self._fetch_s,
         )  # fmt: skip
         return uploads
 
@@ -320,8 +320,11 @@ class Validator:
         window = roster.window
         left = max(0.0, self.clock.seconds_until(last_publish_block(self.run, window)))
         passed = [u for u in roster.selected if u in checks and checks[u].ok]
-        size = sum(body.size for u in passed if u in uploads and (body := uploads[u].body))
-        reserve = publish_reserve(left, self._publish_s, size, *self._fetch_rate)
+        sizes = {u: up.body.size for u, up in uploads.items() if up.body}
+        applied = sum(sizes.get(u, 0) for u in passed)
+        reserve = publish_reserve(
+            left, self._publish_s, applied, sum(sizes.values()), self._fetch_s
+        )
         until = time.monotonic() + left - reserve
         established = self.book.earning({u: checks[u].hotkey for u in passed})
         drawn = scorer.admission_order(passed) if scorer else passed

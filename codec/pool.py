@@ -13,7 +13,8 @@ depends on which worker owns it nor on when its updates arrived: the result is
 `codec.aggregate.aggregate` (``clip_to_median=True``) bit for bit.
 
 Tensors are dealt to workers largest first onto the least loaded (by kept entries), so the
-workers' shares of the decode and scatter are even. Every worker runs one torch thread.
+workers' shares of the decode and scatter are even. Every worker runs one torch thread; workers
+come from a fork server that imported this module once (`_workers_context`).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class AggregatePool:
         self._out = {
             t.name: torch.zeros(t.shape, dtype=torch.float32).share_memory_() for t in spec.tensors
         }
-        ctx = tmp.get_context("spawn")
+        ctx = _workers_context()
         self._conns: list[mpc.Connection] = []
         self._procs = []
         for share in self.shares:
@@ -148,6 +149,15 @@ class AggregatePool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _workers_context() -> Any:
+    """Workers come from a fork server that has imported this module (and torch) once per
+    process: a pool starts in milliseconds after the first, never forked from a parent whose
+    torch thread pools would not survive the fork."""
+    ctx = tmp.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
+    return ctx
 
 
 def _reply(conn: mpc.Connection) -> Any:

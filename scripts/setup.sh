@@ -4,6 +4,10 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 python3 -m venv .venv
+# every command starts Python processes (a simulation a dozen, the tests hundreds): each would
+# compile every module it imports again where the environment forbids writing bytecode (uv
+# installs without it), about a second of CPU per process
+unset PYTHONDONTWRITEBYTECODE
 . .venv/bin/activate
 python -m pip install -q --upgrade pip uv
 # torch and any other pin come from scripts/constraints.txt, which the Docker image uses too;

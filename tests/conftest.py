@@ -9,9 +9,10 @@ IAM: under `enforced_iam` moto accepts only the keys of `tests.support.servers.i
 their policies (a real read-only key is refused writes); without it, any key may do anything (the
 stand-in for a key that can write).
 
-The suite's layout: `tests/unit` (one process, real components), `tests/e2e` (real peers and
-validators as processes on a ticking chain clock, marked `slow`), `tests/support` (helpers and
-data the tests share).
+The suite's layout: `tests/unit` (one process, real components), `tests/deadlines` (tests timed
+against the wall clock: run at normal priority), `tests/e2e` (real peers and validators as
+processes on a ticking chain clock, marked `slow`), `tests/support` (helpers and data the tests
+share).
 """
 
 from __future__ import annotations

@@ -16,8 +16,6 @@ from protocol.stores import FileStore, ObjectNotFound, ObjectTooLarge, S3Store
 from protocol.stores.fetch import FetchRequest, Got, TooSlow, fetch_many
 from protocol.stores.spool import InMemory, Spooled, SpoolError
 
-pytestmark = pytest.mark.deadlines  # timed against the wall clock: run at normal priority
-
 READ = ReadCredentials(access_key_id="reader", secret_access_key="reader-secret")
 KEY = "run/w1/update/obj.tsr"
 SIZE = 300_000  # several chunks of a response, one of a file read

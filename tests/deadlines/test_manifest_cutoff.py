@@ -47,7 +47,7 @@ from validator.admission import Admission
 from validator.fetching import Upload
 
 # timed against the wall clock: run at normal priority
-pytestmark = [pytest.mark.deadlines, pytest.mark.usefixtures("fast_manifest_polls")]
+pytestmark = pytest.mark.usefixtures("fast_manifest_polls")
 RUN = cutoff_run("manifest-cutoff")
 SPEC = ModelSpec.from_module(build_model(RUN.model, RUN.seed))
 WINDOW, LEAD = 3, 9

@@ -7,14 +7,10 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-
 from lab.sim.slow_store import SlowStore
 from protocol.credentials import ReadCredentials
 from protocol.stores import S3Store, open_store
 from protocol.stores.fetch import FetchRequest, Got, StoreError, fetch_many
-
-pytestmark = pytest.mark.deadlines  # timed against the wall clock: run at normal priority
 
 READ = ReadCredentials(access_key_id="r", secret_access_key="r")
 BUDGET_S = 2.0

@@ -37,8 +37,6 @@ from protocol.stores import (
 )
 from protocol.stores.fetch import MARGIN_S, FetchRequest, FetchTimeout, Got, TooSlow, fetch_many
 
-pytestmark = pytest.mark.deadlines  # timed against the wall clock: run at normal priority
-
 READ = ReadCredentials(access_key_id="reader", secret_access_key="reader-secret")
 BUDGET = 3.0
 RATE = 64 * 1024

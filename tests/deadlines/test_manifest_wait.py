@@ -32,8 +32,6 @@ from protocol.keys import create_hotkey
 from protocol.runconfig import RunConfig
 from protocol.stores import open_store
 
-pytestmark = pytest.mark.deadlines  # timed against the wall clock: run at normal priority
-
 BLOCK_S = 0.25
 # the cutoff: 132 blocks (33 s) after the gather block, room for a loaded machine; the peer waits
 # only until the manifest lands

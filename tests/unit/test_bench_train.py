@@ -116,10 +116,10 @@ def test_methods_in_worker_processes_train_exactly_as_one_after_another() -> Non
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the workers' count: the same kernels, the same roundings
     try:
-        serial = run_all(methods, setup, 1, 1, lambda i, w, loss: None)
+        serial = run_all([(m, setup) for m in methods], 1, 1, lambda i, w, loss: None)
     finally:
         torch.set_num_threads(threads)
-    parallel = run_all(methods, setup, 2, 1, lambda i, w, loss: seen.append((i, w)))
+    parallel = run_all([(m, setup) for m in methods], 2, 1, lambda i, w, loss: seen.append((i, w)))
     assert sorted(seen) == [(i, w) for i in range(3) for w in range(2)]  # every window reported
     for a, b in zip(serial, parallel, strict=True):
         assert (

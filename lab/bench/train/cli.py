@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     from lab.bench.train import report
     from lab.bench.train.engine import Setup, heldout_set
     from lab.bench.train.parallel import run_all
-    from lab.bench.train.specs import parse_methods, tuned_strategies
+    from lab.bench.train.specs import MethodSpec, parse_methods, tuned_strategies
     from node.data.batches import open_run_dataset
     from node.model.llama import build_model
     from protocol.runconfig import RunConfig
@@ -124,29 +124,31 @@ def run(args: argparse.Namespace) -> int:
     _, dataset = open_run_dataset(base)
     heldout = heldout_set(dataset, base.run_id, args.heldout or (16 if quick else 128))
     console = Console(stderr=True)
-    jobs = args.jobs or min(len(methods_by_seed[0]), os.cpu_count() or 1)
+    jobs = args.jobs or min(len(methods_by_seed[0]) * args.seeds, os.cpu_count() or 1)
     threads = args.threads or (1 if jobs > 1 else 0)
-    curves_by_seed = []
+    tasks: list[tuple[MethodSpec, Setup]] = []
+    names: list[str] = []
+    for b, methods in zip(bases, methods_by_seed, strict=True):
+        setup = Setup(b, dataset, tuple(range(replicas)), windows, heldout, b.run_id)
+        tasks += [(m, setup) for m in methods]
+        names += [m.label + (f" (seed {b.seed})" if args.seeds > 1 else "") for m in methods]
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[loss]}"), TimeElapsedColumn(), TimeRemainingColumn(),
         console=console,
     ) as progress:  # fmt: skip
-        for b, methods in zip(bases, methods_by_seed, strict=True):
-            name = [m.label + (f" (seed {b.seed})" if args.seeds > 1 else "") for m in methods]
-            tasks = [progress.add_task(n, total=windows, loss="") for n in name]
+        bars = [progress.add_task(n, total=windows, loss="") for n in names]
 
-            def show(i: int, w: int, loss: float, tasks: list = tasks, name: list = name) -> None:
-                progress.update(tasks[i], completed=w + 1, loss=f"loss {loss:.4f}")
-                if not console.is_terminal:  # a log file gets one line per window, with an ETA
-                    left = progress.tasks[tasks[i]].time_remaining
-                    eta = f", about {left:.0f} s left" if left is not None else ""
-                    console.print(
-                        f"{name[i]}: window {w + 1}/{windows} held-out loss {loss:.4f}{eta}"
-                    )
+        def show(i: int, w: int, loss: float) -> None:
+            progress.update(bars[i], completed=w + 1, loss=f"loss {loss:.4f}")
+            if not console.is_terminal:  # a log file gets one line per window, with an ETA
+                left = progress.tasks[bars[i]].time_remaining
+                eta = f", about {left:.0f} s left" if left is not None else ""
+                console.print(f"{names[i]}: window {w + 1}/{windows} held-out loss {loss:.4f}{eta}")
 
-            setup = Setup(b, dataset, tuple(range(replicas)), windows, heldout, b.run_id)
-            curves_by_seed.append(run_all(methods, setup, jobs, threads, show))
+        curves = run_all(tasks, jobs, threads, show)
+    per_seed = len(methods_by_seed[0])
+    curves_by_seed = [curves[i : i + per_seed] for i in range(0, len(curves), per_seed)]
     tokens = replicas * base.inner_steps * base.batch_size * base.seq_len
     by_seed = [[report.result_row(c, tokens) for c in curves] for curves in curves_by_seed]
     rows = report.combine_seeds(by_seed, [b.seed for b in bases])

@@ -34,19 +34,19 @@ def _worker(index: int, m: MethodSpec, parts: dict[str, Any], threads: int, q: A
 
 
 def run_all(
-    methods: list[MethodSpec], setup: Setup, jobs: int, threads: int, report: Report
+    tasks: list[tuple[MethodSpec, Setup]], jobs: int, threads: int, report: Report
 ) -> list[Curve]:
-    """Every method's `Curve`, in the order given."""
-    if jobs <= 1 or len(methods) <= 1:
-        return [run_method(m, setup, partial(report, i)) for i, m in enumerate(methods)]
-    parts = {
-        "base": setup.base, "uids": setup.uids, "windows": setup.windows,
-        "heldout": setup.heldout, "data_run_id": setup.data_run_id,
-    }  # fmt: skip
+    """Every task's `Curve` (a method trained in a setup, e.g. one of several seeds), in the
+    order given; ``jobs`` workers share all of them, so no core waits for the next seed."""
+    if jobs <= 1 or len(tasks) <= 1:
+        return [run_method(m, setup, partial(report, i)) for i, (m, setup) in enumerate(tasks)]
     ctx = mp.get_context("spawn")
     with ctx.Manager() as manager, ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
         q = manager.Queue()
-        futures = [pool.submit(_worker, i, m, parts, threads, q) for i, m in enumerate(methods)]
+        futures = [
+            pool.submit(_worker, i, m, _parts(setup), threads, q)
+            for i, (m, setup) in enumerate(tasks)
+        ]
         while True:
             try:
                 report(*q.get(timeout=0.5))
@@ -56,3 +56,11 @@ def run_all(
         while not q.empty():
             report(*q.get())
         return [f.result() for f in futures]
+
+
+def _parts(setup: Setup) -> dict[str, Any]:
+    """A setup without its dataset, which each worker opens again."""
+    return {
+        "base": setup.base, "uids": setup.uids, "windows": setup.windows,
+        "heldout": setup.heldout, "data_run_id": setup.data_run_id,
+    }  # fmt: skip

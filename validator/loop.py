@@ -140,6 +140,8 @@ class Validator:
         self._wrap_up_s: float | None = None  # the last window's work after scoring
         self._publish_s: float | None = None  # the last decision's publishing, as the lead
         self._fetch_s = 0.0  # how long this window's fetch took
+        # the last outer step (on the host) and the weights it reached, while no two peers earn
+        self._last_step: tuple[str, dict[str, torch.Tensor]] | None = None
         self.metrics = ValidatorMetrics(run.timing.blocks_per_window * run.timing.block_time_s)
         self.metrics.identify(uid, keypair.ss58_address, run.run_id)
         clear_spool(state_dir)  # a crashed run's spool files
@@ -171,7 +173,7 @@ class Validator:
             sketches = [c.sketch for c in checks.values() if c.sketch is not None]
             self.history.add(window, [*sketches, self._aggregate_sketch(window, agreed, checks)])
             start_fp = self.fingerprint
-            self._outer_step(agreed)
+            self._outer_step(agreed, keep=len(self.book.earning(hotkeys)) < 2)
         weights = normalise(self.book.final_scores(), set(hotkeys))
         status = self._maybe_set_weights(window, weights, live)
         report = build_report(
@@ -303,9 +305,11 @@ class Validator:
         self._reveal = reveal_for(
             self.dataset, self.run.run_id, window, secret, self.cfg.n_random, self.cfg.n_own
         )
+        last = self._last_step  # the covariate at launch, if it led to these weights
+        previous = last[1] if last is not None and last[0] == self.fingerprint else None
         return WindowScorer(
             self.model, self.run, self.dataset, window, self._reveal, checks, self.book,
-            self.cfg, self.device, self.strategy,
+            self.cfg, self.device, self.strategy, previous,
         )  # fmt: skip
 
     def _admit(
@@ -385,9 +389,12 @@ class Validator:
         reserve = self.run.consensus.manifest_wait_s if last is None else WRAP_UP_MARGIN * last
         return time.monotonic() + blocks * self.run.timing.block_time_s - reserve
 
-    def _outer_step(self, agreed: Agreement) -> None:
+    def _outer_step(self, agreed: Agreement, keep: bool) -> None:
         """The window's one outer step (`node.strategy`), as every peer takes it: the mean from
-        the decode workers when there are some, else decoded here one update at a time."""
+        the decode workers when there are some, else decoded here one update at a time. With
+        `keep`, the step itself is kept for the next window's own-data test (`validator.scoring`)."""
+        params = dict(self.model.named_parameters())
+        before = {k: p.detach().to("cpu", copy=True) for k, p in params.items()} if keep else None
         mean = None
         if self.pool is not None:
             mean = mean_of_stored(self.pool, agreed.updates, self.strategy.device)
@@ -396,6 +403,10 @@ class Validator:
         else:
             self.strategy.step_mean(self.model, mean)
         self.fingerprint = fingerprint(self.model)
+        self._last_step = None
+        if before is not None:
+            step = {k: before[k].sub_(p.detach().cpu()) for k, p in params.items()}
+            self._last_step = (self.fingerprint, step)
 
     def _maybe_set_weights(self, window: int, weights: dict[int, float], live: bool) -> str:
         """Weights for a window processed live (judged when it began: scoring runs up to the

@@ -37,8 +37,11 @@ replayed, recycled or random update has no reason to. The test compares ``g_i`` 
 ``c(x)`` is the gain of the *other* accepted updates' mean direction on the same sample (the
 leave-one-out consensus, `LossProbe`): most of a sample's gain is shared by every update
 (correlation ~0.86), so removing it shrinks the standard error about twofold (honest z 4.4 vs
-2.4 for a plain Welch test on the same 64 + 64 samples, measured). ``own_z = b / SE(b)``; with
-fewer than two accepted updates there is no consensus and the test is Welch's. Per window:
+2.4 for a plain Welch test on the same 64 + 64 samples, measured). ``own_z = b / SE(b)``. Until
+two peers have earned, the covariate is the gain of the previous window's outer step instead
+(correlation ~0.82; `scripts/experiments/bootstrap_covariate.py`), which a crowd of this window's
+uploads cannot dilute; in the first window, with fewer than two accepted updates, there is none
+and the test is Welch's. Per window:
 
     indicator = +1 if own_z >= own_z_pass (2) else -1       (information: the report's pass/fail)
 
@@ -207,6 +210,12 @@ class LossProbe:
     small: the covariate then carries no share of ``g_i`` to cancel); for anything else it is
     ``r(x)`` (an update that is in the consensus at weight 1/N only makes its own test more
     conservative).
+
+    `previous`, given instead of a `reference` (no two peers have earned yet, the run's first
+    windows), is the previous window's outer step (weights before it less weights after): the
+    covariate is then the gain of that step at ``score_scale`` of its length, for every update.
+    Every validator holds it, and no update of this window, however many hotkeys sent them, has
+    a share in it.
     """
 
     def __init__(
@@ -221,6 +230,7 @@ class LossProbe:
         cfg: ValidatorConfig,
         device: torch.device,
         strategy: Strategy | None = None,
+        previous: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
         self.model, self.run, self.dataset, self.window = model, run, dataset, window
         self.reveal, self.cfg, self.device = reveal, cfg, device
@@ -237,7 +247,7 @@ class LossProbe:
         model.eval()
         self.random = dataset.read_slots(np.asarray(reveal.random_slots, dtype=np.int64))
         self.before_random = self._rows(self.random)
-        self.ref = self._consensus(reference, norms)
+        self.ref = self._consensus(reference, norms) if previous is None else self._last(previous)
         self.ref_random = self._gain(self.before_random, self._stepped(self.ref, [self.random])[0])
         self._own_gains: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
 
@@ -267,6 +277,14 @@ class LossProbe:
                 self.strategy.add_into(ref[piece.name], piece, f)
         return ref
 
+    def _last(self, previous: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The previous window's outer step at ``score_scale`` of its length."""
+        params = dict(self.model.named_parameters())
+        return {
+            k: previous[k].to(device=p.device, dtype=p.dtype) * self.cfg.score_scale
+            for k, p in params.items()
+        }
+
     def _stepped(
         self, step: dict[str, torch.Tensor] | Update | None, batches: list[torch.Tensor],
         factor: float = 1.0,
@@ -295,7 +313,7 @@ class LossProbe:
         multiplier is ``g`` scaled by that over `factor`, to first order)."""
         n = len(self.members)
         if uid not in self.members or self.reference[uid] is not update:
-            return r if n >= 1 else None
+            return r
         if n < 2 or factor <= 0:
             return None
         share = self._factor(self.norms[uid], self.target) / factor

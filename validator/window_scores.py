@@ -47,6 +47,7 @@ class WindowScorer:
         cfg: ValidatorConfig,
         device: torch.device,
         strategy: Strategy,
+        previous: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
         self.window, self.checks, self.cfg = window, checks, cfg
         self.fetched = Pieces(
@@ -57,7 +58,10 @@ class WindowScorer:
             }
         )
         self.accepted = [u for u in self.fetched if _finite_ok(checks[u])]
-        consensus = book.consensus({u: checks[u].hotkey for u in self.accepted})
+        hotkeys = {u: checks[u].hotkey for u in self.accepted}
+        # until two peers earn, the covariate is the previous window's step, where there is one
+        launch = previous is not None and len(book.earning(hotkeys)) < 2
+        consensus = set() if launch else book.consensus(hotkeys)
         candidates = [u for u, c in checks.items() if c.verdict in SCORABLE and u in self.fetched]
         # the accepted first, in an order drawn each window; the lead's evidence takes all the
         # selected ones in that order, the scores after the agreement at most `max_scored`
@@ -67,7 +71,7 @@ class WindowScorer:
         begun = time.monotonic()
         self.probe = LossProbe(
             model, run, dataset, window, reveal, self.fetched.only(consensus),
-            norms, cfg, device, strategy,  # type: ignore[arg-type]
+            norms, cfg, device, strategy, previous if launch else None,  # type: ignore[arg-type]
         )  # fmt: skip
         # the probe's setup runs about as many forward passes as one score: the first estimate
         self.setup_s = time.monotonic() - begun

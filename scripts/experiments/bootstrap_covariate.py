@@ -1,19 +1,22 @@
-"""The own-data test at launch, before any peer has earned: Welch's test (what the validator
-runs then) against the regression on a covariate every validator already holds, the per-sample
-gain of the previous window's applied mean.
+"""The own-data test at launch, before any peer has earned: which covariate the validator should
+regress on. Four ways, all through `validator.scoring.LossProbe`:
+
+* none: Welch's test;
+* this window's accepted updates (three honest): the leave-one-out consensus;
+* the same with a crowd of four tiny updates accepted beside them (a launch's crowd);
+* the previous window's outer step (what the validator uses until two peers earn).
 
 Three honest peers of the tiny preset train window 0 from the run's seed; their mean is applied
-(`Strategy.step`). Each trains window 1 from there. Each window-1 update, and a random sparse
-update of the same shape (`lab.sim.forgeries.noise_update`, the null), is probed at its own norm
-on the validator's samples of four secrets (64 random + 64 own), and its own-data statistic is
-computed both ways: `validator.scoring.welch`, and `validator.scoring.ancova` whose covariate is
-the gain of the window-0 mean at the same step length.
+(`Strategy.step`), and the step taken is kept. Each trains window 1 from there. Each window-1
+update, and a random sparse update of the same shape (`lab.sim.forgeries.noise_update`, the
+null), is probed at its own norm on the validator's samples of four secrets (64 random + 64 own).
 
     python scripts/experiments/bootstrap_covariate.py
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import sys
 from pathlib import Path
@@ -32,10 +35,10 @@ from node.strategy import make_strategy
 from protocol.runconfig import RunConfig
 from tests.support.honest_updates import train_update
 from validator.config import ValidatorConfig
-from validator.reveal import own_slots, reveal_for
-from validator.scoring import LossProbe, ancova, welch
+from validator.reveal import reveal_for
+from validator.scoring import LossProbe
 
-PEERS, SECRETS = 3, 4
+PEERS, SECRETS, CROWD = 3, 4, 4
 
 
 def main() -> None:
@@ -44,47 +47,50 @@ def main() -> None:
     _, dataset = open_run_dataset(run)
     model = build_model(run.model, run.seed)
     spec = ModelSpec.from_module(model)
-    strategy = make_strategy(run, spec)
     first = {u: train_update(run, dataset, model, u, 0) for u in range(PEERS)}
-    previous = strategy.mean(first)
-    strategy.step(model, first)
+    before = copy.deepcopy(model)
+    make_strategy(run, spec).step(model, first)
+    step = {
+        k: p.detach() - q.detach()
+        for (k, p), q in zip(before.named_parameters(), model.parameters(), strict=True)
+    }
     second = {u: train_update(run, dataset, model, u, 1) for u in range(PEERS)}
-    step = {k: v * cfg.score_scale * run.outer.alpha for k, v in previous.items()}
-    z: dict[str, list[float]] = {k: [] for k in ("honest welch", "honest covariate",
-                                                 "null welch", "null covariate")}  # fmt: skip
-    correlation = []
+    gen = torch.Generator().manual_seed(7)
+    crowd = {100 + i: noise_update(spec, run, 1e-9, gen) for i in range(CROWD)}
+    ways = {
+        "none (Welch)": ({}, None),
+        "this window's honest": (second, None),
+        f"this window's, {CROWD} tiny beside": ({**second, **crowd}, None),
+        "the previous step": ({}, step),
+    }
+    z: dict[str, dict[str, list[float]]] = {w: {"honest": [], "null": []} for w in ways}
     for key in range(SECRETS):
         secret = hashlib.blake2b(f"bootstrap {key}".encode(), digest_size=32).digest()
         reveal = reveal_for(dataset, run.run_id, 1, secret, cfg.n_random, cfg.n_own)
-        norms = {u: update_norm(x) for u, x in second.items()}
-        probe = LossProbe(model, run, dataset, 1, reveal, {}, norms, cfg, torch.device("cpu"))
-        r_random = probe._gain(probe.before_random, probe._stepped(step, [probe.random])[0])
-        for uid in range(PEERS):
-            own = dataset.read_slots(own_slots(dataset, run, uid, 1, reveal.seed, cfg.n_own))
-            before_own = probe._rows(own)
-            r_own = probe._gain(before_own, probe._stepped(step, [own])[0])
-            null = noise_update(spec, run, 1e-3, torch.Generator().manual_seed(10 * key + uid))
-            for kind, update in (("honest", second[uid]), ("null", null)):
-                norm = update_norm(update)
-                factor = probe._factor(norm, norm)
-                after_random, after_own = probe._stepped(update, [probe.random, own], factor)
-                g_random = probe._gain(probe.before_random, after_random)
-                g_own = probe._gain(before_own, after_own)
-                z[f"{kind} welch"].append(welch(g_own, g_random).z)
-                z[f"{kind} covariate"].append(ancova(g_own, g_random, r_own, r_random).z)
-                if kind == "honest":
-                    pair = np.corrcoef(np.r_[g_own, g_random], np.r_[r_own, r_random])
-                    correlation.append(float(pair[0, 1]))
+        nulls = {
+            u: noise_update(spec, run, 1e-3, torch.Generator().manual_seed(10 * key + u))
+            for u in range(PEERS)
+        }
+        for way, (reference, previous) in ways.items():
+            norms = {u: update_norm(x) for u, x in reference.items()}
+            probe = LossProbe(
+                model, run, dataset, 1, reveal, reference, norms, cfg, torch.device("cpu"),
+                previous=previous,
+            )  # fmt: skip
+            for uid in range(PEERS):
+                for kind, update in (("honest", second[uid]), ("null", nulls[uid])):
+                    norm = update_norm(update)
+                    z[way][kind].append(probe.score(uid, update, norm, norm).own.z)
     print(
         f"own-data z at window 1, {PEERS} peers x {SECRETS} secrets (admission bar {cfg.admit_z})"
     )
-    for name, values in z.items():
-        below = sum(v < cfg.admit_z for v in values)
-        print(f"  {name:17s} mean {np.mean(values):5.2f}  min {min(values):5.2f}  "
-              f"below the bar {below}/{len(values)}")  # fmt: skip
-    print(
-        f"  correlation of an honest update's gains with the covariate: {np.mean(correlation):.2f}"
-    )
+    print("| covariate | honest mean | honest min | honest below the bar | null mean | null max |")
+    print("|---|---|---|---|---|---|")
+    for way, by_kind in z.items():
+        h, n = by_kind["honest"], by_kind["null"]
+        below = sum(v < cfg.admit_z for v in h)
+        print(f"| {way} | {np.mean(h):.2f} | {min(h):.2f} | {below}/{len(h)} | "
+              f"{np.mean(n):.2f} | {max(n):.2f} |")  # fmt: skip
 
 
 if __name__ == "__main__":

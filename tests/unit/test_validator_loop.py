@@ -25,6 +25,7 @@ from node.model.llama import build_model
 from node.runtime.commit import commitment_for
 from node.strategy import make_strategy
 from node.window.buckets import PeerBucket
+from node.window.consensus import Agreement
 from node.window.exchange import check_update, encode_signed
 from node.window.gather import Fetched, StoredUpdate
 from node.window.history import Source, catch_up, publish_aggregate
@@ -178,6 +179,35 @@ def test_scoring_stops_when_its_time_is_up(tmp_path: Path) -> None:
         scorer = v._scorer(0, checks)
         assert scorer is not None
         scorer.rest(time.monotonic() + 600, [2])
+    chain.close()
+    admin.close()
+
+
+def test_until_two_peers_earn_the_next_probe_regresses_on_the_step_just_taken(
+    tmp_path: Path,
+) -> None:
+    """While no two peers earn, the validator keeps the outer step it took (on the host) and the
+    next window's own-data test regresses on that step's gain (`validator.scoring`), not on the
+    window's accepted updates, which a crowd could dilute; weights it did not reach by that step
+    (a resync) leave it unused."""
+    _, admin, chain = _chain(tmp_path, validators=1)
+    store = open_store(f"file://{tmp_path}?bucket=bucket0")
+    v = Validator(RUN, KEYS[0], chain, store, tmp_path / "state0", local_root=tmp_path)
+    checks = _scorable(v, tmp_path)
+    updates = {u: c.upload.fetched.update for u, c in checks.items() if c.upload is not None}
+    before = {k: p.detach().clone() for k, p in v.model.named_parameters()}
+    v._outer_step(Agreement(updates, None, False, "test"), keep=True)  # type: ignore[arg-type]
+    scorer = v._scorer(1, checks)
+    assert scorer is not None and scorer.probe.members == []  # not this window's updates
+    assert scorer.probe.ref is not None
+    for name, p in v.model.named_parameters():
+        step = (before[name] - p.detach()) * v.cfg.score_scale
+        assert torch.equal(scorer.probe.ref[name], step), name
+    with torch.no_grad():  # weights from elsewhere: the kept step did not lead to them
+        next(v.model.parameters()).add_(1e-3)
+    v.fingerprint = fingerprint(v.model)
+    scorer = v._scorer(1, checks)
+    assert scorer is not None and scorer.probe.members == [2, 3]
     chain.close()
     admin.close()
 

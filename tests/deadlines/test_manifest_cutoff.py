@@ -46,7 +46,6 @@ from tests.support.lead_views import checked_views, cutoff_run, decide, lead_ros
 from validator.admission import Admission
 from validator.fetching import Upload
 
-# timed against the wall clock: run at normal priority
 pytestmark = pytest.mark.usefixtures("fast_manifest_polls")
 RUN = cutoff_run("manifest-cutoff")
 SPEC = ModelSpec.from_module(build_model(RUN.model, RUN.seed))

@@ -40,8 +40,8 @@ leave-one-out consensus, `LossProbe`): most of a sample's gain is shared by ever
 2.4 for a plain Welch test on the same 64 + 64 samples, measured). ``own_z = b / SE(b)``. Until
 two peers have earned, the covariate is the gain of the previous window's outer step instead
 (correlation ~0.82; `scripts/experiments/bootstrap_covariate.py`), which a crowd of this window's
-uploads cannot dilute; in the first window, with fewer than two accepted updates, there is none
-and the test is Welch's. Per window:
+uploads cannot dilute. The first window has no previous step: the window's accepted updates are
+the consensus, and with fewer than two of them the test is Welch's. Per window:
 
     indicator = +1 if own_z >= own_z_pass (2) else -1       (information: the report's pass/fail)
 

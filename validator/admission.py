@@ -15,9 +15,9 @@ move the loss beyond float rounding shows rounding patterns, not training; an ho
 effect is about 3e-3 at launch, a 1e-9 random one's 1e-8, measured in `tessera sim`). A null
 update (nothing trained on the peer's own samples: random, tiny, all-zero, copied) has
 ``z ~ N(0, 1)``, so it gets in with probability 0.067; an honest one has a mean ``z`` of about
-2.4 without a covariate (the first window, beside a crowd), 5.8 with the previous window's step
-as the covariate (the next windows, until two peers earn) and 4.4 with the earning peers'
-consensus (`validator.scoring`).
+2.4 without a covariate (the first window, beside a crowd), 5.8 beside a crowd and 9.0 without
+one with the previous window's step as a covariate (the next windows, until two peers earn), and
+4.4 with the earning peers' consensus (`validator.scoring`).
 An update the lead had no time to score is applied only
 when its peer's own-data evidence already earns (`validator.ratings.Book.earning`). Last,
 updates whose norm exceeds ``norm_ratio`` times the lower median of the admitted ones are norm

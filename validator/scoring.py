@@ -38,10 +38,11 @@ replayed, recycled or random update has no reason to. The test compares ``g_i`` 
 leave-one-out consensus, `LossProbe`): most of a sample's gain is shared by every update
 (correlation ~0.86), so removing it shrinks the standard error about twofold (honest z 4.4 vs
 2.4 for a plain Welch test on the same 64 + 64 samples, measured). ``own_z = b / SE(b)``. Until
-two peers have earned, the covariate is the gain of the previous window's outer step instead
-(correlation ~0.82; `scripts/experiments/bootstrap_covariate.py`), which a crowd of this window's
-uploads cannot dilute. The first window has no previous step: the window's accepted updates are
-the consensus, and with fewer than two of them the test is Welch's. Per window:
+two peers have earned, the consensus is the window's accepted updates, which a crowd can dilute,
+and the gain of the previous window's outer step is a second covariate (correlation ~0.82;
+`scripts/experiments/bootstrap_covariate.py`), which it cannot. The first window has no previous
+step; with fewer than two accepted updates there and no covariate, the test is Welch's. Per
+window:
 
     indicator = +1 if own_z >= own_z_pass (2) else -1       (information: the report's pass/fail)
 
@@ -144,21 +145,29 @@ def welch(own: np.ndarray, rand: np.ndarray) -> OwnTest:
 
 
 def ancova(own: np.ndarray, rand: np.ndarray, c_own: np.ndarray, c_rand: np.ndarray) -> OwnTest:
-    """The own-data effect ``b`` of ``g = a + b [own] + θ c + ε`` (OLS), over its standard error.
-    Falls back to `welch` when the covariate carries no information."""
+    """The own-data effect ``b`` of ``g = a + b [own] + θ·c + ε`` (OLS), over its standard error;
+    ``c`` one covariate per column (or a single one, 1-D). Each covariate enters standardised (``b``
+    and its error do not depend on a covariate's scale) and only if it keeps the design well
+    conditioned: one that is constant, not finite, or a copy of one before it is left out, and
+    with none left the test is `welch`. A covariate of float rounding (a consensus step a crowd of
+    tiny updates shrank) costs one degree of freedom and nothing else."""
     y = np.concatenate([own, rand])
-    c = np.concatenate([c_own, c_rand])
+    c = np.concatenate([c_own.reshape(own.size, -1), c_rand.reshape(rand.size, -1)])
     n = y.size
-    if n < 5 or not np.all(np.isfinite(c)) or float(c.std()) <= 1e-12 * (abs(float(c.mean())) + 1):
+    x = np.column_stack([np.ones(n), np.r_[np.ones(own.size), np.zeros(rand.size)]])
+    for col in c.T:
+        spread = float(col.std()) if np.all(np.isfinite(col)) else 0.0
+        if spread <= 1e-12 * (abs(float(col.mean())) + 1) or n < x.shape[1] + 3:
+            continue
+        trial = np.column_stack([x, (col - col.mean()) / spread])
+        if np.linalg.cond(trial.T @ trial) <= 1e12:
+            x = trial
+    if x.shape[1] == 2:
         return welch(own, rand)
-    x = np.column_stack([np.ones(n), np.r_[np.ones(own.size), np.zeros(rand.size)], c])
-    xtx = x.T @ x
-    if np.linalg.cond(xtx) > 1e12:
-        return welch(own, rand)
-    inv = np.linalg.inv(xtx)
+    inv = np.linalg.inv(x.T @ x)
     beta = inv @ (x.T @ y)
     res = y - x @ beta
-    var_b = float(res @ res) / (n - 3) * float(inv[1, 1])
+    var_b = float(res @ res) / (n - x.shape[1]) * float(inv[1, 1])
     se = math.sqrt(var_b) if var_b > 0 else 0.0
     b = float(beta[1])
     return OwnTest(b / se if se > 0 else 0.0, b, se, "ancova")
@@ -211,11 +220,12 @@ class LossProbe:
     ``r(x)`` (an update that is in the consensus at weight 1/N only makes its own test more
     conservative).
 
-    `previous`, given instead of a `reference` (no two peers have earned yet, the run's first
-    windows), is the previous window's outer step (weights before it less weights after): the
-    covariate is then the gain of that step at ``score_scale`` of its length, for every update.
-    Every validator holds it, and no update of this window, however many hotkeys sent them, has
-    a share in it.
+    `previous` (while no two peers have earned, the run's first windows) is the previous
+    window's outer step (weights before it less weights after): the gain of that step at
+    ``score_scale`` of its length is a second covariate, for every update. Every validator holds
+    it, and no update of this window, however many hotkeys sent them, has a share in it: a crowd
+    that dilutes the consensus (tiny updates set its step's length, their norms' median, to
+    theirs: its gain is float rounding) leaves this one whole.
     """
 
     def __init__(
@@ -247,9 +257,16 @@ class LossProbe:
         model.eval()
         self.random = dataset.read_slots(np.asarray(reveal.random_slots, dtype=np.int64))
         self.before_random = self._rows(self.random)
-        self.ref = self._consensus(reference, norms) if previous is None else self._last(previous)
-        self.ref_random = self._gain(self.before_random, self._stepped(self.ref, [self.random])[0])
-        self._own_gains: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
+        self.ref = self._consensus(reference, norms)
+        self.prev = None if previous is None else self._last(previous)
+        # each covariate step's per-sample gains on the random samples (None: no such step)
+        self.ref_random, self.prev_random = (
+            None
+            if step is None
+            else self._gain(self.before_random, self._stepped(step, [self.random])[0])
+            for step in (self.ref, self.prev)
+        )
+        self._own_gains: dict[int, tuple[np.ndarray, np.ndarray | None, np.ndarray | None]] = {}
 
     def _rows(self, batch: torch.Tensor) -> np.ndarray:
         return row_losses(self.model, batch, self.run.micro_batch_size, self.device)
@@ -313,20 +330,26 @@ class LossProbe:
         multiplier is ``g`` scaled by that over `factor`, to first order)."""
         n = len(self.members)
         if uid not in self.members or self.reference[uid] is not update:
-            return r
+            return r if n >= 1 else None
         if n < 2 or factor <= 0:
             return None
         share = self._factor(self.norms[uid], self.target) / factor
         return (n * r - share * g) / (n - 1)
 
-    def _own_before(self, uid: int, own: torch.Tensor) -> tuple[np.ndarray, np.ndarray | None]:
+    def _own_before(
+        self, uid: int, own: torch.Tensor
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         """The losses of `uid`'s own samples `own` at the window's start, and their gains under
-        the consensus step: the same whatever update of `uid` is probed at whatever norm, so run
-        once per peer (the lead probes an update at its own norm, then again at ``T``)."""
+        the consensus step and the previous step: the same whatever update of `uid` is probed at
+        whatever norm, so run once per peer (the lead probes an update at its own norm, then
+        again at ``T``)."""
         if uid not in self._own_gains:
             before = self._rows(own)
-            ref = None if self.ref is None else self._stepped(self.ref, [own])[0]
-            self._own_gains[uid] = (before, None if ref is None else self._gain(before, ref))
+            ref, prev = (
+                None if step is None else self._gain(before, self._stepped(step, [own])[0])
+                for step in (self.ref, self.prev)
+            )
+            self._own_gains[uid] = (before, ref, prev)
         return self._own_gains[uid]
 
     def score(self, uid: int, update: Update, norm: float, target: float) -> LossScore:
@@ -336,17 +359,23 @@ class LossProbe:
             self.dataset, self.run, uid, self.window, self.reveal.seed, self.cfg.n_own
         )
         own = self.dataset.read_slots(slots)
-        before_own, ref_own = self._own_before(uid, own)
+        before_own, ref_own, prev_own = self._own_before(uid, own)
         factor = self._factor(norm, target)
         after_random, after_own = self._stepped(update, [self.random, own], factor)
         g_rand = self._gain(self.before_random, after_random)
         g_own = self._gain(before_own, after_own)
-        test = welch(g_own, g_rand)
-        if ref_own is not None:
+        covariates = []  # (on the own samples, on the random ones)
+        if ref_own is not None and self.ref_random is not None:
             c_own = self._covariate(uid, update, g_own, ref_own, factor)
             c_rand = self._covariate(uid, update, g_rand, self.ref_random, factor)
             if c_own is not None and c_rand is not None:
-                test = ancova(g_own, g_rand, c_own, c_rand)
+                covariates.append((c_own, c_rand))
+        if prev_own is not None and self.prev_random is not None:
+            covariates.append((prev_own, self.prev_random))
+        test = welch(g_own, g_rand)
+        if covariates:
+            own_c, rand_c = (np.column_stack(cs) for cs in zip(*covariates, strict=True))
+            test = ancova(g_own, g_rand, own_c, rand_c)
         return LossScore(
             loss_before_random=float(self.before_random.mean()),
             loss_after_random=float(after_random.mean()),

@@ -59,9 +59,9 @@ class WindowScorer:
         )
         self.accepted = [u for u in self.fetched if _finite_ok(checks[u])]
         hotkeys = {u: checks[u].hotkey for u in self.accepted}
-        # until two peers earn, the covariate is the previous window's step, where there is one
+        consensus = book.consensus(hotkeys)
+        # until two peers earn, the previous window's step is a second covariate
         launch = previous is not None and len(book.earning(hotkeys)) < 2
-        consensus = set() if launch else book.consensus(hotkeys)
         candidates = [u for u, c in checks.items() if c.verdict in SCORABLE and u in self.fetched]
         # the accepted first, in an order drawn each window; the lead's evidence takes all the
         # selected ones in that order, the scores after the agreement at most `max_scored`

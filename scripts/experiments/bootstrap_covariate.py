@@ -1,10 +1,12 @@
 """The own-data test at launch, before any peer has earned: which covariate the validator should
-regress on. Four ways, all through `validator.scoring.LossProbe`:
+regress on. Six ways, all through `validator.scoring.LossProbe`:
 
 * none: Welch's test;
 * this window's accepted updates (three honest): the leave-one-out consensus;
 * the same with a crowd of four tiny updates accepted beside them (a launch's crowd);
-* the previous window's outer step (what the validator uses until two peers earn).
+* the previous window's outer step;
+* both, this window's consensus and the previous step (what the validator regresses on until two
+  peers earn), without and with the crowd.
 
 Three honest peers of the tiny preset train window 0 from the run's seed; their mean is applied
 (`Strategy.step`), and the step taken is kept. Each trains window 1 from there. Each window-1
@@ -62,6 +64,8 @@ def main() -> None:
         "this window's honest": (second, None),
         f"this window's, {CROWD} tiny beside": ({**second, **crowd}, None),
         "the previous step": ({}, step),
+        "this window's honest and the previous step": (second, step),
+        f"this window's, {CROWD} tiny beside, and the previous step": ({**second, **crowd}, step),
     }
     z: dict[str, dict[str, list[float]]] = {w: {"honest": [], "null": []} for w in ways}
     for key in range(SECRETS):

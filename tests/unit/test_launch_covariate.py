@@ -1,10 +1,10 @@
-"""The own-data test at launch, while no two peers have earned: its covariate is the previous
-window's outer step, which a crowd uploading beside the honest peers has no share in.
+"""The own-data test at launch, while no two peers have earned: it regresses on the previous
+window's outer step too, which a crowd uploading beside the honest peers has no share in.
 
 The attack: a crowd of hotkeys, registered at launch, uploads tiny updates. Without earning peers,
-the covariate would be the mean direction of the window's accepted updates, the crowd's among
-them: diluted, it explains less of an honest update's per-sample gains, so the honest own-data
-statistic falls towards the admission bar, and the lead may leave honest work out.
+the covariate is the mean direction of the window's accepted updates, the crowd's among them:
+their tiny norms set its step's length, its gain is float rounding, the honest own-data
+statistic falls to Welch's, towards the admission bar, and the lead may leave honest work out.
 
 Real updates: three peers of the tiny preset train window 0 from the run's seed, the window's
 outer step is taken (`Strategy.step`) and kept, each peer trains window 1 from there; a crowd of
@@ -107,11 +107,10 @@ def launch() -> Launch:
 def test_the_previous_step_explains_what_a_crowd_dilutes(launch: Launch) -> None:
     diluted = launch.own_tests(1, None)  # the mean of every accepted update, the crowd's too
     kept = launch.own_tests(1, launch.step)
-    # the crowd's tiny norms set the consensus step's length: its gain is float rounding, no
-    # covariate at all, and the test falls back to Welch's
-    assert all(diluted[u].method == "welch" for u in HONEST)
+    # the crowd's tiny norms set the consensus step's length: its gain is float rounding and
+    # explains nothing; the previous step explains a share of every honest update's gains
     assert all(kept[u].method == "ancova" for u in launch.checks)
-    for uid in HONEST:  # the previous step explains a share of every honest update's gains
+    for uid in HONEST:
         assert kept[uid].z >= CFG.admit_z, (uid, kept[uid], diluted[uid])
         assert kept[uid].se <= 0.9 * diluted[uid].se, (uid, kept[uid], diluted[uid])
     mean_kept, mean_diluted = (sum(t[u].z for u in HONEST) / 3 for t in (kept, diluted))
@@ -121,8 +120,8 @@ def test_the_previous_step_explains_what_a_crowd_dilutes(launch: Launch) -> None
 
 
 def test_once_two_peers_earn_their_consensus_is_the_covariate(launch: Launch) -> None:
-    """The kept step stands in only until two peers earn: then the earning peers' mean direction
-    (leave-one-out for a member) is the covariate, whatever step the validator still holds."""
+    """The kept step serves only until two peers earn: then the earning peers' mean direction
+    (leave-one-out for a member) is the one covariate, whatever step the validator still holds."""
     book = Book(CFG)
     for uid in HONEST:  # earning: a pooled own-data statistic at full
         book.records[uid] = PeerRecord(hotkey=f"hotkey{uid}", own_z=[CFG.own_z_full])
@@ -133,4 +132,4 @@ def test_once_two_peers_earn_their_consensus_is_the_covariate(launch: Launch) ->
         launch.model, RUN, launch.dataset, 1, reveal, launch.checks, book, CFG, CPU,
         launch.strategy, launch.step,
     )  # fmt: skip
-    assert scorer.probe.members == list(HONEST)
+    assert scorer.probe.members == list(HONEST) and scorer.probe.prev is None

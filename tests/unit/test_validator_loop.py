@@ -187,7 +187,7 @@ def test_until_two_peers_earn_the_next_probe_regresses_on_the_step_just_taken(
     tmp_path: Path,
 ) -> None:
     """While no two peers earn, the validator keeps the outer step it took (on the host) and the
-    next window's own-data test regresses on that step's gain (`validator.scoring`), not on the
+    next window's own-data test regresses on that step's gain (`validator.scoring`) beside the
     window's accepted updates, which a crowd could dilute; weights it did not reach by that step
     (a resync) leave it unused."""
     _, admin, chain = _chain(tmp_path, validators=1)
@@ -198,16 +198,16 @@ def test_until_two_peers_earn_the_next_probe_regresses_on_the_step_just_taken(
     before = {k: p.detach().clone() for k, p in v.model.named_parameters()}
     v._outer_step(Agreement(updates, None, False, "test"), keep=True)  # type: ignore[arg-type]
     scorer = v._scorer(1, checks)
-    assert scorer is not None and scorer.probe.members == []  # not this window's updates
-    assert scorer.probe.ref is not None
+    assert scorer is not None and scorer.probe.members == [2, 3]
+    assert scorer.probe.prev is not None
     for name, p in v.model.named_parameters():
         step = (before[name] - p.detach()) * v.cfg.score_scale
-        assert torch.equal(scorer.probe.ref[name], step), name
+        assert torch.equal(scorer.probe.prev[name], step), name
     with torch.no_grad():  # weights from elsewhere: the kept step did not lead to them
         next(v.model.parameters()).add_(1e-3)
     v.fingerprint = fingerprint(v.model)
     scorer = v._scorer(1, checks)
-    assert scorer is not None and scorer.probe.members == [2, 3]
+    assert scorer is not None and scorer.probe.prev is None
     chain.close()
     admin.close()
 

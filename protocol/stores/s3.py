@@ -56,6 +56,7 @@ from protocol.stores.s3_client import (
     is_transient,
     mask_key_id,
     md5_b64,
+    multipart_etag,
     new_client,
     precondition_failed,
 )
@@ -564,15 +565,26 @@ class S3Store(ObjectStore):
                     UploadId=upload_id,
                     MultipartUpload={"Parts": parts},
                 )
-            except ClientError as exc:
-                # An earlier attempt may have completed before its answer was lost.
-                if attempts > 1 and error_code(exc) == "NoSuchUpload":
-                    info = self._client.head_object(Bucket=self._bucket, Key=key)
-                    if info.get("ContentLength") == size:
-                        return
+            except ClientError:
+                # An earlier attempt may have completed before its answer was lost: the upload
+                # is then gone (AWS says NoSuchUpload, others fail otherwise), and the object
+                # under the key is ours exactly when its ETag is that of these parts
+                if attempts > 1 and self._stored_whole(key, parts, size):
+                    return
                 raise
 
         self._call("complete multipart upload", key, complete)
+
+    def _stored_whole(self, key: str, parts: Sequence[dict[str, Any]], size: int) -> bool:
+        """Whether `key` holds the object these `parts` make (its multipart ETag, the MD5 of the
+        parts' MD5s and their count, and its size); False when that cannot be told."""
+        expected = multipart_etag([str(p["ETag"]) for p in parts])
+        try:
+            info = self._client.head_object(Bucket=self._bucket, Key=key)
+        except Exception:  # the completion's own error is the one to report
+            return False
+        etag = info.get("ETag")
+        return expected is not None and etag == expected and info.get("ContentLength") == size
 
     def _abort(self, key: str, upload_id: str) -> None:
         self._stats.add("multipart_aborts")

@@ -6,6 +6,7 @@ import base64
 import hashlib
 import http.client
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import boto3
@@ -158,3 +159,16 @@ def new_client(
         endpoint_url=endpoint,
         config=botocore_config,
     )
+
+
+def multipart_etag(part_etags: Sequence[str]) -> str | None:
+    """The ETag S3-compatible stores give an object completed from parts with these ETags: the
+    MD5 of the parts' binary MD5s, a dash and their count (None when a part's ETag is not an
+    MD5)."""
+    try:
+        digests = b"".join(bytes.fromhex(e.strip('"')) for e in part_etags)
+    except ValueError:
+        return None
+    if len(digests) != 16 * len(part_etags):
+        return None
+    return f'"{hashlib.md5(digests).hexdigest()}-{len(part_etags)}"'

@@ -14,7 +14,7 @@ from typing import Any
 
 import boto3
 import pytest
-from botocore.exceptions import ConnectionClosedError
+from botocore.exceptions import ClientError, ConnectionClosedError, ReadTimeoutError
 from moto.core import enable_iam_authentication
 
 from protocol.credentials import ReadCredentials, WriteCredentials
@@ -25,6 +25,7 @@ from protocol.stores import (
     RetryPolicy,
     S3Config,
     S3Store,
+    StoreError,
     StoreUnavailable,
     open_store,
 )
@@ -82,6 +83,71 @@ def _sha256(path: Path) -> str:
 
 def _no_leftovers(directory: Path, allowed: set[str]) -> None:
     assert {p.name for p in directory.iterdir()} == allowed
+
+
+def _lose_first_answer(
+    monkeypatch: pytest.MonkeyPatch,
+    store: S3Store,
+    first: Callable[[Callable, dict], Any],
+    later: Callable[[Callable, dict], Any] = lambda real, kwargs: real(**kwargs),
+) -> None:
+    """The store's first CompleteMultipartUpload is `first(the real call, its arguments)`, and
+    its answer is lost (a read timeout); later ones are `later(…)`."""
+    real = store._client.complete_multipart_upload
+    calls = []
+
+    def complete(**kwargs: Any) -> Any:
+        calls.append(kwargs)
+        if len(calls) > 1:
+            return later(real, kwargs)
+        first(real, kwargs)
+        raise ReadTimeoutError(endpoint_url="lost")
+
+    monkeypatch.setattr(store._client, "complete_multipart_upload", complete)
+
+
+def test_a_multipart_upload_completed_with_its_answer_lost_is_recognised_as_ours(
+    s3_url: str, s3_credentials: WriteCredentials, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store completed the upload and the answer was lost; asked again, it says the upload is
+    gone (AWS: NoSuchUpload). The object under the key carries the ETag of exactly these parts,
+    so the upload stands."""
+    src = tmp_path / "src.bin"
+    expected = _write_pattern(src, 12)
+    store = _store(s3_url, s3_credentials, part_size=5 * MIB, multipart_threshold=5 * MIB)
+
+    def gone(real: Callable, kwargs: dict) -> Any:
+        error = {"Error": {"Code": "NoSuchUpload", "Message": "completed or aborted"}}
+        raise ClientError(error, "CompleteMultipartUpload")
+
+    _lose_first_answer(monkeypatch, store, lambda real, kwargs: real(**kwargs), gone)
+    assert store.put_file("ckpt/model.bin", src) == 12 * MIB
+    dest = tmp_path / "dest.bin"
+    store.get_to_file("ckpt/model.bin", dest, max_bytes=12 * MIB)
+    assert _sha256(dest) == expected
+
+
+def test_an_older_object_of_the_same_size_is_not_taken_for_a_lost_completion(
+    s3_url: str, s3_credentials: WriteCredentials, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The upload vanished without completing (aborted elsewhere) while the key holds an older
+    object of the very same size: the retried completion fails, as it must."""
+    store = _store(s3_url, s3_credentials, part_size=5 * MIB, multipart_threshold=5 * MIB)
+    old, new = tmp_path / "old.bin", tmp_path / "new.bin"
+    _write_pattern(old, 12)
+    _write_pattern(new, 12)
+    store.put_file("ckpt/model.bin", old)
+    before = store.head("ckpt/model.bin")
+
+    def abort(real: Callable, kwargs: dict) -> None:  # the request never reaches the store
+        store._client.abort_multipart_upload(
+            Bucket=kwargs["Bucket"], Key=kwargs["Key"], UploadId=kwargs["UploadId"]
+        )
+
+    _lose_first_answer(monkeypatch, store, abort)
+    with pytest.raises(StoreError):
+        store.put_file("ckpt/model.bin", new)
+    assert store.head("ckpt/model.bin") == before
 
 
 def test_multipart_round_trip_200mb(

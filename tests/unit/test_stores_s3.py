@@ -159,6 +159,7 @@ def test_multipart_round_trip_200mb(
     store = _store(
         s3_url, s3_credentials, part_size=16 * MIB, multipart_threshold=16 * MIB,
         download_part_size=16 * MIB, max_concurrency=4,
+        read_timeout=60,  # moto joins the 200 MB in one answer: seconds on a loaded machine
     )  # fmt: skip
     started = time.perf_counter()
     assert store.put_file("run/ckpt/model.bin", src) == size_mib * MIB

@@ -173,7 +173,7 @@ class Validator:
             sketches = [c.sketch for c in checks.values() if c.sketch is not None]
             self.history.add(window, [*sketches, self._aggregate_sketch(window, agreed, checks)])
             start_fp = self.fingerprint
-            self._outer_step(agreed, keep=len(self.book.earning(hotkeys)) < 2)
+            self._outer_step(agreed, keep=self.book.launching(hotkeys))
         weights = normalise(self.book.final_scores(), set(hotkeys))
         status = self._maybe_set_weights(window, weights, live)
         report = build_report(

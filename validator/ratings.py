@@ -262,10 +262,19 @@ class Book:
         window `applied` (which showed training this window, `validator.admission`), or all of
         them when it applied none: a crowd of null updates at launch never sets ``m``."""
         known = self.earning(hotkeys)
-        if len(known) >= 2:
+        if not self._launching(known):
             return known
         shown = {u for u in hotkeys if u in applied}
         return shown or set(hotkeys)
+
+    def launching(self, hotkeys: Mapping[int, str]) -> bool:
+        """Whether fewer than two of the peers `hotkeys` earn: no consensus of earning peers yet
+        (the run's first windows)."""
+        return self._launching(self.earning(hotkeys))
+
+    @staticmethod
+    def _launching(earning: Collection[int]) -> bool:
+        return len(earning) < 2
 
     def earning(self, hotkeys: Mapping[int, str]) -> set[int]:
         """Of the peers `hotkeys` (uid -> hotkey), those whose own-data evidence earns."""

@@ -260,12 +260,8 @@ class LossProbe:
         self.ref = self._consensus(reference, norms)
         self.prev = None if previous is None else self._last(previous)
         # each covariate step's per-sample gains on the random samples (None: no such step)
-        self.ref_random, self.prev_random = (
-            None
-            if step is None
-            else self._gain(self.before_random, self._stepped(step, [self.random])[0])
-            for step in (self.ref, self.prev)
-        )
+        self.ref_random = self._step_gain(self.ref, self.before_random, self.random)
+        self.prev_random = self._step_gain(self.prev, self.before_random, self.random)
         self._own_gains: dict[int, tuple[np.ndarray, np.ndarray | None, np.ndarray | None]] = {}
 
     def _rows(self, batch: torch.Tensor) -> np.ndarray:
@@ -274,6 +270,13 @@ class LossProbe:
     @staticmethod
     def _gain(before: np.ndarray, after: np.ndarray) -> np.ndarray:
         return (before - after) / before.mean() if before.size else before
+
+    def _step_gain(
+        self, step: dict[str, torch.Tensor] | None, before: np.ndarray, batch: torch.Tensor
+    ) -> np.ndarray | None:
+        """Per-sample gains of `batch` (losses `before` at the start) under a covariate's `step`
+        (None when there is no such step)."""
+        return None if step is None else self._gain(before, self._stepped(step, [batch])[0])
 
     def _factor(self, norm: float, target: float) -> float:
         """The step multiplier that brings an update of `norm` to ``η target``."""
@@ -345,11 +348,8 @@ class LossProbe:
         again at ``T``)."""
         if uid not in self._own_gains:
             before = self._rows(own)
-            ref, prev = (
-                None if step is None else self._gain(before, self._stepped(step, [own])[0])
-                for step in (self.ref, self.prev)
-            )
-            self._own_gains[uid] = (before, ref, prev)
+            ref = self._step_gain(self.ref, before, own)
+            self._own_gains[uid] = (before, ref, self._step_gain(self.prev, before, own))
         return self._own_gains[uid]
 
     def score(self, uid: int, update: Update, norm: float, target: float) -> LossScore:

@@ -61,7 +61,7 @@ class WindowScorer:
         hotkeys = {u: checks[u].hotkey for u in self.accepted}
         consensus = book.consensus(hotkeys)
         # until two peers earn, the previous window's step is a second covariate
-        launch = previous is not None and len(book.earning(hotkeys)) < 2
+        launch = previous is not None and book.launching(hotkeys)
         candidates = [u for u, c in checks.items() if c.verdict in SCORABLE and u in self.fetched]
         # the accepted first, in an order drawn each window; the lead's evidence takes all the
         # selected ones in that order, the scores after the agreement at most `max_scored`

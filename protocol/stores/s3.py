@@ -579,12 +579,13 @@ class S3Store(ObjectStore):
         """Whether `key` holds the object these `parts` make (its multipart ETag, the MD5 of the
         parts' MD5s and their count, and its size); False when that cannot be told."""
         expected = multipart_etag([str(p["ETag"]) for p in parts])
+        if expected is None:
+            return False
         try:
             info = self._client.head_object(Bucket=self._bucket, Key=key)
         except Exception:  # the completion's own error is the one to report
             return False
-        etag = info.get("ETag")
-        return expected is not None and etag == expected and info.get("ContentLength") == size
+        return info.get("ETag") == expected and info.get("ContentLength") == size
 
     def _abort(self, key: str, upload_id: str) -> None:
         self._stats.add("multipart_aborts")

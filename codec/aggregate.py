@@ -242,14 +242,21 @@ def sum_clipped(
     triton: bool | None = None,
     min_support: int = 1,
 ) -> None:
-    """``out`` (zeros) becomes the per-chunk clipped mean of one tensor's pieces, in the given
-    (ascending key) order, None for an update without the tensor (`chunk_clip`); with
-    ``min_support`` above 1, zero where fewer updates sent a value (`keep_supported`)."""
+    """``out`` becomes (whatever it held) the per-chunk clipped mean of one tensor's pieces, in
+    the given (ascending key) order, None for an update without the tensor (`chunk_clip`); with
+    ``min_support`` above 1, zero where fewer updates sent a value (`keep_supported`). On the CPU
+    each chunk is zeroed, summed and divided while it is in cache (`codec.native.scatter.
+    mean_group`), with the same result bit for bit as the steps one after another below."""
     layout = ChunkLayout.for_shape(out.shape, params)
     clip = chunk_clip(
         [None if p is None else chunk_norms(p) for p in pieces],
         [g.n_chunks for g in layout.groups],
     )
+    cpu = out.device.type == "cpu" and out.is_contiguous() and out.dtype == torch.float32
+    if cpu and not triton and min_support <= 1:
+        _mean_in_cache(out, layout, pieces, clip)
+        return
+    out.zero_()
     count = torch.zeros(out.shape, dtype=torch.uint8) if min_support > 1 else None
     for piece, factors in zip(pieces, clip.factors, strict=True):
         if piece is not None and factors is not None:
@@ -260,3 +267,21 @@ def sum_clipped(
     divide_chunks(out, layout, clip.divisors)
     if count is not None:
         keep_supported(out, count, min_support)
+
+
+def _mean_in_cache(
+    out: torch.Tensor, layout: ChunkLayout, pieces: Sequence[SparseTensor | None], clip: ChunkClip
+) -> None:
+    from codec.native.scatter import mean_group  # numba, imported where it runs
+
+    for piece in pieces:
+        if piece is not None and tuple(piece.shape) != tuple(out.shape):
+            raise ValueError(f"out must be float32 {piece.shape}, got {tuple(out.shape)}")
+    sent = [
+        (p, f) for p, f in zip(pieces, clip.factors, strict=True) if p is not None and f is not None
+    ]
+    for gi in range(len(layout.groups)):
+        parts = [
+            (p.groups[gi].idx, p.groups[gi].codes, p.groups[gi].scales, p.codebook) for p, _ in sent
+        ]
+        mean_group(out, layout, gi, parts, [f[gi] for _, f in sent], clip.divisors[gi])

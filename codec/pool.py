@@ -226,5 +226,4 @@ def _sum_into(
     """This worker's tensors of the clipped mean of the updates of ``keys`` (ascending)."""
     named = [{p.name: p for p in pieces[uid]} for uid in keys]
     for name, dense in out.items():
-        dense.zero_()
         sum_clipped(dense, [by_name.get(name) for by_name in named], params, None, min_support)

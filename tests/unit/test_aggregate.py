@@ -8,9 +8,17 @@ import random
 import pytest
 import torch
 
-from codec.aggregate import aggregate, clip_factors, update_norm
+from codec.aggregate import (
+    aggregate,
+    chunk_clip,
+    chunk_norms,
+    clip_factors,
+    divide_chunks,
+    sum_clipped,
+    update_norm,
+)
 from codec.chunking import ChunkLayout
-from codec.compress import Compressor, SparseTensor, densify
+from codec.compress import Compressor, SparseTensor, densify, scatter_add
 from codec.errors import DecodeError
 from codec.spec import CodecParams, ModelSpec
 from tests.support.clip_reference import chunk_clipped_mean
@@ -102,3 +110,36 @@ def test_missing_unknown_and_empty(peers: dict[str, list[SparseTensor]]) -> None
     bad = SparseTensor(broken.name, broken.shape, broken.groups, broken.codebook * -1)
     with pytest.raises(DecodeError):
         aggregate({"a": [bad]}, SPEC, PARAMS)
+
+
+def test_the_clipped_mean_in_cache_is_the_steps_one_after_another_bit_for_bit() -> None:
+    """`sum_clipped` on the CPU zeroes, sums and divides a band of chunks at a time; it must give
+    exactly what zeroing, one scatter per update in key order and the chunk division give, on
+    edge tiles, 1-D and 3-D tensors, an update without a tensor and a tensor nobody sends,
+    whatever the buffer held."""
+    shapes = {"w": (50, 83), "v": (16, 48), "b": (203,), "x": (3, 5, 9), "none": (7, 9)}
+    spec = ModelSpec.from_shapes(shapes)
+    comp = Compressor(spec, PARAMS)
+    gen = torch.Generator().manual_seed(5)
+    updates = []
+    for i, scale in enumerate([1.0, 0.25, 6.0, 1.5, 1e-3]):
+        names = [n for n in shapes if n != "none" and not (i == 1 and n == "w")]
+        updates.append(
+            {n: comp.compress(n, torch.randn(shapes[n], generator=gen) * scale, 0.9) for n in names}
+        )
+    for name, shape in shapes.items():
+        pieces = [u.get(name) for u in updates]
+        layout = ChunkLayout.for_shape(shape, PARAMS)
+        clip = chunk_clip(
+            [None if p is None else chunk_norms(p) for p in pieces],
+            [g.n_chunks for g in layout.groups],
+        )
+        steps = torch.zeros(shape)
+        for piece, factors in zip(pieces, clip.factors, strict=True):
+            if piece is not None and factors is not None:
+                scatter_add(steps, piece, PARAMS, factors, triton=False)
+        divide_chunks(steps, layout, clip.divisors)
+        fused = torch.full(shape, float("nan"))
+        sum_clipped(fused, pieces, PARAMS)
+        assert torch.equal(fused.view(torch.int32), steps.view(torch.int32)), name
+        assert name != "none" or not fused.any()

@@ -365,6 +365,10 @@ class RunConfig(_Frozen):
             raise RunConfigError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
         return cls.from_dict(_deep_merge(PRESETS[name], overrides))
 
+    def with_overrides(self, **overrides: Any) -> RunConfig:
+        """This config with nested dicts merged in as overrides (as `preset` merges them)."""
+        return RunConfig.from_dict(_deep_merge(self._plain(), overrides))
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunConfig:
         """Validate a plain dict; a `run_id` key, if present, must match the recomputed id."""

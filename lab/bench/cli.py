@@ -43,7 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--device",
         choices=["cpu", "cuda"],
         default="cpu",
-        help="cuda: the Triton path on the first GPU, plus its copy reference and a 1B model",
+        help="cuda: the first GPU (codec: the Triton path, its copy reference and a 1B model; "
+        "exchange: a row summed on the GPU; probe, step and train: the model there)",
     )
     exchange = parser.add_argument_group("exchange")
     exchange.add_argument(

@@ -125,3 +125,50 @@ def test_methods_in_worker_processes_train_exactly_as_one_after_another() -> Non
         assert (
             a.method.label == b.method.label and a.loss == b.loss and a.bytes_sent == b.bytes_sent
         )
+
+
+PAPER = ROOT / "lab" / "configs" / "paper-regime.toml"
+
+
+def test_the_paper_regime_config_is_the_papers_regime_at_the_tiny_size() -> None:
+    """H = 15, 3.1 % density, a replica batch 8 × tiny's, about 20 tokens per parameter over the
+    27 windows of 8 replicas its header gives."""
+    run, tiny = RunConfig.load(PAPER), RunConfig.preset("tiny")
+    assert run.inner_steps == 15
+    assert run.codec.k / run.codec.chunk_size == pytest.approx(0.03125)
+    assert run.batch_size >= 8 * tiny.batch_size and run.seq_len == tiny.seq_len
+    assert run.outer.beta == 0.95 and run.outer.alpha == 1.0
+    tokens = 8 * 27 * run.inner_steps * run.batch_size * run.seq_len
+    assert 18 <= tokens / run.param_count() <= 22
+    assert "--replicas 8 --windows 27" in PAPER.read_text()
+
+
+def test_the_paper_regime_trains_end_to_end_at_reduced_length(tmp_path: Path) -> None:
+    """The run config file through `--preset`, its batch and density kept, H and R and the
+    windows cut to CI size, on the CPU; both densities train and the lower sends fewer bytes."""
+    cmd = [sys.executable, "-m", "commands.cli", "bench", "train", "--preset", str(PAPER),
+           "--replicas", "2", "--windows", "1", "--inner-steps", "2", "--heldout", "8",
+           "--strategies", "sparseloco:k=128", "sparseloco:k=64", "--device", "cpu",
+           "--threads", "1", "--jobs", "1", "--out", str(tmp_path), "--json"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    body = json.loads(done.stdout)
+    setup = body["setup"]
+    assert (setup["batch_size"], setup["inner_steps"], setup["device"]) == (64, 2, "cpu")
+    rows = {r["label"]: r for r in body["results"]}
+    for r in rows.values():
+        assert r["final_loss"] < r["initial_loss"]
+    assert (
+        rows["sparseloco k=64"]["bytes_per_window"] < rows["sparseloco k=128"]["bytes_per_window"]
+    )
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present here")
+def test_a_missing_gpu_is_one_line_before_any_training(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "commands.cli", "bench", "train", "--quick", "--device", "cuda",
+           "--out", str(tmp_path)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode != 0
+    assert done.stderr.strip().count("\n") == 0 and "no CUDA device" in done.stderr
+    assert not (tmp_path / "bench.json").exists()

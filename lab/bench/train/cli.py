@@ -33,11 +33,16 @@ from rich.table import Table
 
 from commands.arg_types import positive_int
 from lab.bench.train.specs import DEFAULT_STRATEGIES, QUICK_STRATEGIES, SpecError
+from protocol.runconfig import RunConfig, RunConfigError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("train (tessera bench train)")
-    g.add_argument("--preset", default="tiny", help="run preset whose model and data are used")
+    g.add_argument(
+        "--preset",
+        default="tiny",
+        help="run preset or run config file whose model, data and settings are used",
+    )
     g.add_argument("--replicas", type=positive_int, default=None, help="R (default 4; --quick: 2)")
     g.add_argument(
         "--windows", type=positive_int, default=None, help="outer steps (default 40; --quick: 3)"
@@ -85,17 +90,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     from lab.bench.train import report
     from lab.bench.train.engine import Setup, heldout_set
     from lab.bench.train.parallel import run_all
     from lab.bench.train.specs import MethodSpec, parse_methods, tuned_strategies
     from node.data.batches import open_run_dataset
     from node.model.llama import build_model
-    from protocol.runconfig import RunConfig
 
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device is available here; train on --device cpu")
     if args.threads:
-        import torch
-
         torch.set_num_threads(args.threads)
     quick = args.quick
     replicas = args.replicas or (2 if quick else 4)
@@ -105,9 +111,9 @@ def run(args: argparse.Namespace) -> int:
         overrides["inner_steps"] = args.inner_steps or 2
     if args.seeds < 1:
         raise SystemExit(f"--seeds {args.seeds}: train from at least one seed")
-    first = RunConfig.preset(args.preset, **overrides)
+    first = _run_config(args.preset).with_overrides(**overrides)
     start = first.seed if args.seed is None else args.seed
-    bases = [RunConfig.preset(args.preset, **overrides, seed=start + i) for i in range(args.seeds)]
+    bases = [first.with_overrides(seed=start + i) for i in range(args.seeds)]
     base = bases[0]
     try:
         methods_by_seed = [
@@ -129,7 +135,15 @@ def run(args: argparse.Namespace) -> int:
     tasks: list[tuple[MethodSpec, Setup]] = []
     names: list[str] = []
     for b, methods in zip(bases, methods_by_seed, strict=True):
-        setup = Setup(b, dataset, tuple(range(replicas)), windows, heldout, b.run_id)
+        setup = Setup(
+            b,
+            dataset,
+            tuple(range(replicas)),
+            windows,
+            heldout,
+            b.run_id,
+            torch.device(args.device),
+        )
         tasks += [(m, setup) for m in methods]
         names += [m.label + (f" (seed {b.seed})" if args.seeds > 1 else "") for m in methods]
     with Progress(
@@ -161,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
             "preset": args.preset, "replicas": replicas, "windows": windows,
             "inner_steps": base.inner_steps, "batch_size": base.batch_size,
             "seq_len": base.seq_len, "params": numel, "heldout_samples": int(heldout.shape[0]),
-            "data_run_id": base.run_id, "seeds": [b.seed for b in bases],
+            "data_run_id": base.run_id, "seeds": [b.seed for b in bases], "device": args.device,
         },
     }  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
@@ -175,6 +189,17 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print(rows, summary, args.out)
     return 0
+
+
+def _run_config(ref: str) -> RunConfig:
+    """``--preset``: a run config file where one exists, else a preset name."""
+    path = Path(ref)
+    if not path.is_file() and (path.suffix in (".toml", ".json") or len(path.parts) > 1):
+        raise SystemExit(f"--preset {ref}: no such run config file")
+    try:
+        return RunConfig.load(path) if path.is_file() else RunConfig.preset(ref)
+    except RunConfigError as exc:
+        raise SystemExit(f"--preset {ref}: {exc}") from None
 
 
 def _print(rows: list[dict], summary: dict, out: Path) -> None:

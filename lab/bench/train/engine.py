@@ -18,6 +18,10 @@ replica also takes on its live weights after ``land`` of its inner steps, when t
 exchange would land on a real peer. **DDP** is one model whose every inner step averages the
 gradients of R replicas (the same as one step on their union).
 
+The models train on ``Setup.device`` (`--device cuda`: the GPU, in bf16 autocast as a miner
+trains); everything a peer does between two windows (encode, the wire, the mean, the outer step)
+runs on the CPU, as on a peer's host, so the consensus is the same on every device.
+
 Scored after every window: the held-out loss of the synchronised model on a fixed set of held-out
 samples; also the bytes one replica sent and the wall time. With ``outer.delay = 1`` the last
 window's mean is still held at the end; the loss once it is applied is kept too (`applied_loss`).
@@ -70,6 +74,7 @@ class Setup:
     windows: int
     heldout: torch.Tensor
     data_run_id: str
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     @property
     def replicas(self) -> int:
@@ -92,9 +97,10 @@ def heldout_loss(model: torch.nn.Module, heldout: torch.Tensor) -> float:
     """Mean next-token loss over ``heldout`` (rows weighted equally)."""
     model.eval()
     total = 0.0
+    device = next(model.parameters()).device
     with torch.no_grad():
         for part in heldout.split(EVAL_MICRO):
-            total += float(lm_loss(model, part)) * part.shape[0]
+            total += float(lm_loss(model, part.to(device))) * part.shape[0]
     return total / heldout.shape[0]
 
 
@@ -121,9 +127,9 @@ def transmit(strategy: Strategy, update: list, window: int, replica: int) -> tup
 def run_local(m: MethodSpec, setup: Setup, tick: Tick) -> Curve:
     """A method of `node.strategy` (see the module docstring)."""
     run = m.run
-    sync = build_model(run.model, run.seed)
+    sync = build_model(run.model, run.seed).to(setup.device)
     spec = ModelSpec.from_module(sync)
-    worker = build_model(run.model, run.seed)
+    worker = build_model(run.model, run.seed).to(setup.device)
     optimizers = [make_optimizer(worker, run) for _ in range(setup.replicas)]
     peers = [_strategy(m, spec) for _ in range(setup.replicas)]
     consensus = _strategy(m, spec)
@@ -139,9 +145,9 @@ def run_local(m: MethodSpec, setup: Setup, tick: Tick) -> Curve:
         curve.bytes_sent.append(sent_bytes)
         curve.wall_s.append(time.perf_counter() - began)
         tick(w, curve.loss[-1])
-    curve.weights = {n: p.detach().clone() for n, p in sync.named_parameters()}
+    curve.weights = {n: p.detach().cpu().clone() for n, p in sync.named_parameters()}
     if consensus.holding:  # every window's tokens in the model: apply the held mean
-        consensus.advance(sync)
+        consensus.advance(sync, {n: p.detach().cpu() for n, p in sync.named_parameters()})
         curve.applied_loss = heldout_loss(sync, setup.heldout)
     return curve
 
@@ -164,9 +170,9 @@ def _outer_step(
     run = m.run
     h, window = run.inner_steps, w * (setup.base.inner_steps // run.inner_steps) + s
     params = dict(worker.named_parameters())
-    start = {n: p.detach().clone() for n, p in sync.named_parameters()}
+    start = {n: p.detach().to("cpu", copy=True) for n, p in sync.named_parameters()}
     origin = consensus.next_weights(start)  # delay 1: the previous step's mean (else `start`)
-    jump = {n: origin[n] - start[n] for n in start}
+    jump = {n: (origin[n] - start[n]).to(setup.device) for n in start}
     deltas = []
     for r in range(setup.replicas):
         with torch.no_grad():
@@ -180,9 +186,9 @@ def _outer_step(
         if landed is not None:
             landed(-1, 0.0)
         batches = (setup.batch(r, w, s * h + i) for i in range(h))
-        train_window(worker, optimizers[r], batches, run, window, torch.device("cpu"), landed)
+        train_window(worker, optimizers[r], batches, run, window, setup.device, landed)
         with torch.no_grad():
-            deltas.append({n: origin[n] - p.detach() for n, p in params.items()})
+            deltas.append({n: origin[n] - p.detach().cpu() for n, p in params.items()})
     if isinstance(consensus, GreedyLoreNow) and not consensus.full_round:
         _select_now(deltas, peers, consensus)
     updates, sent, sizes = {}, {}, []
@@ -230,7 +236,7 @@ def _on_landing(
 def run_ddp(m: MethodSpec, setup: Setup, tick: Tick) -> Curve:
     """Every-step all-reduce: each inner step on the union of the replicas' batches."""
     run = m.run
-    model = build_model(run.model, run.seed)
+    model = build_model(run.model, run.seed).to(setup.device)
     optimizer = make_optimizer(model, run)
     curve = Curve(m, initial_loss=heldout_loss(model, setup.heldout))
     gradient_bytes = 4 * sum(p.numel() for p in model.parameters())
@@ -240,12 +246,12 @@ def run_ddp(m: MethodSpec, setup: Setup, tick: Tick) -> Curve:
             torch.cat([setup.batch(r, w, h) for r in range(setup.replicas)])
             for h in range(run.inner_steps)
         )
-        train_window(model, optimizer, batches, run, w, torch.device("cpu"))
+        train_window(model, optimizer, batches, run, w, setup.device)
         curve.loss.append(heldout_loss(model, setup.heldout))
         curve.bytes_sent.append(run.inner_steps * gradient_bytes)  # one fp32 gradient a step
         curve.wall_s.append(time.perf_counter() - began)
         tick(w, curve.loss[-1])
-    curve.weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+    curve.weights = {n: p.detach().cpu().clone() for n, p in model.named_parameters()}
     return curve
 
 

@@ -62,5 +62,5 @@ def _parts(setup: Setup) -> dict[str, Any]:
     """A setup without its dataset, which each worker opens again."""
     return {
         "base": setup.base, "uids": setup.uids, "windows": setup.windows,
-        "heldout": setup.heldout, "data_run_id": setup.data_run_id,
+        "heldout": setup.heldout, "data_run_id": setup.data_run_id, "device": setup.device,
     }  # fmt: skip

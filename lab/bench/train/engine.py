@@ -37,13 +37,13 @@ import torch
 
 from codec.spec import ModelSpec
 from lab.bench.train.specs import MethodSpec
+from lab.strategies.exact import SparseLoCoExact
 from lab.strategies.greedylore_variants import GreedyLoreNow, GreedyLoreRandom
 from miner.train import lm_loss, make_optimizer, train_window
 from node.data.batches import assigned_batch, eval_batch
 from node.data.dataset import Dataset
 from node.model.llama import build_model
 from node.strategy import Strategy, make_strategy
-from node.strategy.exact import SparseLoCoExact
 from node.strategy.outer import land_by_step
 from protocol.runconfig import RunConfig
 

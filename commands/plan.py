@@ -1,5 +1,6 @@
 """`tessera plan`: how much of each window a run keeps its accelerators busy (`node.runtime.plan`),
-and the memory per GPU a peer needs under DDP and FSDP2 (`node.runtime.memory`).
+the memory per GPU a peer needs under DDP and FSDP2, and what a validator holds on its one GPU
+and its host (`node.runtime.memory`).
 
     tessera plan                                   # every preset on its reference box
     tessera plan --preset 8B --gpus 8 --gpu h100 --link-gbps 1
@@ -25,7 +26,7 @@ from rich.table import Table
 
 from commands.arg_types import fraction, positive_int
 from commands.node_args import exchange_workers
-from node.runtime.memory import GIB, pick_recipe, plan_memory, step_time
+from node.runtime.memory import GIB, pick_recipe, plan_memory, plan_validator_memory, step_time
 from node.runtime.plan import (
     CPU_PROBE_FORWARD_MFU,
     HARDWARE,
@@ -143,6 +144,22 @@ def memory(run: RunConfig, box: Box, gpu_gib: float | None) -> dict[str, Any]:
     return out
 
 
+def validator_memory(run: RunConfig, box: Box, gpu_gib: float | None) -> dict[str, Any]:
+    """What a validator of the run holds on one GPU of the box's kind and on its host."""
+    gib = gpu_gib if gpu_gib is not None else box.hardware.memory_gib
+    v, h = plan_validator_memory(run), plan_validator_memory(run, on_host=True)
+    return {
+        "gpu_gib": gib,
+        "device_gib": v.device / GIB, "launch_device_gib": v.launch_device / GIB,
+        "host_gib": v.host / GIB, "launch_host_gib": v.launch_host / GIB,
+        "fits": v.fits(int(gib * GIB)), "fits_at_launch": v.fits(int(gib * GIB), launching=True),
+        "probe_state_host": {
+            "device_gib": h.launch_device / GIB, "launch_host_gib": h.launch_host / GIB,
+            "fits": h.fits(int(gib * GIB), launching=True),
+        },
+    }  # fmt: skip
+
+
 def run(args: argparse.Namespace) -> int:
     from commands.miner import load_run
 
@@ -156,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
         row = figures(r, box, plan(r, box, rate))
         row["decode_entries_per_s"] = rate
         row["memory"] = memory(r, box, args.gpu_memory)
+        row["validator_memory"] = validator_memory(r, box, args.gpu_memory)
         if args.suggest:
             s = suggest(r, box, decode_rate=rate)
             row["suggested"] = {
@@ -211,11 +229,16 @@ def _print(rows: list[dict[str, Any]]) -> None:
                                                         for r in rows))  # fmt: skip
         t.add_row(f"training recipe, {strategy.upper()}", *(_recipe_cell(r["memory"], strategy)
                                                          for r in rows))  # fmt: skip
+    t.add_row("validator, one GPU†", *(_validator_cell(r["validator_memory"]) for r in rows))
     console = Console()
     console.print(t)
     console.print(
         "* with the fastest training recipe that fits (node/runtime/memory.py: activations and "
         "step times measured on one H100 at 1B)"
+    )
+    console.print(
+        "† the probe's copies and the window's mean beside the model, or on the host "
+        "(tessera validator --probe-state; node/runtime/memory.py, counted from the code)"
     )
 
 
@@ -230,3 +253,16 @@ def _memory_cell(m: dict[str, Any], strategy: str) -> str:
         f"{m[strategy]['exchange_host_gib']:,.0f} GiB)"
     )
     return f"{m[strategy]['total_gib']:,.1f} of {m['gpu_gib']:g} GiB, {fit}; {host}"
+
+
+def _validator_cell(v: dict[str, Any]) -> str:
+    def fit(ok: bool) -> str:
+        return "fits" if ok else "[red]does not fit[/]"
+
+    h = v["probe_state_host"]
+    return (
+        f"{v['device_gib']:,.1f} of {v['gpu_gib']:g} GiB, {fit(v['fits'])} (first windows "
+        f"{v['launch_device_gib']:,.1f}, {fit(v['fits_at_launch'])}); host "
+        f"{v['launch_host_gib']:,.0f} GiB; probe state on the host: {h['device_gib']:,.1f} "
+        f"GiB, {fit(h['fits'])}, host {h['launch_host_gib']:,.0f} GiB"
+    )

@@ -32,6 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--samples", type=positive_int, default=env("TESSERA_VALIDATOR_SAMPLES", "64"),
         help="random and own samples per loss probe",
     )  # fmt: skip
+    parser.add_argument(
+        "--probe-state", choices=("auto", "device", "host"),
+        default=env("TESSERA_PROBE_STATE", "auto"),
+        help="where the probe's copies of the weights and the window's mean live: auto keeps "
+        "them on the GPU where it holds them (`tessera plan`), else on the host",
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
         checkpoint_every=args.checkpoint_every,
         n_random=args.samples,
         n_own=args.samples,
+        probe_state=args.probe_state,
     )
     validator = Validator(
         run_cfg, keypair, chain, store, state, cfg, local_root=local_root(args), device=args.device,

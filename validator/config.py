@@ -6,7 +6,11 @@ Every figure below is documented where it is used; the defaults are the ones mea
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+ProbeState = Literal["auto", "device", "host"]
 
 
 class ValidatorConfig(BaseModel):
@@ -49,6 +53,11 @@ class ValidatorConfig(BaseModel):
         1e-5, description="own-data effect (relative loss) an update needs to be applied"
     )
     max_scored: int = Field(0, ge=0, description="peers scored per window (0: all)")
+    probe_state: ProbeState = Field(
+        "auto",
+        description="where the probe's copies of the weights and the window's mean live: beside "
+        "the model, on the host, or auto: the host where the GPU cannot hold them",
+    )
     # ratings and weights (see `validator.ratings`)
     ema_rate: float = Field(0.3, gt=0, le=1, description="weight of the newest window in EMAs")
     own_windows: int = Field(6, ge=1, le=64, description="scored windows pooled in own_z")

@@ -73,6 +73,7 @@ from validator.config import ValidatorConfig
 from validator.copies import Sketch, SketchHistory, aggregate_sketch, sketch
 from validator.fetching import Upload, clear_spool, fetch_uploads, window_spool
 from validator.metrics import ValidatorMetrics
+from validator.probe_state import probe_keep
 from validator.ratings import Book, WindowOutcome
 from validator.reports import ScoreReport, WindowResult, build_report
 from validator.reveal import (
@@ -397,7 +398,8 @@ class Validator:
         before = {k: p.detach().to("cpu", copy=True) for k, p in params.items()} if keep else None
         mean = None
         if self.pool is not None:
-            mean = mean_of_stored(self.pool, agreed.updates, self.strategy.device)
+            where = probe_keep(self.cfg.probe_state, self.run, self.device)
+            mean = mean_of_stored(self.pool, agreed.updates, where)
         if mean is None:
             self.strategy.step(self.model, Pieces(agreed.updates))
         else:

@@ -72,6 +72,7 @@ from node.model.losses import row_losses
 from node.strategy import Strategy, make_strategy
 from protocol.runconfig import RunConfig
 from validator.config import ValidatorConfig
+from validator.probe_state import copy_to, probe_keep
 from validator.reveal import SampleReveal, own_slots
 
 Update = Sequence[SparseTensor]
@@ -244,6 +245,7 @@ class LossProbe:
     ) -> None:
         self.model, self.run, self.dataset, self.window = model, run, dataset, window
         self.reveal, self.cfg, self.device = reveal, cfg, device
+        self.keep = probe_keep(cfg.probe_state, run, device)  # the copies below live there
         # the validator's own strategy: a shared-support one needs the window's support
         self.strategy = strategy or make_strategy(run, ModelSpec.from_module(model), device)
         self.eta = cfg.score_scale * run.outer.alpha
@@ -253,7 +255,7 @@ class LossProbe:
         # the consensus direction's members at their lower median norm
         self.target = reference_norm({u: norms[u] for u in self.members})
         self.reference, self.norms = reference, norms
-        self.start = {k: p.detach().clone() for k, p in model.named_parameters()}
+        self.start = {k: copy_to(p, self.keep) for k, p in model.named_parameters()}
         model.eval()
         self.random = dataset.read_slots(np.asarray(reveal.random_slots, dtype=np.int64))
         self.before_random = self._rows(self.random)
@@ -290,7 +292,7 @@ class LossProbe:
         if not self.members:
             return None
         params = dict(self.model.named_parameters())
-        ref = {k: torch.zeros_like(p) for k, p in params.items()}
+        ref = {k: torch.zeros(p.shape, dtype=p.dtype, device=self.keep) for k, p in params.items()}
         for uid in self.members:
             f = self._factor(norms[uid], self.target) / len(self.members)
             for piece in reference[uid]:
@@ -301,7 +303,7 @@ class LossProbe:
         """The previous window's outer step at ``score_scale`` of its length."""
         params = dict(self.model.named_parameters())
         return {
-            k: previous[k].to(device=p.device, dtype=p.dtype) * self.cfg.score_scale
+            k: previous[k].to(device=self.keep, dtype=p.dtype) * self.cfg.score_scale
             for k, p in params.items()
         }
 
@@ -315,7 +317,7 @@ class LossProbe:
             with torch.no_grad():
                 if isinstance(step, dict):
                     for name, delta in step.items():
-                        params[name].sub_(delta)
+                        params[name].sub_(delta.to(params[name].device))
                 elif step is not None:
                     for piece in step:
                         self.strategy.add_into(params[piece.name].data, piece, -factor)

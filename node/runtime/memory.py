@@ -32,6 +32,17 @@ decoded until the sum (3 B per kept entry: int16 position, code, `codec.pool`), 
 shared memory until decoded (`WIRE_BYTES_PER_ENTRY`), and each worker's index-decoder buffer for
 the largest stream (`codec.native.index_decode.scratch_bytes`; 16 workers, the most `auto` picks).
 
+A validator (`plan_validator_memory`) probes on one device, in bf16 autocast over fp32 weights
+(`validator.scoring.LossProbe`): the model and its outer state (``4 + outer`` B/param), and while
+it probes the window's start (every probe restores the weights from it exactly) and the
+consensus step (``8`` B/param more), plus one micro-batch's logits (`PROBE_LOGIT_BYTES`); in
+the run's first windows, until two peers earn, the previous window's outer step too (4 B/param
+on the device, and kept on the host between windows). The outer step afterwards holds the mean
+(4 B/param) and one tensor at a time. Its host holds the exchange on decode workers (as a
+peer's) and, while it saves its state, the weights and outer state twice. Where the device
+cannot hold the probe's copies (``--probe-state``), they and the mean stay on the host and
+each tensor comes over when it is used.
+
 Activations follow the training recipe (`MemoryOptions`), from constants measured on a GPU
 (`tessera bench step --preset 1B --device cuda`: the peak of allocated memory above the weights,
 gradients and AdamW moments, one H100, bf16 autocast over fp32 weights, micro-batch 8 × 2,048):
@@ -59,9 +70,11 @@ __all__ = [
     "SHARDINGS",
     "MemoryOptions",
     "MemoryPlan",
+    "ValidatorMemoryPlan",
     "pick_recipe",
     "pick_sharding",
     "plan_memory",
+    "plan_validator_memory",
     "step_time",
 ]
 
@@ -77,6 +90,10 @@ ACTIVATION_BYTES = 75  # per hidden unit, layer and token, kept for the backward
 LOGIT_BYTES = 11  # per vocabulary entry and token of the loss (measured)
 CHECKPOINT_BYTES = 4  # per hidden unit, layer and token with checkpointing: the fp32 layer input
 WIRE_BYTES_PER_ENTRY = 1.2  # an update on the wire: about 9.3 bits per kept entry
+PROBE_LOGIT_BYTES = 10
+"""Per vocabulary entry and position of a probe's forward pass (`node.model.losses.row_losses`):
+the bf16 logits, their fp32 copy and the cross-entropy's fp32 log-softmax (counted from the
+code)."""
 
 
 @dataclass(frozen=True)
@@ -184,6 +201,39 @@ def plan_memory(
         host = 2 * saved
     transient = max(training, exchange) - activations
     return MemoryPlan(strategy, gpus, state, transient, activations, host, exchange_host(run))
+
+
+@dataclass(frozen=True)
+class ValidatorMemoryPlan:
+    """Bytes a validator of a run holds (module docstring): on its one device at the peak of a
+    window, and on its host; ``launch_*`` in the run's first windows, while it keeps the
+    previous window's step."""
+
+    device: int
+    launch_device: int
+    host: int
+    launch_host: int
+
+    def fits(self, gpu_memory: int, launching: bool = False) -> bool:
+        return (self.launch_device if launching else self.device) <= gpu_memory
+
+
+def plan_validator_memory(run: RunConfig, on_host: bool = False) -> ValidatorMemoryPlan:
+    """What a validator of `run` holds on its device and its host (see the module docstring);
+    `on_host`: the probe's copies and the window's mean kept on the host (``--probe-state
+    host``), so the device holds the model, one forward pass and one tensor at a time."""
+    params = run.param_count()
+    model = (FP32 + outer_bytes(run)) * params
+    logits = run.micro_batch_size * run.seq_len * run.model.vocab_size * PROBE_LOGIT_BYTES
+    copies = 2 * FP32 * params  # the window's start and the consensus step, then the mean
+    host = exchange_host(run) + 2 * model
+    launch = FP32 * params  # the previous window's step: a covariate, and kept between windows
+    if on_host:
+        tensor = FP32 * _unit_params(run.model)[1]  # the largest, on its way to the device
+        device = model + logits + tensor + OVERHEAD
+        return ValidatorMemoryPlan(device, device, host + copies, host + copies + 2 * launch)
+    device = model + copies + logits + OVERHEAD  # the step holds less: the mean, one tensor
+    return ValidatorMemoryPlan(device, device + launch, host, host + launch)
 
 
 def pick_recipe(run: RunConfig, gpus: int, strategy: Strategy, gpu_memory: int) -> MemoryOptions:

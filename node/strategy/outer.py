@@ -79,12 +79,20 @@ class OuterOptimizer:
     def advance(
         self, model: torch.nn.Module, start: Mapping[str, torch.Tensor] | None = None
     ) -> None:
-        """The model set to `next_weights` of ``start`` (default: its own weights)."""
+        """The model set to `next_weights` of ``start`` (default: its own weights), one tensor
+        at a time: the same bits, and never a second copy of the whole model. A held mean may
+        live elsewhere (a validator's host): each tensor of it comes over when it is used."""
         params = dict(model.named_parameters())
-        base = start if start is not None else {n: p.detach() for n, p in params.items()}
+        held, self._held = self._held, None
         with torch.no_grad():
-            for name, w in self.next_weights(base).items():
-                params[name].copy_(w)
+            for name, p in params.items():
+                base = start[name] if start is not None else p.detach()
+                if held is None:
+                    if start is not None:
+                        p.copy_(base)
+                    continue
+                mean = held[name].to(self.device)
+                p.copy_(base.sub(self._direction(name, mean), alpha=self.cfg.alpha))
 
     def _direction(self, name: str, mean: torch.Tensor) -> torch.Tensor:
         if self.cfg.optimizer == "sgd":

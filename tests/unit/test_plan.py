@@ -120,6 +120,8 @@ def test_plan_command_prints_the_figures(capsys: pytest.CaptureFixture[str]) -> 
         row["upload_s"] + row["gather_wait_s"] + row["download_s"] + row["decode_s"]
     )
     assert row["inner_steps"] == RunConfig.preset("8B").inner_steps
+    v = row["validator_memory"]  # one H100: only with the probe's copies on the host
+    assert not v["fits"] and v["probe_state_host"]["fits"]
     # a slow link: the gather no longer fits beside the training
     assert main(["plan", "--preset", "8B", "--link-gbps", "0.02", "--json"]) == 0
     (slow,) = json.loads(capsys.readouterr().out)["plans"]

@@ -291,12 +291,15 @@ class LossProbe:
     ) -> dict[str, torch.Tensor] | None:
         if not self.members:
             return None
-        params = dict(self.model.named_parameters())
-        ref = {k: torch.zeros(p.shape, dtype=p.dtype, device=self.keep) for k, p in params.items()}
-        for uid in self.members:
-            f = self._factor(norms[uid], self.target) / len(self.members)
-            for piece in reference[uid]:
-                self.strategy.add_into(ref[piece.name], piece, f)
+        factors = {u: self._factor(norms[u], self.target) / len(self.members) for u in self.members}
+        pieces = {u: {p.name: p for p in reference[u]} for u in self.members}
+        ref = {}
+        for name, p in self.model.named_parameters():  # one tensor at a time, beside the model
+            t = torch.zeros_like(p)
+            for uid in self.members:  # in uid order, as before: the same sums
+                if name in pieces[uid]:
+                    self.strategy.add_into(t, pieces[uid][name], factors[uid])
+            ref[name] = t if self.keep == t.device else copy_to(t, self.keep)
         return ref
 
     def _last(self, previous: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

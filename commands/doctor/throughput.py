@@ -53,14 +53,15 @@ def verdict(run: RunConfig, p: Plan, measured: str) -> Check:
     busy = f"{p.busy:.0%} busy" + ("" if p.busy <= 1 else ": longer than the window")
     detail = (
         f"{measured}: a window's {p.tokens:,} tokens train in {p.compute_s:,.1f} s of its "
-        f"{p.window_s:,.0f} s ({busy}); the exchange takes {p.comm_s:,.1f} s "
+        f"{p.window_s:,.0f} s ({busy}); the exchange takes {p.exchange_s:,.1f} s "
         f"(upload {p.upload_s:,.1f} s, gather wait {p.grace_s:,.0f} s, download "
-        f"{p.download_s:,.1f} s, decode {p.decode_s:,.1f} s)"
+        f"{p.download_s:,.1f} s, decode {p.decode_s:,.1f} s, the lead's probes "
+        f"{p.probes_s:,.1f} s)"
     )
     if not p.fits:
         return warn(
             NAME,
-            detail + f": {p.compute_s + p.comm_s:,.0f} s > {p.window_s:,.0f} s, so this box "
+            detail + f": {p.compute_s + p.exchange_s:,.0f} s > {p.window_s:,.0f} s, so this box "
             "would miss the upload deadline",
             "use more or faster GPUs or a faster link, or a run with longer windows "
             "(tessera plan --suggest)",

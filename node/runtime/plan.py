@@ -10,15 +10,19 @@ everything in sequence)::
     gather wait = the gather grace after the deadline    (`WindowSchedule.gather_grace_blocks`)
     download = G · U / link                              G: run.gather_size
     decode  = G · E / exchange rate                      E: entries of one update
-    busy    = compute / window;  fits when compute + comm <= window
     probes  = G · 4.03 · 2 · P · 64 · seq_len / (peak · 34 %)   the lead's probes of the
               selected updates before its manifest, on one GPU in bf16 (`tessera bench probe`)
+    exchange = comm + probes                             training's end to the agreed step
+    busy    = compute / window;  fits when compute + exchange <= window
     budgets: download <= consensus.fetch_budget_s, decode + probes <= consensus.manifest_wait_s
 
-A peer starts training window ``w`` once it has gathered and applied ``w − 1`` (at the gather
-point of ``w − 1`` plus download and decode) and must have uploaded ``w`` by the deadline of ``w``,
-one window later: hence ``compute + comm <= window``. With ``outer.delay = 1`` (docs/training.md)
-the communication of ``w`` runs while ``w + 1`` trains, so it only has to fit in a window.
+A peer starts training window ``w`` once it has gathered ``w − 1`` and the lead's manifest has
+said which updates it applies (at the gather point of ``w − 1`` plus download, decode and the
+lead's probes), and must have uploaded ``w`` by the deadline of ``w``, one window later: hence
+``compute + exchange <= window``. With ``outer.delay = 1`` (docs/training.md) the exchange of
+``w − 1`` runs while ``w`` trains, from the deadline of ``w − 1`` on, and must land by `LAND_BY`
+of the inner steps or the peer waits there: it fits when that wait and the training end by the
+deadline of ``w``.
 
 Stated figures (each a constant below): peak bf16 dense FLOP/s from the vendors' datasheets, the
 MFU (33 % on GPUs with activations kept: measured at 1B on one H100, assumed at every size), the
@@ -46,6 +50,7 @@ from node.model.shapes import layers_spec, model_spec
 from node.runtime.memory import GIB, PLAIN, MemoryOptions, pick_recipe, pick_sharding, step_time
 from node.strategy import make_strategy
 from node.strategy.base import Meta
+from node.strategy.outer import LAND_BY
 from protocol.runconfig import RunConfig
 from protocol.windows import WindowSchedule
 
@@ -180,10 +185,17 @@ class Plan:
     manifest_wait_s: float
     recipe: MemoryOptions = PLAIN
     probes_s: float = 0.0  # the lead's probes of the selected updates, before its manifest
+    deadline_s: float = 0.0  # the upload deadline after the window's end
 
     @property
     def comm_s(self) -> float:
         return self.upload_s + self.grace_s + self.download_s + self.decode_s
+
+    @property
+    def exchange_s(self) -> float:
+        """From the end of training to the agreed step: the peers wait for the lead's manifest,
+        which follows its probes of the selected updates."""
+        return self.comm_s + self.probes_s
 
     @property
     def busy(self) -> float:
@@ -197,7 +209,7 @@ class Plan:
     @property
     def fits(self) -> bool:
         """Training and the whole exchange fit in one window (``outer.delay = 0``)."""
-        return self.compute_s + self.comm_s <= self.window_s
+        return self.compute_s + self.exchange_s <= self.window_s
 
     @property
     def budgets_fit(self) -> bool:
@@ -211,8 +223,12 @@ class Plan:
 
     @property
     def fits_overlapped(self) -> bool:
-        """With ``outer.delay = 1``: training and, beside it, the exchange each fit a window."""
-        return max(self.compute_s, self.comm_s) <= self.window_s
+        """With ``outer.delay = 1``: the last window's exchange, from its deadline, lands by
+        `LAND_BY` of the inner steps or the peer waits for it there, and training still ends in
+        time to upload by this window's deadline."""
+        landed = self.deadline_s + self.exchange_s - self.upload_s
+        end = max(self.compute_s, landed + (1 - LAND_BY) * self.compute_s)
+        return end + self.upload_s <= self.window_s + self.deadline_s
 
 
 def entries(run: RunConfig, spec: ModelSpec) -> int:
@@ -357,6 +373,7 @@ def plan(
         manifest_wait_s=run.consensus.manifest_wait_s,
         recipe=recipe,
         probes_s=run.gather_size * probe_seconds(run, box),
+        deadline_s=run.timing.upload_deadline_blocks * run.timing.block_time_s,
     )
 
 
@@ -372,14 +389,15 @@ class Sizing:
 def suggest(
     run: RunConfig, box: Box, target: float = TARGET_BUSY, decode_rate: float | None = None
 ) -> Sizing:
-    """The shortest window (whole blocks) whose exchange fits beside ``target`` of training, and
-    the inner steps (at the run's batch) that fill that share of it."""
+    """The shortest window (whole blocks) whose exchange, the lead's probes included, fits
+    beside ``target`` of training (``outer.delay = 0``), and the inner steps (at the run's
+    batch) that fill that share of it."""
     p = plan(run, box, decode_rate)
     block = run.timing.block_time_s
     step_s = p.compute_s / run.inner_steps
-    blocks = max(1, math.ceil(p.comm_s / (1 - target) / block))
+    blocks = max(1, math.ceil(p.exchange_s / (1 - target) / block))
     while True:
-        steps = max(1, math.floor((blocks * block - p.comm_s) / step_s))
+        steps = max(1, math.floor((blocks * block - p.exchange_s) / step_s))
         if steps * step_s >= target * blocks * block:
             return Sizing(blocks, steps, steps * step_s / (blocks * block))
         blocks += 1

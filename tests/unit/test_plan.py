@@ -25,6 +25,7 @@ from node.runtime.plan import (
     update_size,
 )
 from node.strategy import make_strategy
+from node.strategy.outer import LAND_BY
 from protocol.runconfig import PRESETS, RunConfig
 
 LLAMA3_8B_PARAMS = 8_030_261_248  # the published parameter count of Meta-Llama-3-8B
@@ -34,7 +35,9 @@ LLAMA3_8B_PARAMS = 8_030_261_248  # the published parameter count of Meta-Llama-
 def test_shipped_presets_keep_their_reference_box_busy(name: str) -> None:
     p = plan(RunConfig.preset(name), REFERENCE[name])
     assert p.busy >= TARGET_BUSY, f"{name}: {p.busy:.1%} busy"
-    assert p.fits, f"{name}: compute {p.compute_s:.0f} s + comm {p.comm_s:.0f} s > {p.window_s} s"
+    assert p.fits, (
+        f"{name}: compute {p.compute_s:.0f} s + exchange {p.exchange_s:.0f} s > {p.window_s} s"
+    )
     assert p.budgets_fit, f"{name}: download {p.download_s:.0f} s, decode {p.decode_s:.0f} s"
 
 
@@ -47,8 +50,9 @@ def test_the_cpu_test_preset_keeps_up_with_its_windows(name: str) -> None:
 def test_a_short_8b_window_and_the_exchange_rate() -> None:
     """An 8B window of 30 steps × 128 × 2048 tokens in 30 blocks: 7.9 M tokens, 119 s of FLOPs
     on 8 × H100 at 40 % MFU, longer by the recipe 80 GiB GPUs need (layers recomputed), so 43 %
-    of a 360 s window. Its exchange (20 updates of 125 M entries) fits beside the training at the
-    host's rate with decode workers, not on one thread."""
+    of a 360 s window. Its gather (20 updates of 125 M entries) fits beside the training at the
+    host's rate with decode workers, not on one thread; the lead's probes of 20 updates on one
+    GPU (504 s) do not, so the window does not fit."""
     short = RunConfig.preset("8B", inner_steps=30, batch_size=128, timing={"blocks_per_window": 30})
     p = plan(short, Box("h100", 8, 1.0, mfu=0.40))
     assert p.params == LLAMA3_8B_PARAMS
@@ -57,9 +61,10 @@ def test_a_short_8b_window_and_the_exchange_rate() -> None:
     assert p.compute_s == pytest.approx(119.0 * STEP_TIME[-1], rel=0.02)
     assert p.window_s == 360 and p.busy == pytest.approx(0.43, abs=0.005)
     assert p.decode_s == pytest.approx(20 * entries(short, model_spec(short.model)) / 66.1e6)
-    assert p.fits
+    assert p.compute_s + p.comm_s <= p.window_s and p.probes_s > p.window_s and not p.fits
     one_thread = plan(short, Box("h100", 8, 1.0, mfu=0.40, exchange_rate=7.0e6))
-    assert not one_thread.fits and one_thread.decode_s > 5 * p.decode_s
+    assert one_thread.compute_s + one_thread.comm_s > one_thread.window_s
+    assert one_thread.decode_s > 5 * p.decode_s
 
 
 def test_the_meta_spec_is_the_built_models_spec() -> None:
@@ -107,7 +112,7 @@ def test_suggest_sizes_a_window_that_meets_the_target() -> None:
     # the shortest such window: one block less leaves no whole number of steps that reaches it
     step_s = p.compute_s / s.inner_steps
     shorter = (s.blocks_per_window - 1) * sized.timing.block_time_s
-    assert math.floor((shorter - p.comm_s) / step_s) * step_s < 0.92 * shorter
+    assert math.floor((shorter - p.exchange_s) / step_s) * step_s < 0.92 * shorter
 
 
 def test_plan_command_prints_the_figures(capsys: pytest.CaptureFixture[str]) -> None:
@@ -115,7 +120,8 @@ def test_plan_command_prints_the_figures(capsys: pytest.CaptureFixture[str]) -> 
     assert main([*args, "--json"]) == 0
     (row,) = json.loads(capsys.readouterr().out)["plans"]
     assert row["busy"] >= TARGET_BUSY and row["fits"]
-    assert row["compute_s"] + row["comm_s"] <= row["window_s"]
+    assert row["compute_s"] + row["exchange_s"] <= row["window_s"]
+    assert row["exchange_s"] == pytest.approx(row["comm_s"] + row["validator_probes_s"])
     assert row["comm_s"] == pytest.approx(
         row["upload_s"] + row["gather_wait_s"] + row["download_s"] + row["decode_s"]
     )
@@ -156,3 +162,19 @@ def test_the_leads_probes_count_against_the_manifest_wait() -> None:
     assert bigger.probes_s == pytest.approx(ratio * p.probes_s)
     short = RunConfig.preset("1B", consensus={"manifest_wait_s": p.probes_s / 2})
     assert not plan(short, REFERENCE["1B"]).budgets_fit
+
+
+def test_peers_wait_for_the_leads_probes_before_the_next_window() -> None:
+    """With delay 0 the next window trains once the lead's manifest is out, after its probes: a
+    window that holds training and the gather but not the probes does not fit. With delay 1 the
+    exchange must land by `LAND_BY` of the inner steps, or the peer waits there."""
+    run = RunConfig.preset("1B")
+    p = plan(run, REFERENCE["1B"])
+    blocks = math.ceil((p.compute_s + p.comm_s + p.probes_s / 2) / run.timing.block_time_s)
+    tight = plan(RunConfig.preset("1B", timing={"blocks_per_window": blocks}), REFERENCE["1B"])
+    assert tight.compute_s + tight.comm_s <= tight.window_s and not tight.fits
+    assert tight.fits_overlapped  # the exchange lands in the first tenth of the training
+    slow = RunConfig.preset("1B", timing={"blocks_per_window": blocks}, gather_size=200)
+    late = plan(slow, REFERENCE["1B"])  # ten times the probes: lands after the first tenth
+    assert late.deadline_s + late.exchange_s - late.upload_s > LAND_BY * late.compute_s
+    assert not late.fits_overlapped

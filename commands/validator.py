@@ -33,11 +33,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="random and own samples per loss probe",
     )  # fmt: skip
     parser.add_argument(
-        "--probe-state", choices=("auto", "device", "host"),
-        default=env("TESSERA_PROBE_STATE", "auto"),
-        help="where the probe's copies of the weights and the window's mean live: auto keeps "
-        "them on the GPU where it holds them (`tessera plan`), else on the host",
+        "--probe-state", type=_probe_state, default=env("TESSERA_PROBE_STATE", "auto"),
+        help="auto, device or host: where the probe's copies of the weights and the window's "
+        "mean live; auto keeps them on the GPU where it holds them (`tessera plan`), else on "
+        "the host [env TESSERA_PROBE_STATE]",
     )  # fmt: skip
+
+
+def _probe_state(text: str) -> str:
+    """``--probe-state`` (and its environment variable, which argparse parses the same way)."""
+    if text not in ("auto", "device", "host"):
+        raise argparse.ArgumentTypeError(f"'{text}': use auto, device or host")
+    return text
 
 
 def run(args: argparse.Namespace) -> int:

@@ -41,7 +41,7 @@ def test_validator_weights_honest_peers_only(tmp_path: Path) -> None:
 
     running = {
         "val": local.start("validator", "val", "--samples", "16", "--checkpoint-every", "2",
-                           windows=WINDOWS),
+                           "--probe-state", "host", windows=WINDOWS),
         **{p: local.start("miner", p, windows=WINDOWS + 1) for p in ("peer0", "peer1")},
         "noise": local.start("sim-adversary", "noise", "--kind", "noise", windows=WINDOWS + 1),
         "copier": local.start("sim-adversary", "copier", "--kind", "copier",

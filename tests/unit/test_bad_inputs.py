@@ -117,6 +117,7 @@ CASES: dict[str, tuple[str, ...]] = {
     "validator: zero samples": ("validator {m} --samples 0", "'0': give 1 or more"),
     "validator: interval word": ("validator {m} --weights-every x", "'x' is not a whole number"),
     "validator: unknown device": ("validator {m} --device tpu", "use cpu, cuda or cuda:N"),
+    "validator: probe state": ("validator {m} --probe-state gpu", "use auto, device or host"),
     "sim: no peers": ("sim --peers 0 --out {root}/s", "'0': give 1 or more"),
     "sim: no windows": ("sim --windows 0 --out {root}/s", "'0': give 1 or more"),
     "sim: unknown adversary": ("sim --adversaries dragon --out {root}/s", "unknown adversaries"),
@@ -217,3 +218,14 @@ def test_a_bad_boolean_in_the_environment_ends_in_one_line(
         stop.value.code
         == "tessera miner: TESSERA_ACTIVATION_CHECKPOINTING='yes': set it to 1 or 0, or unset it"
     )
+
+
+def test_a_bad_probe_state_in_the_environment_ends_in_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TESSERA_PROBE_STATE", "gpu")
+    with pytest.raises(SystemExit) as stop:
+        main(["validator", "--run", "tiny", "--chain", "local:///x.db", "--store", "file:///x"])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and len(err.splitlines()) == 1, err
+    assert "'gpu': use auto, device or host" in err and "Traceback" not in err

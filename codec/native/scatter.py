@@ -48,29 +48,50 @@ def _scatter(
     out: np.ndarray, idx: np.ndarray, codes: np.ndarray, scales: np.ndarray, codebook: np.ndarray, lut: np.ndarray, factor: np.ndarray,
     r0: int, c0: int, per_row: int, tile_rows: int, tile_cols: int, cols: int,
 ) -> None:  # fmt: skip
-    n, k = idx.shape
-    shift = -1  # tile_cols a power of two: positions split with a shift and a mask
-    if tile_cols & (tile_cols - 1) == 0:
-        shift = 0
-        while 1 << shift < tile_cols:
-            shift += 1
-    for ch in range(n):
-        side = scales[ch]
-        scale = lut[side >> 2]
-        row = side & 3
-        low = codebook[row, 0] * scale
-        high = codebook[row, 1] * scale
-        f = factor[ch]
-        first = (r0 + (ch // per_row) * tile_rows) * cols + c0 + (ch % per_row) * tile_cols
-        for j in range(k):
-            p = np.int64(idx[ch, j])
-            if shift >= 0:
-                at = first + (p >> shift) * cols + (p & (tile_cols - 1))
-            else:
-                at = first + (p // tile_cols) * cols + p % tile_cols
-            c = codes[ch, j]
-            mag = high if c >> 1 else low
-            out[at] += (-mag if c & 1 else mag) * f
+    shift, stride, tc = _tile_shift(tile_cols), np.uint64(cols), np.uint64(tile_cols)
+    for ch in range(idx.shape[0]):
+        first = np.uint64(
+            (r0 + (ch // per_row) * tile_rows) * cols + c0 + (ch % per_row) * tile_cols
+        )
+        low, high = _levels(scales[ch], codebook, lut)
+        _add_chunk(out, first, stride, tc, shift, idx[ch], codes[ch], low, high, factor[ch])
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _tile_shift(tile_cols: int) -> int:
+    """log2 of ``tile_cols`` when it is a power of two (positions split with a shift and a
+    mask), else -1 (a division)."""
+    if tile_cols & (tile_cols - 1):
+        return -1
+    shift = 0
+    while 1 << shift < tile_cols:
+        shift += 1
+    return shift
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _levels(side: int, codebook: np.ndarray, lut: np.ndarray) -> tuple[float, float]:
+    """A chunk's two magnitudes from its side byte: the codebook row times the scale."""
+    scale = lut[side >> 2]
+    row = side & 3
+    return codebook[row, 0] * scale, codebook[row, 1] * scale
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _add_chunk(
+    out: np.ndarray, first: np.uint64, stride: np.uint64, tc: np.uint64, shift: int, idx: np.ndarray, codes: np.ndarray, low: float, high: float, f: float,
+) -> None:  # fmt: skip
+    """``out += ±level · f`` at each of one chunk's entries (its row of ``idx`` and ``codes``),
+    the chunk's first element at ``first``; offsets unsigned (no negative-index handling)."""
+    for e in range(idx.shape[0]):
+        p = np.uint64(idx[e])
+        if shift >= 0:
+            at = first + (p >> np.uint64(shift)) * stride + (p & (tc - np.uint64(1)))
+        else:
+            at = first + (p // tc) * stride + p % tc
+        c = codes[e]
+        mag = high if c >> 1 else low
+        out[at] += (-mag if c & 1 else mag) * f
 
 
 def mean_group(
@@ -120,16 +141,11 @@ def _mean(
     """A band of tiles (one row of the grid: contiguous rows of the tensor) at a time: zeroed,
     every update's entries added (updates in order), each tile divided. Offsets are unsigned,
     so the loops over contiguous elements compile to vector instructions."""
-    updates, n, k = idx.shape
+    updates, n, _ = idx.shape
     if n == 0:
         return
-    shift = -1  # tile_cols a power of two: positions split with a shift and a mask
-    if tile_cols & (tile_cols - 1) == 0:
-        shift = 0
-        while 1 << shift < tile_cols:
-            shift += 1
+    shift, stride, tc = _tile_shift(tile_cols), np.uint64(cols), np.uint64(tile_cols)
     width = np.uint64(per_row * tile_cols)
-    stride, tc = np.uint64(cols), np.uint64(tile_cols)
     for band in range(n // per_row):
         start = np.uint64((r0 + band * tile_rows) * cols + c0)
         for r in range(tile_rows):
@@ -139,22 +155,20 @@ def _mean(
         for u in range(updates):
             for j in range(per_row):
                 ch = band * per_row + j
-                side = scales[u, ch]
-                scale = lut[side >> 2]
-                row = side & 3
-                low = codebooks[u, row, 0] * scale
-                high = codebooks[u, row, 1] * scale
-                f = factors[u, ch]
+                low, high = _levels(scales[u, ch], codebooks[u], lut)
                 first = start + np.uint64(j) * tc
-                for e in range(k):
-                    p = np.uint64(idx[u, ch, e])
-                    if shift >= 0:
-                        at = first + (p >> np.uint64(shift)) * stride + (p & (tc - np.uint64(1)))
-                    else:
-                        at = first + (p // tc) * stride + p % tc
-                    c = codes[u, ch, e]
-                    mag = high if c >> 1 else low
-                    out[at] += (-mag if c & 1 else mag) * f
+                _add_chunk(
+                    out,
+                    first,
+                    stride,
+                    tc,
+                    shift,
+                    idx[u, ch],
+                    codes[u, ch],
+                    low,
+                    high,
+                    factors[u, ch],
+                )
         for r in range(tile_rows):
             at = start + np.uint64(r) * stride
             for j in range(per_row):

@@ -20,7 +20,7 @@ from node.runtime.memory import plan_validator_memory
 from protocol.runconfig import RunConfig
 from validator.config import ProbeState
 
-__all__ = ["copy_to", "probe_keep"]
+__all__ = ["copy_to", "probe_keep", "zeros_on"]
 
 HOST = torch.device("cpu")
 
@@ -41,3 +41,10 @@ def copy_to(t: torch.Tensor, keep: torch.device) -> torch.Tensor:
     if keep.type == "cpu" and t.is_cuda:
         out = out.pin_memory()
     return out
+
+
+def zeros_on(t: torch.Tensor, keep: torch.device) -> torch.Tensor:
+    """Zeros of ``t``'s shape and type on ``keep``, in pinned host memory when ``t`` is on a GPU."""
+    if keep.type == "cpu" and t.is_cuda:
+        return torch.zeros(t.shape, dtype=t.dtype).pin_memory()
+    return torch.zeros(t.shape, dtype=t.dtype, device=keep)

@@ -72,7 +72,7 @@ from node.model.losses import row_losses
 from node.strategy import Strategy, make_strategy
 from protocol.runconfig import RunConfig
 from validator.config import ValidatorConfig
-from validator.probe_state import copy_to, probe_keep
+from validator.probe_state import copy_to, probe_keep, zeros_on
 from validator.reveal import SampleReveal, own_slots
 
 Update = Sequence[SparseTensor]
@@ -291,15 +291,20 @@ class LossProbe:
     ) -> dict[str, torch.Tensor] | None:
         if not self.members:
             return None
-        factors = {u: self._factor(norms[u], self.target) / len(self.members) for u in self.members}
-        pieces = {u: {p.name: p for p in reference[u]} for u in self.members}
-        ref = {}
-        for name, p in self.model.named_parameters():  # one tensor at a time, beside the model
-            t = torch.zeros_like(p)
-            for uid in self.members:  # in uid order, as before: the same sums
-                if name in pieces[uid]:
-                    self.strategy.add_into(t, pieces[uid][name], factors[uid])
-            ref[name] = t if self.keep == t.device else copy_to(t, self.keep)
+        params = dict(self.model.named_parameters())
+        ref = {k: zeros_on(p, self.keep) for k, p in params.items()}
+        for uid in self.members:  # one decoded update at a time (`Pieces`)
+            f = self._factor(norms[uid], self.target) / len(self.members)
+            for piece in reference[uid]:
+                out, beside = ref[piece.name], params[piece.name]
+                if out.device == beside.device:
+                    self.strategy.add_into(out, piece, f)
+                    continue
+                # kept on the host: the piece's part built beside the model, then added there
+                # (0 + x, then out + x: the same sum as adding into out directly)
+                part = torch.zeros_like(beside)
+                self.strategy.add_into(part, piece, f)
+                out.add_(part.to(out.device))
         return ref
 
     def _last(self, previous: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -137,14 +137,15 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def load_run(ref: str) -> RunConfig:
-    """A run config from a file, else a preset name (`RunConfigError` naming what is missing)."""
+def load_run(ref: str, flag: str = "--run") -> RunConfig:
+    """A run config from a file, else a preset name (`RunConfigError` naming what is missing,
+    and the option, ``flag``, that named it)."""
     path = Path(ref)
     if path.exists():
         return RunConfig.load(path)
     if path.suffix in (".toml", ".json") or len(path.parts) > 1:
         raise RunConfigError(
-            f"--run {ref}: no such run config file (or a preset name: {', '.join(PRESETS)})"
+            f"{flag} {ref}: no such run config file (or a preset name: {', '.join(PRESETS)})"
         )
     return RunConfig.preset(ref)
 

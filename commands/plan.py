@@ -164,7 +164,11 @@ def validator_memory(run: RunConfig, box: Box, gpu_gib: float | None) -> dict[st
 def run(args: argparse.Namespace) -> int:
     from commands.miner import load_run
 
-    runs = [load_run(args.preset)] if args.preset else [RunConfig.preset(n) for n in PRESETS]
+    runs = (
+        [load_run(args.preset, "--preset")]
+        if args.preset
+        else [RunConfig.preset(n) for n in PRESETS]
+    )
     rows = []
     for r in runs:
         box = box_for(r, args)

@@ -68,13 +68,7 @@ class OuterOptimizer:
         held (no step: the momentum stays as it is)."""
         held, self._held = self._held, None
         with torch.no_grad():
-            if held is None:
-                return {name: w.detach().clone() for name, w in start.items()}
-            alpha = self.cfg.alpha
-            return {
-                name: w.detach().sub(self._direction(name, held[name]), alpha=alpha)
-                for name, w in start.items()
-            }
+            return {name: self._stepped(name, w, held) for name, w in start.items()}
 
     def advance(
         self, model: torch.nn.Module, start: Mapping[str, torch.Tensor] | None = None
@@ -82,17 +76,23 @@ class OuterOptimizer:
         """The model set to `next_weights` of ``start`` (default: its own weights), one tensor
         at a time: the same bits, and never a second copy of the whole model. A held mean may
         live elsewhere (a validator's host): each tensor of it comes over when it is used."""
-        params = dict(model.named_parameters())
         held, self._held = self._held, None
+        if held is None and start is None:
+            return  # no step, and the model is its own start
         with torch.no_grad():
-            for name, p in params.items():
-                base = start[name] if start is not None else p.detach()
-                if held is None:
-                    if start is not None:
-                        p.copy_(base)
-                    continue
-                mean = held[name].to(self.device)
-                p.copy_(base.sub(self._direction(name, mean), alpha=self.cfg.alpha))
+            for name, p in model.named_parameters():
+                base = start[name] if start is not None else p
+                p.copy_(self._stepped(name, base, held))
+
+    def _stepped(
+        self, name: str, w: torch.Tensor, held: Mapping[str, torch.Tensor] | None
+    ) -> torch.Tensor:
+        """One tensor of `next_weights`: ``w − α · step(held)``, a copy of ``w`` without a mean;
+        a held mean kept elsewhere (a validator's host) comes over one tensor at a time."""
+        if held is None:
+            return w.detach().clone()
+        mean = held[name].to(self.device)
+        return w.detach().sub(self._direction(name, mean), alpha=self.cfg.alpha)
 
     def _direction(self, name: str, mean: torch.Tensor) -> torch.Tensor:
         if self.cfg.optimizer == "sgd":

@@ -32,8 +32,8 @@ from rich.progress import (
 from rich.table import Table
 
 from commands.arg_types import positive_int
+from commands.node_args import load_run
 from lab.bench.train.specs import DEFAULT_STRATEGIES, QUICK_STRATEGIES, SpecError
-from protocol.runconfig import RunConfig, RunConfigError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         overrides["inner_steps"] = args.inner_steps or 2
     if args.seeds < 1:
         raise SystemExit(f"--seeds {args.seeds}: train from at least one seed")
-    first = _run_config(args.preset).with_overrides(**overrides)
+    first = load_run(args.preset, "--preset").with_overrides(**overrides)
     start = first.seed if args.seed is None else args.seed
     bases = [first.with_overrides(seed=start + i) for i in range(args.seeds)]
     base = bases[0]
@@ -189,17 +189,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print(rows, summary, args.out)
     return 0
-
-
-def _run_config(ref: str) -> RunConfig:
-    """``--preset``: a run config file where one exists, else a preset name."""
-    path = Path(ref)
-    if not path.is_file() and (path.suffix in (".toml", ".json") or len(path.parts) > 1):
-        raise SystemExit(f"--preset {ref}: no such run config file")
-    try:
-        return RunConfig.load(path) if path.is_file() else RunConfig.preset(ref)
-    except RunConfigError as exc:
-        raise SystemExit(f"--preset {ref}: {exc}") from None
 
 
 def _print(rows: list[dict], summary: dict, out: Path) -> None:

@@ -26,6 +26,7 @@ same ``tokenizer`` reference.
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 
 from rich.console import Console
@@ -62,21 +63,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DATASET",
         help="stream a Hugging Face dataset (hub name, or json/parquet/text with --hf-data-files)",
     )
+    source.add_argument(
+        "--recipe",
+        type=Path,
+        metavar="TOML",
+        help="build a pinned corpus recipe (e.g. lab/corpora/pypi-text.toml): download its "
+        "archives, check their sha256, tokenize, check the pinned digest",
+    )
     prep.add_argument("--hf-config", default=None, help="the dataset's configuration name")
     prep.add_argument("--hf-split", default="train")
     prep.add_argument("--hf-data-files", nargs="+", default=None, metavar="FILE_OR_URL")
     prep.add_argument("--max-documents", type=int, default=None, help="stop after N documents")
     prep.add_argument(
         "--tokenizer",
-        required=True,
-        help="embedded://tiny-bpe-N, a tokenizer.json path/file:// URL, or hf://ORG/NAME",
+        help="embedded://tiny-bpe-N, a tokenizer.json path/file:// URL, or hf://ORG/NAME "
+        "(required with --input and --hf; a --recipe names its own)",
     )
     prep.add_argument("--out", required=True, type=Path, help="output folder (empty or new)")
     prep.add_argument(
         "--shard-tokens",
         type=int,
-        default=DEFAULT_SHARD_TOKENS,
-        help=f"tokens per shard (default {DEFAULT_SHARD_TOKENS:,})",
+        default=None,
+        help=f"tokens per shard (default {DEFAULT_SHARD_TOKENS:,}; a --recipe names its own)",
     )
     prep.add_argument("--text-field", default="text", help="JSON field holding the text")
     prep.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
@@ -129,6 +137,14 @@ def _summary(index: ShardIndex, where: Path) -> Table:
 
 
 def _run_prep(args: argparse.Namespace) -> int:
+    if args.recipe:
+        return _run_recipe(args)
+    if args.tokenizer is None:
+        raise DataError(
+            "--tokenizer is required with --input and --hf (e.g. embedded://tiny-bpe-4096)"
+        )
+    if args.shard_tokens is None:
+        args.shard_tokens = DEFAULT_SHARD_TOKENS
     if args.shard_tokens < 1:
         raise DataError("--shard-tokens must be positive")
     if args.hf:
@@ -155,6 +171,25 @@ def _run_prep(args: argparse.Namespace) -> int:
         cache_dir=args.cache_dir,
     )
     Console().print(_summary(index, args.out))
+    return 0
+
+
+def _run_recipe(args: argparse.Namespace) -> int:
+    from node.data.recipe import load_recipe
+    from node.data.recipe_build import build_corpus
+    from node.runtime.logs import setup_logging
+
+    given = [f"--{n.replace('_', '-')}" for n in ("tokenizer", "shard_tokens") if getattr(args, n)]
+    if given:
+        raise DataError(f"{' and '.join(given)}: a --recipe names its own; drop the option")
+    recipe = load_recipe(args.recipe)
+    _prepare_out(args.out, args.force)
+    if not logging.getLogger().handlers:  # a host program (or a test runner) keeps its own
+        setup_logging("info")
+    built = build_corpus(recipe, args.out, cache_dir=args.cache_dir)
+    Console().print(_summary(built.index, args.out))
+    if recipe.digest is None or recipe.tokens is None or recipe.text_sha256 is None:
+        print(f"# {args.recipe} pins no result yet; these lines pin this one:\n{built.pins()}")
     return 0
 
 

@@ -247,7 +247,11 @@ class LocalShardSource:
     def read_index(self) -> bytes:
         path = self.directory / INDEX_NAME
         if not path.is_file():
-            raise DataError(f"no {INDEX_NAME} in {self.directory} (not a prepared dataset?)")
+            raise DataError(
+                f"no {INDEX_NAME} in {self.directory}: not a prepared dataset; build it with "
+                f"`tessera data prep --out {self.directory}` and its --input, --hf or --recipe "
+                "(a run config's header names the command)"
+            )
         if path.stat().st_size > MAX_INDEX_BYTES:
             raise DataError(f"{path} is larger than {MAX_INDEX_BYTES} bytes")
         return path.read_bytes()

@@ -144,7 +144,7 @@ CASES: dict[str, tuple[str, ...]] = {
     "plan: negative link": ("plan --link-gbps -1", "must be > 0"),
     "data: not a dataset": ("data info {root}/notdata", "no index.json"),
     "data: bad upload bucket": ("data upload {root}/notdata s3://x/y", "'x' is not valid"),
-    "data: prep without tokenizer": ("data prep {root}/none --out {root}/d", "--tokenizer"),
+    "data: prep without tokenizer": ("data prep --input {root}/none --out {root}/d", "--tokenizer"),
     "chain: bad address": (
         "chain register --db {root}/chain.db --netuid 1 --hotkey nope",
         "not an SS58 address",

@@ -12,7 +12,10 @@ and writes `shard-NNNNNN.npy` files of `--shard-tokens` tokens plus `index.json`
 - ``*.jsonl``: one JSON object per line, its ``--text-field`` (default ``text``) is a document;
 - either may be gzip-compressed (``*.gz``).
 
-``--hf DATASET`` instead streams a Hugging Face dataset through `datasets` (`node.data.hub`).
+``--hf DATASET`` instead streams a Hugging Face dataset through `datasets` (`node.data.hub`), and
+``--recipe FILE`` builds a pinned corpus recipe (e.g. ``lab/corpora/pypi-text.toml``: published
+archives checked by sha256, the text files selected from them, the resulting digest checked;
+`node.data.recipe_build`).
 ``tessera data upload DIR s3://BUCKET/PREFIX?endpoint=…`` copies prepared shards to any S3 bucket
 (run configs then name ``dataset = "s3://BUCKET/PREFIX?…"``), and ``tessera data digest --run R``
 prints the digest that pins a run's dataset (``dataset_digest``; `info` prints it too).

@@ -66,8 +66,9 @@ class _Selector:
             fnmatchcase(name, p) for p in self.exclude
         )
 
-    def take(self, name: str, is_file: bool, stream: IO[bytes] | None) -> None:
-        if not is_file or stream is None or _unsafe_name(name):
+    def take(self, name: str, stream: IO[bytes] | None) -> None:
+        """Keep member `name` read from `stream` (None: not a regular file) if it is safe."""
+        if stream is None or _unsafe_name(name):
             self.stats.unsafe.append(name)
             return
         data = stream.read(self.max_member + 1)  # whatever the header claims
@@ -89,8 +90,7 @@ def _read_tar(path: Path, sel: _Selector) -> None:
         for info in tar:
             if info.isdir() or not sel.wanted(info.name):
                 continue
-            regular = info.isreg()
-            sel.take(info.name, regular, tar.extractfile(info) if regular else None)
+            sel.take(info.name, tar.extractfile(info) if info.isreg() else None)
 
 
 def _zip_is_regular(info: zipfile.ZipInfo) -> bool:
@@ -104,10 +104,10 @@ def _read_zip(path: Path, sel: _Selector) -> None:
             if info.is_dir() or not sel.wanted(info.filename):
                 continue
             if not _zip_is_regular(info):
-                sel.take(info.filename, False, None)
+                sel.take(info.filename, None)
                 continue
             with archive.open(info) as stream:
-                sel.take(info.filename, True, stream)
+                sel.take(info.filename, stream)
 
 
 def read_members(

@@ -45,7 +45,7 @@ WHEEL = {
 # -- archives and a loopback server ----------------------------------------------------------
 
 
-def write_tar(path: Path, files: dict[str, str], extra: list[tarfile.TarInfo] = ()) -> Path:  # type: ignore[assignment]
+def write_tar(path: Path, files: dict[str, str], extra: tuple[tarfile.TarInfo, ...] = ()) -> Path:
     with tarfile.open(path, "w:gz") as tar:
         for name, text in files.items():
             data = text.encode("utf-8")
@@ -249,10 +249,10 @@ def _link(name: str, target: str, kind: bytes) -> tarfile.TarInfo:
 
 
 def test_links_and_climbing_names_are_skipped(tmp_path: Path) -> None:
-    extra = [
+    extra = (
         _link("pkg-1.0/docs/sym.txt", "intro.txt", tarfile.SYMTYPE),
         _link("pkg-1.0/docs/hard.txt", "pkg-1.0/docs/intro.txt", tarfile.LNKTYPE),
-    ]
+    )
     files = {**DOCS, "../escape.txt": "climbs out", "/abs/root.txt": "absolute"}
     tar = write_tar(tmp_path / "t.tar.gz", files, extra)
     members, stats = read_members(

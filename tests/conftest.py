@@ -25,6 +25,7 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import itertools
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -41,6 +42,19 @@ from tests.support.servers import (
 )
 
 _bucket_numbers = itertools.count()
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_it_was() -> Iterator[None]:
+    """A command run in-process (`commands.cli.main`) sets the process's logging up: its handler
+    writes to the stream that was `sys.stderr` then, which pytest closes after the test. The root
+    and project loggers are put back as they were, so no later test logs into a closed stream."""
+    root, project = logging.getLogger(), logging.getLogger("tessera")
+    handlers, levels = root.handlers[:], (root.level, project.level)
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(levels[0])
+    project.setLevel(levels[1])
 
 
 @pytest.fixture(scope="session")

@@ -60,7 +60,7 @@ from protocol.stores.s3_client import (
     new_client,
     precondition_failed,
 )
-from protocol.stores.s3_config import MAX_OBJECT_SIZE, MAX_PARTS, MIB, S3Config, S3Stats
+from protocol.stores.s3_config import S3Config, S3Stats
 from protocol.stores.s3_signing import SigningTarget
 from protocol.stores.s3_transfer import (
     Cancelled,
@@ -69,6 +69,7 @@ from protocol.stores.s3_transfer import (
     Sink,
     closing_body,
     parse_content_range,
+    pread_exact,
     read_exact,
     run_parallel,
 )
@@ -454,9 +455,9 @@ class S3Store(ObjectStore):
         try:
             size = os.fstat(fd).st_size
             if size <= self._cfg.multipart_threshold:
-                self._put_single(key, _pread_exact(fd, 0, size))
+                self._put_single(key, pread_exact(fd, 0, size))
             else:
-                self._put_multipart(key, size, lambda off, n: _pread_exact(fd, off, n))
+                self._put_multipart(key, size, lambda off, n: pread_exact(fd, off, n))
         finally:
             os.close(fd)
         return size
@@ -493,16 +494,8 @@ class S3Store(ObjectStore):
         self._call("put", key, lambda: self._client.put_object(**kwargs))
         self._stats.add("bytes_uploaded", len(body))
 
-    def _part_size(self, size: int) -> int:
-        if size > MAX_OBJECT_SIZE:
-            raise StoreError(f"an object of {size} bytes is above the S3 limit of 5 TiB")
-        needed = -(-size // MAX_PARTS)
-        if needed <= self._cfg.part_size:
-            return self._cfg.part_size
-        return -(-needed // MIB) * MIB  # all parts but the last share one size (R2 requires it)
-
     def _put_multipart(self, key: str, size: int, read_part: Callable[[int, int], bytes]) -> None:
-        part_size = self._part_size(size)
+        part_size = self._cfg.upload_part_size(size)
         created = self._call(
             "start multipart upload",
             key,
@@ -599,17 +592,3 @@ class S3Store(ObjectStore):
                 key,
                 type(exc).__name__,
             )
-
-
-def _pread_exact(fd: int, offset: int, length: int) -> bytes:
-    if length == 0:
-        return b""
-    chunks: list[bytes] = []
-    done = 0
-    while done < length:
-        chunk = os.pread(fd, length - done, offset + done)
-        if not chunk:
-            raise StoreError("local file shrank while it was uploaded")
-        chunks.append(chunk)
-        done += len(chunk)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field, fields
 
+from protocol.stores.errors import StoreError
 from protocol.stores.retry import RetryPolicy
 
 __all__ = ["MAX_PARTS", "MIB", "MIN_PART_SIZE", "S3Config", "S3Stats"]
@@ -56,6 +57,17 @@ class S3Config:
             raise ValueError("botocore_max_attempts must be >= 1")
         if not 1 <= self.list_page_size <= 1000:
             raise ValueError("list_page_size must be within [1, 1000]")
+
+    def upload_part_size(self, size: int) -> int:
+        """The part size of a multipart upload of `size` bytes: `part_size`, raised (in whole
+        MiB, so that every part but the last has one size, as R2 requires) where `size` would
+        need more than `MAX_PARTS` parts; `StoreError` above S3's 5 TiB object limit."""
+        if size > MAX_OBJECT_SIZE:
+            raise StoreError(f"an object of {size} bytes is above the S3 limit of 5 TiB")
+        needed = -(-size // MAX_PARTS)
+        if needed <= self.part_size:
+            return self.part_size
+        return -(-needed // MIB) * MIB
 
 
 @dataclass

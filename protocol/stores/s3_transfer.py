@@ -23,6 +23,7 @@ __all__ = [
     "ShortRead",
     "Sink",
     "parse_content_range",
+    "pread_exact",
     "read_exact",
     "run_parallel",
 ]
@@ -171,3 +172,19 @@ def closing_body(response: dict[str, Any]) -> Any:
     finally:
         with contextlib.suppress(Exception):
             body.close()
+
+
+def pread_exact(fd: int, offset: int, length: int) -> bytes:
+    """`length` bytes of the open file `fd` from `offset`; `StoreError` if the file ends first
+    (it shrank while it was uploaded)."""
+    if length == 0:
+        return b""
+    chunks: list[bytes] = []
+    done = 0
+    while done < length:
+        chunk = os.pread(fd, length - done, offset + done)
+        if not chunk:
+            raise StoreError("local file shrank while it was uploaded")
+        chunks.append(chunk)
+        done += len(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)

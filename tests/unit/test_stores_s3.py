@@ -448,3 +448,26 @@ def test_list_follows_pagination(s3_url: str, s3_credentials: WriteCredentials) 
     before = store.stats.http_attempts
     assert [info.key for info in store.list("w/")] == keys
     assert store.stats.http_attempts - before == 4  # pages of 2, 2, 2, 1
+
+
+def test_multipart_parts_stay_within_s3s_count_and_every_part_but_the_last_shares_one_size() -> (
+    None
+):
+    from protocol.stores.s3_config import MIB, S3Config
+
+    cfg = S3Config()
+    for size in (
+        1,
+        40 * MIB,
+        10_000 * cfg.part_size,
+        10_000 * cfg.part_size + 1,
+        200 << 30,
+        5 << 40,
+    ):
+        part = cfg.upload_part_size(size)
+        assert part % MIB == 0 and part >= cfg.part_size
+        assert -(-size // part) <= 10_000  # S3 refuses an upload of more parts
+        smaller = part - MIB  # the smallest size that does: fewer requests are not bought dearer
+        assert smaller < cfg.part_size or -(-size // smaller) > 10_000
+    with pytest.raises(StoreError, match="5 TiB"):
+        cfg.upload_part_size((5 << 40) + 1)

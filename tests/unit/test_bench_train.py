@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import statistics
 import subprocess
 import sys
 from pathlib import Path
+from statistics import fmean
 
 import pytest
 import torch
 
+from lab.bench.train.report import heldout_se, summarise
 from lab.bench.train.specs import SpecError, parse_methods, split_items
 from protocol.runconfig import RunConfig
 
@@ -45,6 +49,15 @@ def test_quick_bench_writes_the_stable_schema(tmp_path: Path) -> None:
     assert rows["sparseloco"]["bytes_per_window"] < 0.03 * dense
     assert (tmp_path / "bench.png").stat().st_size > 10_000
     assert "× best DDP" in (tmp_path / "bench.md").read_text()
+    # the held-out set's own noise: every final loss is the mean of its per-sample losses
+    samples = body["setup"]["heldout_samples"]
+    for r in body["results"]:
+        assert len(r["final_row_losses"]) == samples
+        assert statistics.fmean(r["final_row_losses"]) == pytest.approx(r["final_loss"], rel=1e-5)
+        assert 0 < r["final_loss_se"] < r["final_loss"]
+    assert rows["ddp"]["vs_ddp_se"] == 0.0  # itself, sample by sample
+    assert rows["sparseloco"]["vs_ddp_se"] > 0
+    assert " ±" in (tmp_path / "bench.md").read_text()
 
 
 def test_seeds_give_each_method_a_mean_and_a_spread(tmp_path: Path) -> None:
@@ -64,9 +77,36 @@ def test_seeds_give_each_method_a_mean_and_a_spread(tmp_path: Path) -> None:
         assert r["final_loss"] == pytest.approx((a + b) / 2, rel=1e-12)
         assert r["final_loss_spread"] == pytest.approx(abs(a - b), rel=1e-12)
         assert len(set(r["run_id"])) == 2
+        # per held-out sample, the mean over the seeds: their mean is the mean final loss
+        assert statistics.fmean(r["final_row_losses"]) == pytest.approx(r["final_loss"], rel=1e-5)
     sparse = next(r for r in body["results"] if r["strategy"] == "sparseloco")
     assert isinstance(sparse["vs_ddp_beyond_spread"], bool)
     assert "seed spread" in (tmp_path / "bench.md").read_text()
+
+
+def test_held_out_noise_of_a_comparison_is_taken_sample_by_sample() -> None:
+    """Two methods scored on the same held-out samples: what the samples share (some are
+    harder than others) cancels in their difference, so the comparison's standard error is far
+    below either loss's own; both shrink as one over the square root of the samples."""
+    gen = random.Random(3)
+    hardness = [gen.uniform(4.0, 8.0) for _ in range(400)]
+    ddp = [h + gen.gauss(0, 0.02) for h in hardness]
+    sparse = [h + 0.1 + gen.gauss(0, 0.02) for h in hardness]
+    own = heldout_se(sparse)
+    paired = heldout_se(sparse, ddp)
+    assert own is not None and paired is not None
+    assert own == pytest.approx(statistics.stdev(sparse) / 20)  # 400 samples
+    assert paired < own / 20
+    assert heldout_se(sparse[:100], ddp[:100]) == pytest.approx(2 * paired, rel=0.3)
+    assert heldout_se([5.0]) is None
+    rows = [
+        {"label": n, "strategy": n, "family": n, "dense": n == "ddp", "final_loss": fmean(x),
+         "final_row_losses": x, "bytes_per_window": 1.0}
+        for n, x in (("ddp", ddp), ("sparseloco", sparse))
+    ]  # fmt: skip
+    summarise(rows, 4)
+    assert rows[1]["vs_ddp_se"] == pytest.approx(paired / fmean(ddp))
+    assert rows[0]["vs_ddp_se"] == 0.0
 
 
 def test_strategy_lists_parse_with_their_options() -> None:

@@ -192,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(rows: list[dict], summary: dict, out: Path) -> None:
-    from lab.bench.train.report import COLUMNS, WITHIN_SPREAD, table_rows
+    from lab.bench.train.report import COLUMNS, HELDOUT_NOTE, WITHIN_SPREAD, table_rows
 
     console = Console()
     t = Table(title="tessera bench train: held-out loss of the synchronised model")
@@ -209,6 +209,7 @@ def _print(rows: list[dict], summary: dict, out: Path) -> None:
             "best of each tuned family: " + "; ".join(f"{f}: {b}" for f, b in tuned.items())
         )
     console.print(WITHIN_SPREAD)
+    console.print(HELDOUT_NOTE)
     for name, ok in summary["checks"].items():
         console.print(f"  {name}: " + ("[green]met[/]" if ok else "[red]missed[/]"))
     console.print(f"written: {out / 'bench.json'}, {out / 'bench.png'}, {out / 'bench.md'}")

@@ -25,6 +25,8 @@ runs on the CPU, as on a peer's host, so the consensus is the same on every devi
 Scored after every window: the held-out loss of the synchronised model on a fixed set of held-out
 samples; also the bytes one replica sent and the wall time. With ``outer.delay = 1`` the last
 window's mean is still held at the end; the loss once it is applied is kept too (`applied_loss`).
+The final model's loss on each held-out sample (`final_rows`) gives the held-out set's own noise
+(`lab.bench.train.report`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from miner.train import lm_loss, make_optimizer, train_window
 from node.data.batches import assigned_batch, eval_batch
 from node.data.dataset import Dataset
 from node.model.llama import build_model
+from node.model.losses import row_losses
 from node.strategy import Strategy, make_strategy
 from node.strategy.outer import land_by_step
 from protocol.runconfig import RunConfig
@@ -62,6 +65,7 @@ class Curve:
     initial_loss: float = float("nan")
     weights: dict[str, torch.Tensor] = field(default_factory=dict)  # the synchronised model's
     applied_loss: float | None = None  # outer.delay = 1: once the last window's mean is applied
+    final_rows: list[float] = field(default_factory=list)  # the last window's, per held-out sample
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,14 @@ def _strategy(m: MethodSpec, spec: ModelSpec) -> Strategy:
     return make_strategy(m.run, spec)
 
 
+def heldout_rows(model: torch.nn.Module, heldout: torch.Tensor) -> list[float]:
+    """Each held-out sample's mean next-token loss, in float32 on every device (the spread of
+    these is the noise of `heldout_loss`, which is their mean)."""
+    model.eval()
+    device = next(model.parameters()).device
+    return row_losses(model, heldout, EVAL_MICRO, device, bf16=False).tolist()
+
+
 def transmit(strategy: Strategy, update: list, window: int, replica: int) -> tuple[int, list]:
     """(bytes on the wire, the pieces decoded back from them): the real codec both ways."""
     if isinstance(strategy, SparseLoCoExact):
@@ -146,6 +158,7 @@ def run_local(m: MethodSpec, setup: Setup, tick: Tick) -> Curve:
         curve.wall_s.append(time.perf_counter() - began)
         tick(w, curve.loss[-1])
     curve.weights = {n: p.detach().cpu().clone() for n, p in sync.named_parameters()}
+    curve.final_rows = heldout_rows(sync, setup.heldout)
     if consensus.holding:  # every window's tokens in the model: apply the held mean
         consensus.advance(sync, {n: p.detach().cpu() for n, p in sync.named_parameters()})
         curve.applied_loss = heldout_loss(sync, setup.heldout)
@@ -252,6 +265,7 @@ def run_ddp(m: MethodSpec, setup: Setup, tick: Tick) -> Curve:
         curve.wall_s.append(time.perf_counter() - began)
         tick(w, curve.loss[-1])
     curve.weights = {n: p.detach().cpu().clone() for n, p in model.named_parameters()}
+    curve.final_rows = heldout_rows(model, setup.heldout)
     return curve
 
 

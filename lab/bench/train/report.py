@@ -17,6 +17,12 @@ Extra: ``final_loss_all_applied`` is the final loss with every window's aggregat
 the difference exceeds the larger of the two methods' spreads (``vs_ddp_beyond_spread``,
 ``vs_best_dense_beyond_spread``; None with one seed).
 
+The held-out set's own noise: ``final_row_losses`` holds the final model's loss on each held-out
+sample (with several seeds, each sample's mean over them), ``final_loss_se`` the standard error
+of their mean, and ``vs_ddp_se`` / ``vs_best_dense_se`` that of each ratio from the held-out
+samples alone: both methods are scored on the same samples, so it is the standard error of the
+mean per-sample difference, over the reference's loss (`heldout_se`).
+
 Ratios: each method's final loss over **the best DDP** (the lowest final loss among the DDP
 configurations: one, or the learning rates of ``--tune``) and over the **best dense local method**
 (the lowest final loss among the dense methods other than DDP, in the same run); bytes over a
@@ -29,7 +35,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from statistics import fmean
+from statistics import fmean, stdev
 from typing import Any
 
 from lab.bench.train.engine import Curve
@@ -38,6 +44,10 @@ TARGET_VS_DENSE = 1.02
 TARGET_BYTES_VS_DENSE = 0.03
 TARGET_VS_DDP = 1.08
 WITHIN_SPREAD = "*: the difference is within the spread between seeds"
+HELDOUT_NOTE = (
+    "±: a ratio's standard error from the held-out samples alone (both methods scored on the "
+    "same samples)"
+)
 
 
 def result_row(c: Curve, tokens_per_window: int) -> dict[str, Any]:
@@ -60,6 +70,7 @@ def result_row(c: Curve, tokens_per_window: int) -> dict[str, Any]:
         "wall_s": sum(c.wall_s),
         "options": dict(m.options),
         "run_id": m.run.run_id,
+        "final_row_losses": list(c.final_rows),
     }
 
 
@@ -93,9 +104,28 @@ def combine_seeds(by_seed: list[list[dict[str, Any]]], seeds: list[int]) -> list
                 "seeds": list(seeds),
                 "final_loss_by_seed": finals,
                 "final_loss_spread": max(finals) - min(finals),
+                "final_row_losses": curve("final_row_losses"),
             }
         )
     return combined
+
+
+def heldout_se(rows: list[float], reference: list[float] | None = None) -> float | None:
+    """The standard error of the mean of `rows` (per-sample losses), or, given the `reference`
+    method's losses on the same samples, of the mean per-sample difference; None without two
+    samples to tell it from."""
+    diffs = rows if reference is None else [a - b for a, b in zip(rows, reference, strict=True)]
+    if len(diffs) < 2:
+        return None
+    return stdev(diffs) / math.sqrt(len(diffs))
+
+
+def _ratio_se(r: dict[str, Any], reference: dict[str, Any] | None) -> float | None:
+    """The held-out samples' standard error of ``r``'s loss over `reference`'s."""
+    if reference is None:
+        return None
+    se = heldout_se(r["final_row_losses"], reference["final_row_losses"])
+    return None if se is None else se / reference["final_loss"]
 
 
 def _beyond_spread(a: dict[str, Any], b: dict[str, Any] | None) -> bool | None:
@@ -126,6 +156,9 @@ def summarise(rows: list[dict[str, Any]], dense_fp32_bytes: int) -> dict[str, An
         r["vs_best_dense"] = r["final_loss"] / best["final_loss"] if best else None
         r["vs_ddp_beyond_spread"] = _beyond_spread(r, ddp)
         r["vs_best_dense_beyond_spread"] = _beyond_spread(r, best)
+        r["final_loss_se"] = heldout_se(r["final_row_losses"])
+        r["vs_ddp_se"] = _ratio_se(r, ddp)
+        r["vs_best_dense_se"] = _ratio_se(r, best)
         r["bytes_vs_fp32"] = r["bytes_per_window"] / dense_fp32_bytes
         r["bytes_vs_best_dense"] = (
             r["bytes_per_window"] / best["bytes_per_window"] if best else None
@@ -155,8 +188,13 @@ def summarise(rows: list[dict[str, Any]], dense_fp32_bytes: int) -> dict[str, An
 def table_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
     """The table's rows as text (shared by the terminal table and the markdown file)."""
 
-    def ratio(x: float | None, fmt: str = "{:.3f}", beyond: bool | None = None) -> str:
-        return "–" if x is None else fmt.format(x) + ("*" if beyond is False else "")
+    def ratio(
+        x: float | None, fmt: str = "{:.3f}", beyond: bool | None = None, se: float | None = None
+    ) -> str:
+        if x is None:
+            return "–"
+        noise = f" ±{se:.3f}" if se else ""  # the reference's own row has none
+        return fmt.format(x) + noise + ("*" if beyond is False else "")
 
     def spread(r: dict[str, Any]) -> str:
         return f"{r['final_loss_spread']:.4f}" if len(r.get("seeds", [])) > 1 else "–"
@@ -166,8 +204,12 @@ def table_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
             r["label"] + (" (best)" if r.get("best_in_family") else ""),
             f"{r['final_loss']:.4f}",
             spread(r),
-            ratio(r["vs_ddp"], beyond=r.get("vs_ddp_beyond_spread")),
-            ratio(r["vs_best_dense"], beyond=r.get("vs_best_dense_beyond_spread")),
+            ratio(r["vs_ddp"], beyond=r.get("vs_ddp_beyond_spread"), se=r.get("vs_ddp_se")),
+            ratio(
+                r["vs_best_dense"],
+                beyond=r.get("vs_best_dense_beyond_spread"),
+                se=r.get("vs_best_dense_se"),
+            ),
             f"{r['bytes_per_window']:,.0f}",
             ratio(r["bytes_vs_fp32"], "{:.2%}"),
             ratio(r["bytes_vs_best_dense"], "{:.2%}"),
@@ -197,6 +239,7 @@ def markdown(rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
     lines.append(f"best DDP: {summary['best_ddp'] or '–'}")
     lines.append(f"best dense local method: {summary['best_dense'] or '–'}")
     lines.append(WITHIN_SPREAD)
+    lines.append(HELDOUT_NOTE)
     for name, ok in summary["checks"].items():
         lines.append(f"- {name}: {'met' if ok else 'MISSED'}")
     return "\n".join(lines) + "\n"

@@ -515,14 +515,6 @@ class Compressor:
             gi_vals.append(kept)
         return torch.cat(gi_idx), torch.cat(gi_vals)
 
-    def add_back(self, sparse: SparseTensor) -> None:
-        """Put the decoded values of ``sparse`` (an update of ours that the window did not apply)
-        back into the EF buffer of its tensor: what was taken out of ``e`` was never applied."""
-        if sparse.name not in self.layouts:
-            raise KeyError(f"{sparse.name!r} is not a tensor of this compressor")
-        for buf, g, vals in zip(self._ef[sparse.name], sparse.groups, sparse.values(), strict=True):
-            buf.scatter_add_(1, g.idx.to(self.device), vals.to(self.device))
-
     def error(self, name: str) -> torch.Tensor:
         """A copy of the EF buffer of ``name`` in the tensor's own shape."""
         return self._layout(name).merge(self._ef[name])

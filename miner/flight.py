@@ -3,9 +3,8 @@
 With ``run.outer.delay = 1`` (docs/training.md) a peer uploads window ``w``'s update, gathers the
 selected peers' updates and agrees on the set while it trains ``w + 1``; with ``delay = 0`` the
 same exchange runs inline. A `Flight` carries what the peer needs once the exchange is over: the
-window, this rank's encoded pieces (to settle error feedback), the fingerprint the window started
-from, and the signed bytes of our update (part of the saved state: a restarted peer resumes the
-flight, `record`). Rank 0 runs the exchange (upload, gather, the lead's manifest, agreement); the
+window, the fingerprint the window started from, and the signed bytes of our update (part of the
+saved state: a restarted peer resumes the flight, `record`). Rank 0 runs the exchange (upload, gather, the lead's manifest, agreement); the
 other ranks of a multi-device peer carry no work. `result` joins the exchange and re-raises
 whatever it raised.
 """
@@ -40,13 +39,12 @@ class Flight:
     def __init__(
         self,
         window: int,
-        sent: list[Any],
         start_fp: str,
         data: bytes | None,
         work: Callable[[], Exchanged] | None,
         background: bool,
     ) -> None:
-        self.window, self.sent, self.start_fp, self.data = window, sent, start_fp, data
+        self.window, self.start_fp, self.data = window, start_fp, data
         self._work = work
         self._result: Exchanged | None = None
         self._error: BaseException | None = None

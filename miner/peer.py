@@ -5,14 +5,14 @@
 1. train the H inner steps on the samples assigned to (run, uid, window), from the window's
    starting weights ``θ_w``. With ``outer.delay = 1`` (docs/training.md) window ``w − 1``'s
    exchange is in the air meanwhile; as soon as it lands (before the first inner step or between
-   two), our own update of ``w − 1`` is settled in the strategy's local state and its outer step
-   is taken on the window's origin and on the live weights alike: the origin becomes
+   two), its outer step is taken on the window's origin and on the live weights alike: the
+   origin becomes
    ``θ_{w+1} = θ_w − α · step(mean_{w−1})``;
 2. encode the pseudo-gradient ``origin − θ`` with the run's strategy (SparseLoCo: error feedback
    and compression) and launch its exchange (`miner.flight`): sign and upload to our own
    bucket before the deadline; at the gather point gather the selected peers' updates, verify and
    decode them strictly and agree on the window's set (the lead validator's manifest,
-   `node.window.consensus`). With ``delay = 0`` it runs now, then we settle and step:
+   `node.window.consensus`). With ``delay = 0`` it runs now, then we step:
    ``θ_{w+1} = θ_w − α · step(mean_w)``;
 3. a window whose start had forked from the lead validator's is rebuilt from the validators'
    published history before its step is taken;
@@ -289,29 +289,23 @@ class Peer:
         data = None
         if self.ranks.is_main:
             data = encode_signed(full, self.cfg, self.spec, window, self.uid, self.keypair)
-        self._flight = self._fly(window, sent, start_fp, data, resume=False)
+        self._flight = self._fly(window, start_fp, data, resume=False)
 
-    def _fly(
-        self, window: int, sent: list, start_fp: str, data: bytes | None, resume: bool
-    ) -> Flight:
+    def _fly(self, window: int, start_fp: str, data: bytes | None, resume: bool) -> Flight:
         """A flight for our update of `window`: rank 0 runs its exchange (in the background with
         ``delay = 1``), the other ranks only keep their pieces."""
         work = None
         if self.ranks.is_main and data is not None:
             work = partial(self._exchange, window, data, start_fp, resume)
-        return Flight(window, sent, start_fp, data, work, background=bool(self.delay))
+        return Flight(window, start_fp, data, work, background=bool(self.delay))
 
     def _land(self) -> Flight | None:
-        """Wait for the exchange in the air and settle our own update (before the next encode)."""
+        """Wait for the exchange in the air (before the next encode). Our own update is spent
+        whether the window applied it or not (`node.strategy.sparseloco`)."""
         flight, self._flight = self._flight, None
         if flight is None:
             return None
-        done = flight.result()
-        # a window that applied nothing moved no model: our next update, measured from the same
-        # origin, carries again what this one did, so it is not added back (k empty windows in
-        # a row would send it k + 1 times over, all at once)
-        settled = done is not None and (self.uid in done.agreed.updates or not done.agreed.updates)
-        self.strategy.settle(flight.sent, self.ranks.broadcast_object(settled), flight.window)
+        flight.result()
         self._exchanged = flight
         return flight
 
@@ -535,13 +529,7 @@ class Peer:
 
     def _resume(self, record: dict) -> Flight:
         """The exchange that was in the air when the state was saved, started again from our own
-        signed update (each rank settles its own tensors of it)."""
-        data = record["update"].numpy().tobytes()
-        pieces = self.strategy.decode(data, self.strategy.max_update_bytes()).tensors
-        owned = {t.name for t in self.strategy.owned.tensors}
-        sent = [p for p in pieces if p.name in owned]
+        signed update (rank 0 runs it)."""
+        data = record["update"].numpy().tobytes() if self.ranks.is_main else None
         log.info("resuming the exchange of window %d", record["window"])
-        return self._fly(
-            record["window"], sent, record["fingerprint"],
-            data if self.ranks.is_main else None, resume=True,
-        )  # fmt: skip
+        return self._fly(record["window"], record["fingerprint"], data, resume=True)

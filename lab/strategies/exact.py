@@ -62,10 +62,6 @@ class ExactTopK:
             e.view(-1)[flat] -= v
         return sent
 
-    def add_back(self, piece: ExactSparse) -> None:
-        flat, v = piece.flat(self.params)
-        self._ef[piece.name].view(-1)[flat] += v.to(self.device)
-
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {n: t.clone() for n, t in self._ef.items()}
 

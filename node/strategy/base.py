@@ -4,8 +4,8 @@ One object per node and run (`node.strategy.make_strategy`), chosen by ``run.str
 four jobs, each in one place:
 
 * **encode** (peer only): a tensor's pseudo-gradient, folded into the strategy's local state
-  (SparseLoCo's error feedback), becomes the update piece to send; `settle` puts back what the
-  window did not apply (the peer's own update left out of the applied set);
+  (SparseLoCo's error feedback), becomes the update piece to send; what was sent is spent, in
+  the applied set or not (`node.strategy.sparseloco`);
 * **wire**: pieces to signed bytes and untrusted bytes back to pieces, strictly (`to_bytes`,
   `read_header`, `signed_digest`, `decode`, capped at `max_update_bytes`);
 * **aggregate** (`mean`): the consensus rule of docs/consensus.md: every update validated
@@ -134,13 +134,6 @@ class Strategy(ABC):
     def encode(self, deltas: Mapping[str, torch.Tensor], window: int) -> list[Any]:
         """The pieces to send for the owned tensors' pseudo-gradients ``start − θ``, in spec
         order, updating the local state. ``deltas`` must cover exactly the owned tensors."""
-
-    def settle(self, sent: Sequence[Any], applied: bool, window: int) -> None:
-        """After the window's agreement: ``applied`` tells whether our own update is accounted
-        for (it was in the applied set, or the window applied nothing and moved no model);
-        otherwise it goes back into local state. Strategies without local state have nothing to
-        settle."""
-        return None
 
     def local_state_dict(self) -> dict[str, torch.Tensor]:
         """This node's private state (error feedback) by tensor name, tensors in their shapes."""

@@ -90,7 +90,6 @@ class GreedyLore(Strategy):
         self.rank = self.run.lowrank.rank
         self._fresh_state()
         self._ef: dict[str, torch.Tensor] = {}
-        self._sent: dict[str, tuple[torch.Tensor | None, torch.Tensor]] = {}
         self._pending: dict[str, torch.Tensor] | None = None
 
     def _fresh_state(self) -> None:
@@ -151,7 +150,6 @@ class GreedyLore(Strategy):
             if self.full_round:
                 values = to_wire_precision(g, dtype, cap)
                 self._ef[name] = g - values
-                self._sent[name] = (None, values)
                 out.append(Projected(name, self._shapes[name], True, values, torch.zeros(0)))
                 continue
             p = self.projector(name).to(g.device)
@@ -159,17 +157,8 @@ class GreedyLore(Strategy):
             self._ef[name] = g - p @ values
             # lagged: the next window's G as far as we can tell; now: this window's (Algorithm 3)
             sketch = self._sketch(name, self._ef[name] + work if self.lagged else g)
-            self._sent[name] = (p, values)
             out.append(Projected(name, self._shapes[name], False, values, sketch))
         return out
-
-    def settle(self, sent: Sequence[Any], applied: bool, window: int) -> None:
-        """An unapplied update goes back into error feedback (the matrices' and SparseLoCo's)."""
-        if applied:
-            return
-        self.fallback.settle([p for p in sent if p.name not in self.matrices], False, window)
-        for name, (p, values) in self._sent.items():
-            self._ef[name] = self._ef[name] + (values if p is None else p @ values)
 
     def local_state_dict(self) -> dict[str, torch.Tensor]:
         out = self.fallback.local_state_dict()

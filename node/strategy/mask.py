@@ -54,7 +54,6 @@ class SparseLoCoMask(SparseLoCo):
         super().__init__(*args, **kwargs)
         self._last: dict[str, torch.Tensor] | None = None  # the previous window's aggregate
         self._cache: tuple[bytes, dict[str, list[torch.Tensor]]] | None = None
-        self._sent: tuple[bytes, dict[str, list[torch.Tensor]]] | None = None
 
     @property
     def params(self) -> CodecParams:
@@ -103,20 +102,10 @@ class SparseLoCoMask(SparseLoCo):
         freeze = window < self.run.outer.ef_freeze_windows
         comp, beta = self._compressor(), self.run.outer.beta
         digest, supports = self.supports()
-        self._sent = (digest, supports)  # `settle` runs after the step has moved the support
         with torch.no_grad():
             return [
                 comp.compress_masked(n, deltas[n], beta, freeze, supports[n], digest) for n in names
             ]
-
-    def settle(self, sent: Sequence[Any], applied: bool, window: int) -> None:
-        if applied or window < self.run.outer.ef_freeze_windows or self._sent is None:
-            return
-        digest, supports = self._sent
-        comp = self._compressor()
-        for piece in sent:
-            if piece.digest == digest:
-                comp.add_back(piece.resolve(supports[piece.name]))
 
     # -- the wire ----------------------------------------------------------------------------
 

@@ -5,10 +5,11 @@ Per tensor and window (`codec.compress.Compressor`): ``e ← β e + Δ``, ``Δ̂
 ``e ← e − Δ̂``; during the first ``ef_freeze_fraction`` of the run ``Δ`` is compressed alone and
 ``e`` is left untouched. The window applies ``θ ← θ_start − α · mean(Δ̂)`` (`node.strategy.base`).
 
-**Unapplied mass goes back.** When the window's applied set does not hold our own update (not
-selected, upload failed, dropped as late or for any other reason), the ``Δ̂`` we took out of
-``e`` was never applied by anyone, so `settle` adds it back: ``e ← e + Δ̂``. Nothing the peer
-learned is lost by a missed window; it is sent later instead.
+**What was sent is spent.** When the window's applied set does not hold our own update (not
+selected, upload failed, dropped as late or for any other reason), the ``Δ̂`` taken out of ``e``
+stays out, as in DeMo: put back, it came back in a later window beside that window's own
+pseudo-gradient, a step measured from weights the run had left, and the model overshot
+(docs/training.md, "An update left out").
 """
 
 from __future__ import annotations
@@ -59,14 +60,6 @@ class SparseLoCo(Strategy):
         comp, beta = self._compressor(), self.run.outer.beta
         with torch.no_grad():
             return [comp.compress(n, deltas[n], beta, freeze=freeze) for n in names]
-
-    def settle(self, sent: Sequence[Any], applied: bool, window: int) -> None:
-        """Add our own unapplied ``Δ̂`` back into error feedback (not while it is frozen)."""
-        if applied or window < self.run.outer.ef_freeze_windows:
-            return
-        comp = self._compressor()
-        for piece in sent:
-            comp.add_back(piece)
 
     def local_state_dict(self) -> dict[str, torch.Tensor]:
         return self._compressor().state_dict()

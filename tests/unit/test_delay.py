@@ -123,23 +123,6 @@ def test_outer_state_groups_are_whole_and_belong_to_the_run() -> None:
         strategy.receive({n: torch.ones(s) for n, s in SHAPES.items()})
 
 
-def test_an_own_update_decoded_from_its_bytes_settles_like_the_sent_one() -> None:
-    """What a restarted peer does with the exchange it had in the air (`Peer._resume`)."""
-    run = _run("sparseloco", beta=0.9)
-    window = run.outer.ef_freeze_windows
-    a, b = make_strategy(run, SPEC), make_strategy(run, SPEC)
-    for s in (a, b):
-        s.encode(_update(1), window)
-    sent = a.encode(_update(2), window + 1)
-    b.encode(_update(2), window + 1)
-    data = a.to_bytes(sent, {"window": window + 1, "uid": 0}, None)
-    decoded = b.decode(data, b.max_update_bytes()).tensors
-    a.settle(sent, applied=False, window=window + 1)
-    b.settle(decoded, applied=False, window=window + 1)
-    ours, theirs = a.local_state_dict(), b.local_state_dict()
-    assert all(torch.equal(ours[n], theirs[n]) for n in SHAPES)
-
-
 def test_a_late_peer_replays_a_delayed_run_from_a_checkpoint(tmp_path: Path) -> None:
     """Nesterov and delay 1: the checkpoint carries momentum and the held mean, so a late peer
     that starts from it (windows 0-1 never published) lands on the live weights and state."""

@@ -181,18 +181,6 @@ def test_one_support_everywhere_and_after_a_restore() -> None:
         b.load_outer_state_dict({"last.v": torch.zeros(3)})
 
 
-def test_an_unapplied_update_goes_back_even_after_the_support_moved() -> None:
-    run = _run(beta=0.5)
-    peer = make_strategy(run, SPEC)
-    sent = peer.encode(_deltas(1), 2)
-    accumulated = _deltas(1)
-    peer.receive(_deltas(9))  # the window's step moves the support first
-    peer.advance(_model())
-    peer.settle(sent, applied=False, window=2)
-    for n in SHAPES:
-        torch.testing.assert_close(peer.local_state_dict()[n], accumulated[n], atol=1e-6, rtol=0)
-
-
 def test_updates_for_another_support_or_with_fresh_entries_on_it_are_refused() -> None:
     run = _run()
     peer, validator = _masked(run), _masked(run)

@@ -40,7 +40,7 @@ def test_a_delayed_exchange_lands_after_land_by_steps_not_after_training(tmp_pat
     due = land_by_step(peer.cfg.inner_steps)
     assert 0 < due < peer.cfg.inner_steps
     peer._origin = peer.weights.start()
-    sent = peer._encode(peer._origin, 0)  # window 0's update (zero: nothing trained yet)
+    peer._encode(peer._origin, 0)  # window 0's update (zero: nothing trained yet)
     at_landing: list[int] = []
 
     def slow_exchange() -> Exchanged:
@@ -52,7 +52,7 @@ def test_a_delayed_exchange_lands_after_land_by_steps_not_after_training(tmp_pat
         at_landing.append(_inner_steps_done(peer.optimizer))
         return Exchanged(0, 0.0, {}, Agreement({}, None, False, "test: nothing agreed"))
 
-    peer._flight = Flight(0, sent, "start", None, slow_exchange, background=True)
+    peer._flight = Flight(0, "start", None, slow_exchange, background=True)
     peer._train(1)
     assert peer._flight is None, "the exchange did not land during the window's training"
     assert at_landing == [due], (at_landing, due)

@@ -93,33 +93,6 @@ def test_dense_norm_is_the_correctly_rounded_norm_in_any_order() -> None:
     assert dense_norm([]) == 0.0
 
 
-def test_an_unapplied_update_goes_back_into_error_feedback() -> None:
-    run = _run("sparseloco", beta=0.9)
-    window = run.outer.ef_freeze_windows  # error feedback is live
-    peers = [make_strategy(run, SPEC) for _ in range(3)]
-    for p in peers:
-        p.encode(_deltas(0), window)
-    before = peers[0].local_state_dict()
-    sent = [p.encode(_deltas(1), window + 1) for p in peers]
-    after_send = peers[0].local_state_dict()
-    peers[0].settle(sent[0], applied=False, window=window + 1)  # not in the applied set
-    peers[1].settle(sent[1], applied=True, window=window + 1)
-    for name in SHAPES:
-        accumulated = 0.9 * before[name] + _deltas(1)[name]  # e before Top-k took Δ̂ out
-        back = peers[0].local_state_dict()[name]
-        torch.testing.assert_close(back, accumulated, rtol=0, atol=1e-6)
-        assert not torch.allclose(after_send[name], accumulated, atol=1e-3)  # Δ̂ had been taken
-        assert torch.equal(peers[1].local_state_dict()[name], after_send[name])  # applied: kept
-
-
-def test_no_add_back_while_error_feedback_is_frozen() -> None:
-    run = _run("sparseloco")
-    strategy = make_strategy(run, SPEC)
-    sent = strategy.encode(_deltas(2), 0)  # window 0 < ef_freeze_windows
-    strategy.settle(sent, applied=False, window=0)
-    assert all(not t.any() for t in strategy.local_state_dict().values())
-
-
 def test_nesterov_outer_step_is_torch_sgd_with_nesterov() -> None:
     run = _run("diloco", optimizer="nesterov", momentum=0.9, alpha=0.7)
     ours = torch.nn.Linear(6, 4, bias=False)

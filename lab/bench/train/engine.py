@@ -11,7 +11,7 @@ encodes ``origin − θ_r`` with its own strategy state; the update goes through
 (`Strategy.to_bytes`, then `Strategy.decode` of those bytes), and one consensus instance holds the
 window's mean and takes the outer step (`Strategy.receive`, `Strategy.next_weights`) as peers and
 validators do; every replica then takes the consensus' outer state (what its own identical step
-would give it: momentum, a shared support, a basis) and settles (its update was applied). Without
+would give it: momentum, a shared support, a basis). Without
 delay the origin is the window's start and the step follows the window. With ``outer.delay = 1``
 (docs/training.md) the origin is the start moved by the previous window's step, which every
 replica also takes on its live weights after ``land`` of its inner steps, when that window's
@@ -178,7 +178,7 @@ def _outer_step(
 ) -> int:
     """Outer step ``s`` of bench window ``w``: h inner steps per replica (taking the held step
     when it lands, ``outer.delay = 1``), encode, the real wire, the consensus' mean and step, then
-    every replica takes the consensus' outer state and settles. Returns the largest update's
+    every replica takes the consensus' outer state. Returns the largest update's
     bytes."""
     run = m.run
     h, window = run.inner_steps, w * (setup.base.inner_steps // run.inner_steps) + s
@@ -218,7 +218,6 @@ def _outer_step(
     state = consensus.outer_state_dict()  # what each peer's own step would leave it with
     for r in range(setup.replicas):
         peers[r].load_outer_state_dict(state)
-        peers[r].settle(sent[r], True, window)
     return max(sizes)
 
 

@@ -1,8 +1,10 @@
-"""A peer's own update that the window did not apply goes back into its error feedback, unless
-the window applied nothing at all (`miner.peer.Peer._land`): then no model moved, the next
-window's update measured from the same origin carries it again, and adding it back too would
-send it twice (after k empty windows, k + 1 times at once: the simulation's held-out loss
-jumped from 7.37 to 9.27 after two windows without a manifest).
+"""A peer's own update is spent once sent (`miner.peer.Peer._land`): whether the window applied
+it, applied only others' or applied nothing, its error feedback stays as its encode left it.
+Put back into error feedback, an update left out came back in a later window beside that
+window's own pseudo-gradient, measured from weights the run had left, and the model overshot:
+with two of four peers left out of a launch's first windows, the held-out loss was 1.049 × the
+clean run's in window 2 (`scripts/experiments/excluded_updates.py`); and after k windows that
+applied nothing, k + 1 copies came back at once.
 
 A real peer (embedded chain and store, the `tiny` model, error feedback in use) encodes a
 trained update, and its exchange lands with a real agreement of each kind."""
@@ -32,27 +34,20 @@ def _error_feedback_after_landing(tmp_path: Path, applied: str) -> tuple[float, 
     with torch.no_grad():  # what training would have moved
         for p in peer.model.parameters():
             p.add_(torch.randn(p.shape, generator=gen) * 1e-3)
-    sent = peer._encode(origin, WINDOW)
+    peer._encode(origin, WINDOW)
     before = sum(
         float(e.double().square().sum()) for e in peer.strategy.local_state_dict().values()
     )
     members = {"ours": [peer.uid, peer.uid + 1], "others": [peer.uid + 1], "nothing": []}[applied]
     agreement = Agreement(dict.fromkeys(members), None, False, f"test: {applied}")  # type: ignore[arg-type]
     outcome = Exchanged(0, 0.0, {}, agreement)
-    peer._flight = Flight(WINDOW, sent, "start", None, lambda: outcome, background=False)
+    peer._flight = Flight(WINDOW, "start", None, lambda: outcome, background=False)
     peer._land()
     after = sum(float(e.double().square().sum()) for e in peer.strategy.local_state_dict().values())
     return before, after
 
 
-@pytest.mark.parametrize("applied", ["ours", "nothing"])
-def test_an_update_applied_or_a_window_that_applied_nothing_leaves_error_feedback(
-    tmp_path: Path, applied: str
-) -> None:
+@pytest.mark.parametrize("applied", ["ours", "others", "nothing"])
+def test_an_update_sent_is_spent_whatever_the_window_applied(tmp_path: Path, applied: str) -> None:
     before, after = _error_feedback_after_landing(tmp_path, applied)
     assert before > 0 and after == before
-
-
-def test_an_update_left_out_of_an_applied_set_goes_back(tmp_path: Path) -> None:
-    before, after = _error_feedback_after_landing(tmp_path, "others")
-    assert after > 1.05 * before  # the sent top-k mass is back

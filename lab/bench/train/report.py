@@ -124,7 +124,10 @@ def _ratio_se(r: dict[str, Any], reference: dict[str, Any] | None) -> float | No
     """The held-out samples' standard error of ``r``'s loss over `reference`'s."""
     if reference is None:
         return None
-    se = heldout_se(r["final_row_losses"], reference["final_row_losses"])
+    rows, ref = r.get("final_row_losses", []), reference.get("final_row_losses", [])
+    if len(rows) != len(ref):  # a row without its samples' losses (one from an older bench)
+        return None
+    se = heldout_se(rows, ref)
     return None if se is None else se / reference["final_loss"]
 
 
@@ -156,7 +159,7 @@ def summarise(rows: list[dict[str, Any]], dense_fp32_bytes: int) -> dict[str, An
         r["vs_best_dense"] = r["final_loss"] / best["final_loss"] if best else None
         r["vs_ddp_beyond_spread"] = _beyond_spread(r, ddp)
         r["vs_best_dense_beyond_spread"] = _beyond_spread(r, best)
-        r["final_loss_se"] = heldout_se(r["final_row_losses"])
+        r["final_loss_se"] = heldout_se(r.get("final_row_losses", []))
         r["vs_ddp_se"] = _ratio_se(r, ddp)
         r["vs_best_dense_se"] = _ratio_se(r, best)
         r["bytes_vs_fp32"] = r["bytes_per_window"] / dense_fp32_bytes

@@ -6,9 +6,9 @@ R replicas of a preset train as `tessera bench train` trains them (`lab.bench.tr
 run's token stream, AdamW per replica, the real wire and the consensus' mean and outer step), but
 window ``w`` applies only the replicas that ``--applied`` names for it (every replica after the
 last one given). Three runs: every replica applied in every window (clean), the schedule with
-the left-out updates put back into their error feedback, the schedule with them dropped. Prints
-the held-out loss after every window and each run's ratio to the clean one (SparseLoCo, its
-error feedback never frozen in these few windows).
+the left-out updates put back into their error feedback, the schedule with them spent. Prints
+the held-out loss after every window of each run (`--rules` picks them). Nothing is put back
+while the error feedback is frozen (`outer.ef_freeze_fraction`): nothing was taken out of it.
 
     python scripts/experiments/excluded_updates.py --windows 8 --applied 1,3 0,1 1,2,3 1,2,3
 
@@ -35,11 +35,12 @@ from node.model.llama import build_model
 from node.strategy import Strategy, make_strategy
 from protocol.runconfig import RunConfig
 
-RULES = ("clean", "put back", "dropped")
+RULES = ("clean", "put back", "spent")
 
 
 def put_back(peer: Strategy, sent: list[Any]) -> None:
-    """``e ← e + Δ̂`` for a peer's update that no window applied."""
+    """``e ← e + Δ̂`` for a peer's update that no window applied (the decoded values where
+    they were taken out)."""
     error = peer.local_state_dict()
     for piece in sent:
         peer.add_into(error[piece.name], piece)
@@ -80,7 +81,7 @@ def run(setup: Setup, schedule: list[set[int]], rule: str) -> list[float]:
         state = consensus.outer_state_dict()
         for r in sorted(everyone):
             peers[r].load_outer_state_dict(state)
-            if rule == "put back" and r not in applied:
+            if rule == "put back" and r not in applied and w >= base.outer.ef_freeze_windows:
                 put_back(peers[r], sent[r])
         losses.append(heldout_loss(sync, setup.heldout))
         print(f"{rule}: window {w} applied {sorted(applied)} held-out {losses[-1]:.4f}", flush=True)
@@ -93,6 +94,7 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument("--windows", type=int, default=8)
     parser.add_argument("--applied", nargs="*", default=[], help="per window: r,r,... applied")
+    parser.add_argument("--rules", nargs="*", choices=RULES, default=list(RULES))
     args = parser.parse_args()
     torch.set_num_threads(1)
     base = RunConfig.preset(args.preset).with_overrides(outer={"total_windows": args.windows})
@@ -102,13 +104,10 @@ def main() -> None:
     _, dataset = open_run_dataset(base)
     heldout = heldout_set(dataset, base.run_id, 128)
     setup = Setup(base, dataset, tuple(range(args.replicas)), args.windows, heldout, base.run_id)
-    curves = {rule: run(setup, schedule, rule) for rule in RULES}
-    print("window | " + " | ".join(RULES) + " | put back / clean | dropped / clean")
+    curves = {rule: run(setup, schedule, rule) for rule in args.rules}
+    print("window | " + " | ".join(curves))
     for w in range(args.windows):
-        clean, back, drop = (curves[rule][w] for rule in RULES)
-        print(
-            f"{w} | {clean:.4f} | {back:.4f} | {drop:.4f} | {back / clean:.3f} | {drop / clean:.3f}"
-        )
+        print(f"{w} | " + " | ".join(f"{c[w]:.4f}" for c in curves.values()))
 
 
 if __name__ == "__main__":

@@ -4,9 +4,9 @@ With ``run.outer.delay = 1`` (docs/training.md) a peer uploads window ``w``'s up
 selected peers' updates and agrees on the set while it trains ``w + 1``; with ``delay = 0`` the
 same exchange runs inline. A `Flight` carries what the peer needs once the exchange is over: the
 window, the fingerprint the window started from, and the signed bytes of our update (part of the
-saved state: a restarted peer resumes the flight, `record`). Rank 0 runs the exchange (upload, gather, the lead's manifest, agreement); the
-other ranks of a multi-device peer carry no work. `result` joins the exchange and re-raises
-whatever it raised.
+saved state: a restarted peer resumes the flight, `record`). Rank 0 runs the exchange (upload,
+gather, the lead's manifest, agreement); the other ranks of a multi-device peer carry no work.
+`result` joins the exchange and re-raises whatever it raised.
 """
 
 from __future__ import annotations

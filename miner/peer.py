@@ -6,8 +6,7 @@
    starting weights ``θ_w``. With ``outer.delay = 1`` (docs/training.md) window ``w − 1``'s
    exchange is in the air meanwhile; as soon as it lands (before the first inner step or between
    two), its outer step is taken on the window's origin and on the live weights alike: the
-   origin becomes
-   ``θ_{w+1} = θ_w − α · step(mean_{w−1})``;
+   origin becomes ``θ_{w+1} = θ_w − α · step(mean_{w−1})``;
 2. encode the pseudo-gradient ``origin − θ`` with the run's strategy (SparseLoCo: error feedback
    and compression) and launch its exchange (`miner.flight`): sign and upload to our own
    bucket before the deadline; at the gather point gather the selected peers' updates, verify and
@@ -293,7 +292,7 @@ class Peer:
 
     def _fly(self, window: int, start_fp: str, data: bytes | None, resume: bool) -> Flight:
         """A flight for our update of `window`: rank 0 runs its exchange (in the background with
-        ``delay = 1``), the other ranks only keep their pieces."""
+        ``delay = 1``); the other ranks' flights carry no work."""
         work = None
         if self.ranks.is_main and data is not None:
             work = partial(self._exchange, window, data, start_fp, resume)

@@ -11,11 +11,10 @@ encodes ``origin − θ_r`` with its own strategy state; the update goes through
 (`Strategy.to_bytes`, then `Strategy.decode` of those bytes), and one consensus instance holds the
 window's mean and takes the outer step (`Strategy.receive`, `Strategy.next_weights`) as peers and
 validators do; every replica then takes the consensus' outer state (what its own identical step
-would give it: momentum, a shared support, a basis). Without
-delay the origin is the window's start and the step follows the window. With ``outer.delay = 1``
-(docs/training.md) the origin is the start moved by the previous window's step, which every
-replica also takes on its live weights after ``land`` of its inner steps, when that window's
-exchange would land on a real peer. **DDP** is one model whose every inner step averages the
+would give it: momentum, a shared support, a basis). Without delay the origin is the window's
+start and the step follows the window. With ``outer.delay = 1`` (docs/training.md) the origin is
+the start moved by the previous window's step, which every replica also takes on its live weights
+after ``land`` of its inner steps, when that window's exchange would land on a real peer. **DDP** is one model whose every inner step averages the
 gradients of R replicas (the same as one step on their union).
 
 The models train on ``Setup.device`` (`--device cuda`: the GPU, in bf16 autocast as a miner
@@ -178,8 +177,7 @@ def _outer_step(
 ) -> int:
     """Outer step ``s`` of bench window ``w``: h inner steps per replica (taking the held step
     when it lands, ``outer.delay = 1``), encode, the real wire, the consensus' mean and step, then
-    every replica takes the consensus' outer state. Returns the largest update's
-    bytes."""
+    every replica takes the consensus' outer state. Returns the largest update's bytes."""
     run = m.run
     h, window = run.inner_steps, w * (setup.base.inner_steps // run.inner_steps) + s
     params = dict(worker.named_parameters())

@@ -58,8 +58,9 @@ from node.runtime.progress import tracked
 from node.runtime.report_log import REPORTS, append_line
 from node.runtime.retention import prune_own_bucket
 from node.runtime.state import PeerState, load_error_feedback, load_state, save_ef_shard, save_state
-from node.strategy import Strategy, make_strategy
-from node.strategy.outer import land_by_step
+from node.strategy import make_strategy
+from node.strategy.aggregator import Aggregator
+from node.strategy.outer import OuterOptimizer, land_by_step
 from node.window.consensus import agree, wait_for_manifest, window_roster
 from node.window.exchange import encode_signed, publish, put_until
 from node.window.gather import Pieces, gather
@@ -230,11 +231,16 @@ class Peer:
             window = self.ranks.broadcast_object(max(window, self.current_window()))
 
     def _replay(
-        self, from_window: int, to_window: int, model: torch.nn.Module, strategy: Strategy
+        self,
+        from_window: int,
+        to_window: int,
+        model: torch.nn.Module,
+        aggregator: Aggregator,
+        outer: OuterOptimizer,
     ) -> int:
         """Rank 0 replays the validators' history (`Weights.replay` shares the result)."""
         sources = history_sources(self.chain, self.local_root)
-        return catch_up_any(model, strategy, sources, from_window, to_window)
+        return catch_up_any(model, aggregator, outer, sources, from_window, to_window)
 
     def _record(self, r: WindowReport) -> None:
         m = self.metrics
@@ -280,7 +286,7 @@ class Peer:
 
     def _encode(self, start: dict[str, torch.Tensor], window: int) -> list:
         """This rank's tensors' pseudo-gradients, encoded by the strategy (with its state)."""
-        return self.strategy.encode(self.weights.deltas(start), window)
+        return self.strategy.encoder.encode(self.weights.deltas(start), window)
 
     def _launch(self, window: int, sent: list, start_fp: str) -> None:
         """Sign our update (rank 0 holds every rank's pieces) and start its exchange."""
@@ -317,7 +323,7 @@ class Peer:
         landed = self._flight is not None and (due or self._flight.done())
         if self.ranks.broadcast_object(landed):
             self._land_and_step(live=True)
-        elif self.strategy.holding:
+        elif self.strategy.outer.holding:
             self._step(live=True)
 
     def _land_and_step(self, live: bool) -> None:
@@ -334,7 +340,7 @@ class Peer:
 
     def _step(self, live: bool) -> None:
         """The origin moves by the outer step with the held mean; the live weights follow."""
-        new = self.strategy.next_weights(self._origin)
+        new = self.strategy.outer.next_weights(self._origin)
         if live:
             self.weights.move(new, self._origin)
         self._origin = new
@@ -350,7 +356,7 @@ class Peer:
                 mean = self.pooled.mean(agreed, aggregator.device)
             if mean is None:
                 mean = aggregator.mean(Pieces(agreed))
-        self.strategy.receive(self.weights.share(mean))
+        self.strategy.outer.receive(self.weights.share(mean))
 
     def _land_and_hold(self) -> None:
         """Land the exchange in the air (``delay = 1``) and hold its mean: the model stays at the
@@ -418,10 +424,12 @@ class Peer:
         done = flight.result()
         target = done.agreed.lead_fingerprint if done is not None else None
 
-        def rebuild(model: torch.nn.Module, strategy: Strategy) -> None:  # on rank 0
+        def rebuild(  # on rank 0
+            model: torch.nn.Module, aggregator: Aggregator, outer: OuterOptimizer
+        ) -> None:
             log.warning("window %d: forked from the validator: resyncing", flight.window)
             sources = history_sources(self.chain, self.local_root)
-            if not resync(model, strategy, sources, flight.window, target):
+            if not resync(model, aggregator, outer, sources, flight.window, target):
                 log.error(
                     "window %d: still forked from the validator (no published history rebuilds "
                     "its model); retrying at the next window", flight.window,
@@ -492,7 +500,7 @@ class Peer:
     def _write_state(self, next_window: int, fp: str) -> None:
         weights = self.weights.state()  # whole tensors on rank 0 (FSDP2: gathered from all)
         if not self.ranks.is_main:  # EF shards first: a state.pt on disk finds all of its own
-            ef = self.strategy.local_state_dict()
+            ef = self.strategy.encoder.local_state_dict()
             save_ef_shard(self.state_dir, self.cfg.run_id, next_window, self.ranks.rank, ef)
         self.ranks.barrier()
         if weights is None:  # the other ranks
@@ -504,7 +512,7 @@ class Peer:
                 window=next_window,
                 model=weights.model,
                 optimizer=weights.optimizer,
-                error_feedback=self.strategy.local_state_dict(),
+                error_feedback=self.strategy.encoder.local_state_dict(),
                 fingerprint=fp,
                 outer=weights.outer,
                 inflight=self._flight.record() if self._flight is not None else {},
@@ -517,8 +525,9 @@ class Peer:
             return 0
         self.weights.load(state)  # model, inner optimizer, outer state
         ef = load_error_feedback(self.state_dir, state)
-        owned = self.strategy.owned.tensors
-        self.strategy.load_local_state_dict({t.name: ef[t.name] for t in owned if t.name in ef})
+        encoder = self.strategy.encoder
+        encoder.load_local_state_dict({t.name: ef[t.name] for t in encoder.owned.tensors
+                                       if t.name in ef})  # fmt: skip
         if not self.ranks.broadcast_object(self.weights.fingerprint() == state.fingerprint):
             raise RuntimeError("restored model does not match its saved fingerprint")
         if state.inflight:

@@ -11,8 +11,8 @@ accounts for:
   state is more than that (`sparseloco-mask`, `greedylore`) are refused;
 - the pseudo-gradient of a tensor is ``start − θ`` on the shards, gathered whole on every rank
   one tensor at a time and kept by the rank that compresses it (`shard_tensors`);
-- rank 0 builds a window's whole mean in host memory (a CPU copy of the strategy), then each
-  tensor goes to every rank in turn and each keeps its rows;
+- rank 0 builds a window's whole mean in host memory (the strategy's aggregator on the CPU),
+  then each tensor goes to every rank in turn and each keeps its rows;
 - the fingerprint hashes the whole tensors one at a time as they are gathered;
 - the state file holds whole tensors in torch's own optimizer layout, gathered to rank 0's host
   memory: the same ``state.pt`` as a single process or DDP writes, so a peer resumes on any
@@ -44,7 +44,9 @@ from miner.weights import FullState, Replay, T, Tensors, Weights
 from node.model.fingerprint import fingerprint_tensors
 from node.model.llama import CausalLM
 from node.runtime.state import PeerState
-from node.strategy import Strategy, make_strategy
+from node.strategy import Strategy
+from node.strategy.aggregator import Aggregator
+from node.strategy.outer import OuterOptimizer
 
 __all__ = [
     "ShardedWeights",
@@ -73,8 +75,8 @@ class ShardedWeights(Weights):
     ) -> None:
         super().__init__(model, optimizer, strategy, ranks, spec)
         self.params: dict[str, Any] = dict(model.named_parameters())
-        strategy.keep_outer_for(self._local_spec())
-        self._aggregator: Strategy | None = None
+        strategy.outer.keep_rows(self._local_spec())
+        self._aggregator = strategy.aggregator.on("cpu")
 
     def _local_spec(self) -> ModelSpec:
         shapes = {n: tuple(p.to_local().shape) for n, p in self.params.items()}
@@ -98,7 +100,7 @@ class ShardedWeights(Weights):
         return {n: t.detach().clone() for n, t in self._local().items()}
 
     def deltas(self, start: Mapping[str, torch.Tensor]) -> Tensors:
-        owned = {t.name for t in self.strategy.owned.tensors}
+        owned = {t.name for t in self.strategy.encoder.owned.tensors}
         out = {}
         with torch.no_grad():
             for name, local in self._local().items():
@@ -108,11 +110,14 @@ class ShardedWeights(Weights):
         return out
 
     @property
-    def aggregator(self) -> Strategy:
-        """A CPU copy of the strategy: rank 0's whole mean lives in host memory."""
-        if self._aggregator is None:
-            self._aggregator = make_strategy(self.strategy.run, self.spec, "cpu")
+    def aggregator(self) -> Aggregator:
+        """The strategy's aggregator on the CPU: rank 0's whole mean lives in host memory."""
         return self._aggregator
+
+    def _whole_outer(self) -> OuterOptimizer:
+        """The outer step of whole tensors in host memory (the strategies FSDP2 runs keep only
+        the elementwise outer state: `OuterOptimizer.keep_rows`)."""
+        return OuterOptimizer(self.strategy.outer.run, self.spec)
 
     def share(self, mean: Tensors | None) -> Tensors:
         """Rank 0's whole `mean` (taken over: emptied tensor by tensor) as this rank's rows."""
@@ -128,7 +133,7 @@ class ShardedWeights(Weights):
 
     def advance(self, start: Mapping[str, torch.Tensor] | None = None) -> None:
         local = self._local()
-        new = self.strategy.next_weights(local if start is None else start)
+        new = self.strategy.outer.next_weights(local if start is None else start)
         with torch.no_grad():
             for name, t in local.items():
                 t.copy_(new[name])
@@ -162,15 +167,14 @@ class ShardedWeights(Weights):
         ends the torchrun group."""
         main = self.ranks.is_main
         if main:  # the whole-tensor check of the outer state (ValueError if it does not fit)
-            self.aggregator.load_outer_state_dict(state.outer)
-            self.aggregator.load_outer_state_dict({})
+            self._whole_outer().load_state_dict(state.outer)
         optimizer = by_name(state.optimizer, self.optimizer, self.model) if main else None
         load_state(self.model, self.optimizer, state.model if main else None, optimizer)
         self._scatter_outer(state.outer if main else None)
 
     def _gather_outer(self) -> Tensors:
         out = {}
-        for key, local in sorted(self.strategy.outer_state_dict().items()):
+        for key, local in sorted(self.strategy.outer.state_dict().items()):
             p = self.params[_tensor_of(key)]
             whole = gather(local.to(p.device), p)
             if self.ranks.is_main:
@@ -179,7 +183,7 @@ class ShardedWeights(Weights):
 
     def _scatter_outer(self, whole: Mapping[str, torch.Tensor] | None) -> None:
         keys = self.ranks.broadcast_object(sorted(whole) if whole is not None else None)
-        self.strategy.load_outer_state_dict({
+        self.strategy.outer.load_state_dict({
             k: scatter(whole[k] if whole is not None else None, self.params[_tensor_of(k)])
             for k in keys
         })  # fmt: skip
@@ -195,17 +199,17 @@ class ShardedWeights(Weights):
         result = None
         if main:
             with torch.device("meta"):
-                replica = CausalLM(self.strategy.run.model)
+                replica = CausalLM(self.strategy.outer.run.model)
             replica.to_empty(device="cpu")
             replica.tie_weights()
             with torch.no_grad():
                 for name, p in replica.named_parameters():
                     p.copy_(weights[name])
-            strategy = make_strategy(self.strategy.run, self.spec, "cpu")
-            strategy.load_outer_state_dict(outer)
-            result = fn(replica, strategy)
+            whole = self._whole_outer()
+            whole.load_state_dict(outer)
+            result = fn(replica, self.aggregator, whole)
             weights = {n: p.detach() for n, p in replica.named_parameters()}
-            outer = strategy.outer_state_dict()
+            outer = whole.state_dict()
         load_full(self.model, weights if main else None)
         self._scatter_outer(outer if main else None)
         return self.ranks.broadcast_object(result)

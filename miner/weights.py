@@ -9,15 +9,15 @@ collectives):
 - `start` — this rank's copy of the window's starting weights (the origin of the pseudo-gradient
   and of the outer step), in the layout `move` and `advance` take;
 - `deltas` — ``start − θ`` of the tensors this rank compresses (whole tensors, on the device);
-- `aggregator` — the strategy instance rank 0 computes a window's mean with, and `share` — rank
-  0's mean, as this rank holds it for the outer step;
-- `move` / `advance` — the live weights moved by ``new − old``, or set to the strategy's next
+- `aggregator` — the strategy's aggregator rank 0 computes a window's mean with, and `share` —
+  rank 0's mean, as this rank holds it for the outer step;
+- `move` / `advance` — the live weights moved by ``new − old``, or set to the outer step's next
   weights from a start;
 - `fingerprint` — rank 0's fingerprint of the whole model ("" on the other ranks);
 - `state` / `read` / `load` — the model, inner-optimizer and outer state as whole tensors on
   rank 0 (what ``state.pt`` holds, the same file for every layout), and back;
-- `replay` — a history replay (`node.window.history`) run by rank 0 on whole weights and a
-  whole-state strategy, its result shared with every rank.
+- `replay` — a history replay (`node.window.history`) run by rank 0 on whole weights with an
+  aggregator and a whole-state outer step, its result shared with every rank.
 """
 
 from __future__ import annotations
@@ -33,12 +33,14 @@ from miner.ranks import Ranks
 from node.model.fingerprint import fingerprint
 from node.runtime.state import PeerState
 from node.strategy import Strategy
+from node.strategy.aggregator import Aggregator
+from node.strategy.outer import OuterOptimizer
 
 __all__ = ["FullState", "Weights"]
 
 T = TypeVar("T")
 Tensors = dict[str, torch.Tensor]
-Replay = Callable[[torch.nn.Module, Strategy], T]
+Replay = Callable[[torch.nn.Module, Aggregator, OuterOptimizer], T]
 
 
 @dataclass
@@ -72,14 +74,15 @@ class Weights:
     def deltas(self, start: Mapping[str, torch.Tensor]) -> Tensors:
         params = dict(self.model.named_parameters())
         with torch.no_grad():
-            return {t.name: start[t.name] - params[t.name] for t in self.strategy.owned.tensors}
+            owned = self.strategy.encoder.owned.tensors
+            return {t.name: start[t.name] - params[t.name] for t in owned}
 
     @property
-    def aggregator(self) -> Strategy:
-        return self.strategy
+    def aggregator(self) -> Aggregator:
+        return self.strategy.aggregator
 
     def share(self, mean: Tensors | None) -> Tensors:
-        return self.ranks.broadcast_aggregate(mean, self.spec, self.strategy.device)
+        return self.ranks.broadcast_aggregate(mean, self.spec, self.strategy.outer.device)
 
     def move(self, new: Mapping[str, torch.Tensor], old: Mapping[str, torch.Tensor]) -> None:
         with torch.no_grad():
@@ -87,7 +90,7 @@ class Weights:
                 p.add_(new[name] - old[name])
 
     def advance(self, start: Mapping[str, torch.Tensor] | None = None) -> None:
-        self.strategy.advance(self.model, start)
+        self.strategy.outer.advance(self.model, start)
 
     def fingerprint(self) -> str:
         return fingerprint(self.model) if self.ranks.is_main else ""
@@ -100,7 +103,7 @@ class Weights:
         return FullState(
             {k: v.cpu() for k, v in self.model.state_dict().items()},
             self.optimizer.state_dict(),
-            self.strategy.outer_state_dict(),
+            self.strategy.outer.state_dict(),
         )
 
     def read(self, load: Callable[[], PeerState | None]) -> PeerState | None:
@@ -110,16 +113,18 @@ class Weights:
     def load(self, state: PeerState) -> None:
         self.model.load_state_dict(state.model)
         self.optimizer.load_state_dict(state.optimizer)
-        self.strategy.load_outer_state_dict(state.outer)
+        self.strategy.outer.load_state_dict(state.outer)
 
     # -- history replay ----------------------------------------------------------------------
 
     def replay(self, fn: Replay[T]) -> T:
-        """``fn(model, strategy)`` on rank 0; its result, weights and outer state on every rank."""
-        result = fn(self.model, self.strategy) if self.ranks.is_main else None
+        """``fn(model, aggregator, outer)`` on rank 0; its result, weights and outer state on every
+        rank."""
+        step = self.strategy.outer
+        result = fn(self.model, self.aggregator, step) if self.ranks.is_main else None
         if self.ranks.world > 1:
-            outer = self.strategy.outer_state_dict() if self.ranks.is_main else None
-            self.strategy.load_outer_state_dict(self.ranks.broadcast_object(outer))
+            outer = step.state_dict() if self.ranks.is_main else None
+            step.load_state_dict(self.ranks.broadcast_object(outer))
             params = {n: p.data for n, p in self.model.named_parameters()}
-            self.ranks.broadcast_aggregate(params, self.spec, self.strategy.device)  # in place
+            self.ranks.broadcast_aggregate(params, self.spec, step.device)  # in place
         return self.ranks.broadcast_object(result)

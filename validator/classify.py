@@ -17,8 +17,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from codec.spec import ModelSpec
-from node.strategy import Strategy, make_strategy
-from node.strategy.base import Decoded
+from node.strategy import make_format
+from node.strategy.format import Decoded, UpdateFormat
 from protocol.runconfig import RunConfig
 from protocol.stores.spool import SpoolError
 from validator.checks import Verdict, classify_fetch, in_sync, norm_outliers
@@ -75,17 +75,17 @@ def measure(
     run: RunConfig,
     cfg: ValidatorConfig,
     salt: int,
-    strategy: Strategy,
+    fmt: UpdateFormat,
 ) -> Measured:
-    """The norm (`Strategy.norm`) and the copy sketch (`validator.copies.sketch`) of `update`,
+    """The norm (`UpdateFormat.norm`) and the copy sketch (`validator.copies.sketch`) of `update`,
     decoded once; a peer's update that breaks them is its failure, our spool's is ours."""
     try:
         tensors = update.tensors
         return Measured(
-            strategy.norm(tensors),
+            fmt.norm(tensors),
             sketch(
                 uid, window, update.digest, tensors,
-                spec, run.codec, cfg.sketch_size, salt, strategy.entries,
+                spec, run.codec, cfg.sketch_size, salt, fmt.entries,
             ),
         )  # fmt: skip
     except SpoolError:
@@ -106,12 +106,12 @@ def check_window(
     spec: ModelSpec,
     cfg: ValidatorConfig,
     salt: int,
-    strategy: Strategy | None = None,
+    fmt: UpdateFormat | None = None,
 ) -> dict[int, PeerCheck]:
-    """Every registered peer's `PeerCheck` (keyed by uid); ``strategy``: the validator's own
-    (norms, supports and entries of the run's update kind, at this window's state)."""
+    """Every registered peer's `PeerCheck` (keyed by uid); ``fmt``: the validator's own strategy's
+    format (norms, supports and entries of the run's update kind, at this window's state)."""
     out: dict[int, PeerCheck] = {}
-    strategy = strategy or make_strategy(run, spec)
+    fmt = fmt or make_format(run, spec)
     for uid, hotkey in sorted(hotkeys.items()):
         up = uploads.get(uid)
         if up is None:
@@ -123,7 +123,7 @@ def check_window(
         if up.fetched.update is None:
             continue
         m = up.measured or measure(
-            uid, up.fetched.update, window, spec, run, cfg, salt, strategy
+            uid, up.fetched.update, window, spec, run, cfg, salt, fmt
         )  # measured at the fetch, or decoded again from its body here
         if m.error is not None:
             out[uid].verdict, out[uid].detail = Verdict.MALFORMED, f"check failed: {m.error}"

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from codec.spec import ModelSpec
-from node.strategy.base import Decoded
+from node.strategy.format import Decoded
 from node.window.buckets import PeerBucket
 from node.window.gather import Fetched, StoredUpdate, checked, fetch_all, update_request
 from protocol.naming import fingerprint_key

@@ -42,7 +42,7 @@ from node.runtime.logs import fields
 from node.runtime.report_log import REPORTS, append_line
 from node.runtime.retention import prune_own_bucket
 from node.strategy import make_strategy
-from node.strategy.base import Decoded
+from node.strategy.format import Decoded
 from node.window.buckets import PeerBucket
 from node.window.consensus import (
     Agreement,
@@ -161,7 +161,7 @@ class Validator:
             uploads = uploads or {}
             checks = check_window(
                 window, hotkeys, uploads, no_bucket, self.fingerprint if window > 0 else None,
-                self.history, self.run, self.spec, self.cfg, self.salt, self.strategy,
+                self.history, self.run, self.spec, self.cfg, self.salt, self.strategy.format,
             )  # fmt: skip
             scorer = self._scorer(window, checks) if live and rated else None
             agreed = self._agree(window, roster, uploads, checks, spool, scorer)
@@ -229,10 +229,11 @@ class Validator:
         for then costs one decode per update. None when our spool failed (a full disk): the lead
         then decides that the window applies nothing, a follower takes the lead's copies, and
         nobody is scored or rated on it."""
-        run, spec, cfg, salt, strategy = self.run, self.spec, self.cfg, self.salt, self.strategy
+        run, spec, cfg, salt = self.run, self.spec, self.cfg, self.salt
+        fmt = self.strategy.format
 
         def take(uid: int, update: Decoded) -> Measured:
-            return measure(uid, update, window, spec, run, cfg, salt, strategy)
+            return measure(uid, update, window, spec, run, cfg, salt, fmt)
 
         deadline_s = self.clock.deadline_s(window)
         begun = time.monotonic()
@@ -290,7 +291,8 @@ class Validator:
         history; a failure is reported, and the next window's manifest retries it."""
         log.warning("window %d: forked from the lead validator: resyncing", window)
         others = self._other_sources()
-        if not resync(self.model, self.strategy, others, window, lead_fingerprint):
+        s = self.strategy
+        if not resync(self.model, s.aggregator, s.outer, others, window, lead_fingerprint):
             log.error(
                 "window %d: still forked from the lead validator (no published history "
                 "rebuilds its model); retrying at the next window", window,
@@ -310,7 +312,7 @@ class Validator:
         previous = last[1] if last is not None and last[0] == self.fingerprint else None
         return WindowScorer(
             self.model, self.run, self.dataset, window, self._reveal, checks, self.book,
-            self.cfg, self.device, self.strategy, previous,
+            self.cfg, self.device, self.strategy.format, previous,
         )  # fmt: skip
 
     def _admit(
@@ -374,9 +376,9 @@ class Validator:
             tensors = up.tensors  # the lead's copy: measured here, once
             members.append(sketch(
                 u, window, up.digest, tensors, self.spec, self.run.codec,
-                self.cfg.sketch_size, self.salt, self.strategy.entries,
+                self.cfg.sketch_size, self.salt, self.strategy.format.entries,
             ))  # fmt: skip
-            norms.append(self.strategy.norm(tensors))
+            norms.append(self.strategy.format.norm(tensors))
         factors = clip_factors(norms)
         return aggregate_sketch(window, members, [f / len(uids) for f in factors])
 
@@ -401,9 +403,8 @@ class Validator:
             where = probe_keep(self.cfg.probe_state, self.run, self.device)
             mean = mean_of_stored(self.pool, agreed.updates, where)
         if mean is None:
-            self.strategy.step(self.model, Pieces(agreed.updates))
-        else:
-            self.strategy.step_mean(self.model, mean)
+            mean = self.strategy.aggregator.mean(Pieces(agreed.updates))
+        self.strategy.outer.step(self.model, mean)
         self.fingerprint = fingerprint(self.model)
         self._last_step = None
         if before is not None:
@@ -446,7 +447,7 @@ class Validator:
             steps.append(("run config", self._publish_run_config))
             steps.append(("checkpoint", lambda: publish_checkpoint(
                 self.store, self.run, window + 1, uid, self.keypair, self.model,
-                outer=self.strategy.outer_state_dict())))  # fmt: skip
+                outer=self.strategy.outer.state_dict())))  # fmt: skip
         for what, step in steps:
             try:
                 step()
@@ -481,7 +482,7 @@ class Validator:
                 records=self.book.records,
                 sketches=self.history.entries(),
                 reveal_key=self.reveal_key,
-                outer=self.strategy.outer_state_dict(),
+                outer=self.strategy.outer.state_dict(),
             ),
         )
 
@@ -499,7 +500,8 @@ class Validator:
             "from published history", self.next_window, exc, target,
         )  # fmt: skip
         others = self._other_sources()
-        reached = catch_up_any(self.model, self.strategy, others, self.next_window, target)
+        s = self.strategy
+        reached = catch_up_any(self.model, s.aggregator, s.outer, others, self.next_window, target)
         if reached <= self.next_window:
             raise ValidatorError(
                 f"window {self.next_window}'s roster block is pruned on this chain node and no "
@@ -516,7 +518,8 @@ class Validator:
         if window == 0:
             return 0
         sources = history_sources(self.chain, self.local_root)
-        reached = catch_up_any(self.model, self.strategy, sources, 0, window)
+        s = self.strategy
+        reached = catch_up_any(self.model, s.aggregator, s.outer, sources, 0, window)
         log.info("started mid-run: model rebuilt from published history up to window %d", reached)
         return reached
 
@@ -537,7 +540,7 @@ class Validator:
             self._commit_ahead()
             return
         self.model.load_state_dict(state.model)
-        self.strategy.load_outer_state_dict(state.outer)
+        self.strategy.outer.load_state_dict(state.outer)
         if fingerprint(self.model) != state.fingerprint:
             raise RuntimeError("restored model does not match its saved fingerprint")
         self.next_window, self.fingerprint, self.salt = state.window, state.fingerprint, state.salt

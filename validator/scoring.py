@@ -69,7 +69,8 @@ from codec.compress import SparseTensor
 from codec.spec import ModelSpec
 from node.data.dataset import Dataset
 from node.model.losses import row_losses
-from node.strategy import Strategy, make_strategy
+from node.strategy import make_format
+from node.strategy.format import UpdateFormat
 from protocol.runconfig import RunConfig
 from validator.config import ValidatorConfig
 from validator.probe_state import copy_to, probe_keep, zeros_on
@@ -240,14 +241,14 @@ class LossProbe:
         norms: Mapping[int, float],
         cfg: ValidatorConfig,
         device: torch.device,
-        strategy: Strategy | None = None,
+        fmt: UpdateFormat | None = None,
         previous: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
         self.model, self.run, self.dataset, self.window = model, run, dataset, window
         self.reveal, self.cfg, self.device = reveal, cfg, device
         self.keep = probe_keep(cfg.probe_state, run, device)  # the copies below live there
-        # the validator's own strategy: a shared-support one needs the window's support
-        self.strategy = strategy or make_strategy(run, ModelSpec.from_module(model), device)
+        # the validator's own strategy's format: a shared-support one needs the window's support
+        self.format = fmt or make_format(run, ModelSpec.from_module(model))
         self.eta = cfg.score_scale * run.outer.alpha
         self.members = [
             u for u in sorted(reference) if u in norms and math.isfinite(norms[u]) and norms[u] > 0
@@ -298,12 +299,12 @@ class LossProbe:
             for piece in reference[uid]:
                 out, beside = ref[piece.name], params[piece.name]
                 if out.device == beside.device:
-                    self.strategy.add_into(out, piece, f)
+                    self.format.add_into(out, piece, f)
                     continue
                 # kept on the host: the piece's part built beside the model, then added there
                 # (0 + x, then out + x: the same sum as adding into out directly)
                 part = torch.zeros_like(beside)
-                self.strategy.add_into(part, piece, f)
+                self.format.add_into(part, piece, f)
                 out.add_(part.to(out.device))
         return ref
 
@@ -328,7 +329,7 @@ class LossProbe:
                         params[name].sub_(delta.to(params[name].device))
                 elif step is not None:
                     for piece in step:
-                        self.strategy.add_into(params[piece.name].data, piece, -factor)
+                        self.format.add_into(params[piece.name].data, piece, -factor)
             return [self._rows(b) for b in batches]
         finally:
             with torch.no_grad():

@@ -15,7 +15,7 @@ from dataclasses import replace
 import torch
 
 from node.data.dataset import Dataset
-from node.strategy import Strategy
+from node.strategy.format import UpdateFormat
 from node.window.gather import Pieces
 from protocol.runconfig import RunConfig
 from protocol.stores.spool import SpoolError
@@ -46,7 +46,7 @@ class WindowScorer:
         book: Book,
         cfg: ValidatorConfig,
         device: torch.device,
-        strategy: Strategy,
+        fmt: UpdateFormat,
         previous: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
         self.window, self.checks, self.cfg = window, checks, cfg
@@ -71,7 +71,7 @@ class WindowScorer:
         begun = time.monotonic()
         self.probe = LossProbe(
             model, run, dataset, window, reveal, self.fetched.only(consensus),
-            norms, cfg, device, strategy, previous if launch else None,  # type: ignore[arg-type]
+            norms, cfg, device, fmt, previous if launch else None,  # type: ignore[arg-type]
         )  # fmt: skip
         # the probe's setup runs about as many forward passes as one score: the first estimate
         self.setup_s = time.monotonic() - begun

@@ -32,8 +32,8 @@ from codec.spec import ModelSpec
 from lab.bench.codec import one_thread
 from lab.bench.compress import student_t3
 from node.model.shapes import layers_spec, model_spec
-from node.strategy import make_strategy
-from node.strategy.base import Meta
+from node.strategy import make_format, make_strategy
+from node.strategy.format import Meta
 from protocol.runconfig import RunConfig
 
 __all__ = ["bench_exchange", "encode_updates"]
@@ -48,9 +48,9 @@ def encode_updates(run: RunConfig, spec: ModelSpec, peers: int, seed: int = 0) -
         scale = 1e-4 * 2.0 ** (uid % 5)
         deltas = {t.name: student_t3(t.shape, gen).mul_(scale) for t in spec.tensors}
         with torch.no_grad():
-            pieces = strategy.encode(deltas, window=10**6)  # past the error-feedback freeze
+            pieces = strategy.encoder.encode(deltas, window=10**6)  # past the error-feedback freeze
         meta: Meta = {"run_id": run.run_id, "window": 0, "uid": uid, "hotkey": "5" * 48}
-        out[uid] = strategy.to_bytes(pieces, meta, lambda _d: bytes(64))
+        out[uid] = strategy.format.to_bytes(pieces, meta, lambda _d: bytes(64))
         del deltas, pieces
     return out
 
@@ -74,7 +74,7 @@ def _best(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
 def _pool_rows(
     run: RunConfig, spec: ModelSpec, datas: Mapping[int, bytes], workers: int, repeats: int
 ) -> list[dict[str, Any]]:
-    cap = make_strategy(run, spec).max_update_bytes()
+    cap = make_format(run, spec).max_update_bytes()
     shuffled = list(datas)
     random.Random(7).shuffle(shuffled)
     rows = []
@@ -100,7 +100,7 @@ def _pool_rows(
 
 
 def _decoded(run: RunConfig, spec: ModelSpec, datas: Mapping[int, bytes]) -> dict[int, list]:
-    cap = make_strategy(run, spec).max_update_bytes()
+    cap = make_format(run, spec).max_update_bytes()
     return {
         uid: list(wire.decode_update(d, spec, run.codec, cap).tensors) for uid, d in datas.items()
     }

@@ -26,7 +26,7 @@ from codec.compress import Compressor
 from codec.spec import ModelSpec
 from node.model.llama import build_model
 from node.model.losses import bf16_by_default, row_losses
-from node.strategy import make_strategy
+from node.strategy import make_format
 from protocol.runconfig import RunConfig
 
 
@@ -44,7 +44,7 @@ def probe_cost(preset: str, samples: int, layers: int, device: str, repeats: int
     dev = torch.device(device)
     model = build_model(run.model, run.seed).to(dev).eval()
     spec = ModelSpec.from_module(model)
-    strategy = make_strategy(run, spec, dev)
+    fmt = make_format(run, spec)
     gen = torch.Generator().manual_seed(0)
     comp = Compressor(spec, run.codec)
     update = [
@@ -74,7 +74,7 @@ def probe_cost(preset: str, samples: int, layers: int, device: str, repeats: int
         before = row_losses(model, own, micro, dev, bf16=bf16)
         with torch.no_grad():
             for piece in update:
-                strategy.add_into(params[piece.name].data, piece, -1e-3)
+                fmt.add_into(params[piece.name].data, piece, -1e-3)
         after = row_losses(model, own, micro, dev, bf16=bf16)
         restore()
         return before, float((before - after).mean())
@@ -83,7 +83,7 @@ def probe_cost(preset: str, samples: int, layers: int, device: str, repeats: int
         row_losses(model, own, micro, dev)
         with torch.no_grad():
             for piece in update:
-                strategy.add_into(params[piece.name].data, piece, -1e-3)
+                fmt.add_into(params[piece.name].data, piece, -1e-3)
         row_losses(model, rand, micro, dev)
         row_losses(model, own, micro, dev)
         restore()

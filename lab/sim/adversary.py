@@ -172,7 +172,7 @@ def _published_mean(adv: Adversary, window: int) -> dict[str, torch.Tensor] | No
             updates = read_aggregate(source, adv.run, adv.spec, window)
         except (HistoryError, StoreError):
             continue
-        return make_strategy(adv.run, adv.spec).mean(updates)
+        return make_strategy(adv.run, adv.spec).aggregator.mean(updates)
     return None
 
 

@@ -68,7 +68,7 @@ def synced_losses(world: World, windows: list[int]) -> dict[int, HeldOut]:
     strategy = make_strategy(run, ModelSpec.from_module(model))
     heldout, out = _heldout(world), {}
     for w in sorted(windows):
-        if catch_up_any(model, strategy, sources, w, w + 1) != w + 1:
+        if catch_up_any(model, strategy.aggregator, strategy.outer, sources, w, w + 1) != w + 1:
             log.warning("no validator's history replays window %d", w)
             break  # later windows cannot be replayed either
         out[w] = HeldOut(heldout_loss(model, heldout), trigger_probability(model, heldout))

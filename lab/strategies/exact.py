@@ -20,8 +20,12 @@ from codec.compress import topk_rows
 from codec.dense import exact_norm
 from codec.errors import DecodeError
 from codec.spec import CodecParams, ModelSpec
-from node.strategy.base import Decoded, Factor, Header, Meta, Signer
-from node.strategy.sparseloco import SparseLoCo
+from node.strategy.aggregator import Aggregator
+from node.strategy.base import Strategy
+from node.strategy.format import Decoded, Factor, Header, Meta, Signer
+from node.strategy.outer import OuterOptimizer
+from node.strategy.sparseloco import SparseEncoder, SparseFormat
+from protocol.runconfig import RunConfig
 
 
 @dataclass
@@ -71,11 +75,15 @@ class ExactTopK:
         self._ef = {n: state[n].to(self.device, torch.float32).clone() for n in self._ef}
 
 
-class SparseLoCoExact(SparseLoCo):
-    """`SparseLoCo` without quantisation (bench only; see the module docstring)."""
+class ExactEncoder(SparseEncoder):
+    """SparseLoCo's encoder without quantisation (bench only; see the module docstring)."""
 
     def _new_encoder(self) -> Any:
         return ExactTopK(self.owned, self.run.codec, self.device)
+
+
+class ExactFormat(SparseFormat):
+    """Float32 Top-k entries: no wire, their bytes counted (bench only; module docstring)."""
 
     def wire_bytes(self, update: Sequence[ExactSparse]) -> int:
         """Index streams from the real coder plus 4 bytes per value."""
@@ -123,3 +131,9 @@ class SparseLoCoExact(SparseLoCo):
 
     def entries(self, piece: Any) -> tuple[torch.Tensor, torch.Tensor]:
         return piece.flat(self.run.codec)
+
+
+def make_exact(run: RunConfig, spec: ModelSpec) -> Strategy:
+    """SparseLoCo's parts with float32 values (bench only), on the CPU."""
+    fmt = ExactFormat(run, spec)
+    return Strategy(fmt, ExactEncoder(run, spec), Aggregator(fmt), OuterOptimizer(run, spec))

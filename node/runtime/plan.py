@@ -48,8 +48,8 @@ from codec.chunking import ChunkLayout
 from codec.spec import ModelSpec
 from node.model.shapes import layers_spec, model_spec
 from node.runtime.memory import GIB, PLAIN, MemoryOptions, pick_recipe, pick_sharding, step_time
-from node.strategy import make_strategy
-from node.strategy.base import Meta
+from node.strategy import make_format, make_strategy
+from node.strategy.format import Meta
 from node.strategy.outer import LAND_BY
 from protocol.runconfig import RunConfig
 from protocol.windows import WindowSchedule
@@ -233,7 +233,7 @@ class Plan:
 
 def entries(run: RunConfig, spec: ModelSpec) -> int:
     """Values one update of ``spec`` carries: every element (dense) or the kept ones (sparse)."""
-    if make_strategy(run, spec).dense:
+    if make_format(run, spec).dense:
         return spec.numel
     return sum(ChunkLayout.for_shape(t.shape, run.codec).n_values for t in spec.tensors)
 
@@ -246,14 +246,14 @@ def _sample(run: RunConfig) -> tuple[ModelSpec, bytes, int]:
     gen = torch.Generator().manual_seed(0)
     deltas = {t.name: torch.randn(t.shape, generator=gen) * 1e-3 for t in spec.tensors}
     with torch.no_grad():
-        pieces = strategy.encode(deltas, 0)
+        pieces = strategy.encoder.encode(deltas, 0)
     meta: Meta = {
         "run_id": run.run_id,
         "window": 0,
         "uid": 0,
         "hotkey": "5" * 48,
     }  # real field sizes
-    data = strategy.to_bytes(pieces, meta, lambda _digest: bytes(64))
+    data = strategy.format.to_bytes(pieces, meta, lambda _digest: bytes(64))
     return spec, data, entries(run, spec)
 
 
@@ -284,7 +284,8 @@ def measure_decode_rate(run: RunConfig, workers: int, repeats: int = 3, updates:
 
     spec = layers_spec(run.model, MEASURED_LAYERS)
     strategy = make_strategy(run, spec)
-    cap = strategy.max_update_bytes()
+    fmt, aggregator = strategy.format, strategy.aggregator
+    cap = fmt.max_update_bytes()
     gen = torch.Generator().manual_seed(0)
     datas = []
     for uid in range(updates):
@@ -294,13 +295,12 @@ def measure_decode_rate(run: RunConfig, workers: int, repeats: int = 3, updates:
         }
         meta: Meta = {"run_id": run.run_id, "window": 0, "uid": uid, "hotkey": "5" * 48}
         with torch.no_grad():
-            datas.append(peer.to_bytes(peer.encode(deltas, 10**6), meta, lambda _d: bytes(64)))
+            pieces = peer.encoder.encode(deltas, 10**6)
+        datas.append(peer.format.to_bytes(pieces, meta, lambda _d: bytes(64)))
     n = updates * entries(run, spec)
     if workers == 0:
         return n / _best(
-            lambda: strategy.mean(
-                {u: strategy.decode(d, cap).tensors for u, d in enumerate(datas)}
-            ),
+            lambda: aggregator.mean({u: fmt.decode(d, cap).tensors for u, d in enumerate(datas)}),
             repeats,
         )
     with AggregatePool(spec, run.codec, workers, cap) as pool:

@@ -32,32 +32,37 @@ import torch
 from codec import dct
 from codec.chunking import ChunkLayout
 from codec.compress import densify, scatter_add
+from codec.spec import CodecParams, ModelSpec
 from codec.wire import DCT
-from node.strategy.base import Factor
-from node.strategy.sparseloco import SparseLoCo
+from node.strategy.aggregator import Aggregator
+from node.strategy.base import Strategy
+from node.strategy.format import Factor
+from node.strategy.outer import OuterOptimizer
+from node.strategy.sparseloco import SparseEncoder, SparseFormat
+from protocol.runconfig import RunConfig
 
 
-class DeMo(SparseLoCo):
-    """SparseLoCo on per-chunk DCT coefficients (see the module docstring)."""
+def _layout(shape: tuple[int, ...], params: CodecParams) -> ChunkLayout:
+    return ChunkLayout.for_shape(shape, params)
+
+
+class DctFormat(SparseFormat):
+    """SparseLoCo's format over per-chunk DCT coefficients (``TSRC``)."""
 
     name = "demo"
     wire = DCT
 
-    def _layout(self, name: str) -> ChunkLayout:
-        return ChunkLayout.for_shape(self._shapes[name], self.params)
-
-    def encode(self, deltas: Mapping[str, torch.Tensor], window: int) -> list[Any]:
-        self._owned_order(deltas)
-        coef = {n: dct.forward(d.to(self.device), self._layout(n)) for n, d in deltas.items()}
-        return super().encode(coef, window)
+    def add_coefficients(self, out: torch.Tensor, piece: Any, factor: Factor = 1.0) -> None:
+        """``out += factor · piece`` in the DCT domain (the aggregate sums coefficients)."""
+        scatter_add(out, piece, self.params, factor)
 
     def add_into(self, out: torch.Tensor, piece: Any, factor: Factor = 1.0) -> None:
         """``out += factor · IDCT(piece)`` (parameter domain, e.g. the validator's probe); per-chunk
         factors scale the coefficients (the transform is per chunk and linear)."""
-        layout = self._layout(piece.name)
+        layout = _layout(self.shapes[piece.name], self.params)
         if not isinstance(factor, (int, float)):
             coef = torch.zeros(piece.shape, dtype=torch.float32, device=out.device)
-            scatter_add(coef, piece, self.params, factor)
+            self.add_coefficients(coef, piece, factor)
             out.add_(dct.inverse(coef, layout))
             return
         x = dct.inverse(densify(piece, self.params, out.device), layout)
@@ -65,10 +70,43 @@ class DeMo(SparseLoCo):
             x = x * torch.tensor(factor, dtype=torch.float32, device=out.device)
         out.add_(x)
 
+
+class DctEncoder(SparseEncoder):
+    """SparseLoCo's encoder on each chunk's DCT coefficients of the pseudo-gradient."""
+
+    def encode(self, deltas: Mapping[str, torch.Tensor], window: int) -> list[Any]:
+        self.owned_order(deltas)
+        shapes = {t.name: tuple(t.shape) for t in self.spec.tensors}
+        coef = {
+            n: dct.forward(d.to(self.device), _layout(shapes[n], self.params))
+            for n, d in deltas.items()
+        }
+        return super().encode(coef, window)
+
+
+class DctAggregator(Aggregator):
+    """The chunk-clipped mean of the coefficients, then its inverse DCT."""
+
+    format: DctFormat
+
     def _accumulate(
         self, sums: dict[str, torch.Tensor], name: str, piece: Any, factor: Factor
     ) -> None:
-        scatter_add(sums[name], piece, self.params, factor)  # a mean over coefficients
+        self.format.add_coefficients(sums[name], piece, factor)  # a mean over coefficients
 
     def _finish_mean(self, out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {n: dct.inverse(t, self._layout(n)) for n, t in out.items()}
+        fmt = self.format
+        return {n: dct.inverse(t, _layout(fmt.shapes[n], fmt.params)) for n, t in out.items()}
+
+
+def make_demo(
+    run: RunConfig, spec: ModelSpec, device: torch.device | str, owned: ModelSpec | None
+) -> Strategy:
+    """DeMo's parts: SparseLoCo's in the DCT domain, the mean inverted at the end."""
+    fmt = DctFormat(run, spec)
+    return Strategy(
+        fmt,
+        DctEncoder(run, spec, device, owned),
+        DctAggregator(fmt, device),
+        OuterOptimizer(run, spec, device),
+    )

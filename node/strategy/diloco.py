@@ -30,24 +30,20 @@ from codec.dense import (
     to_wire_precision,
 )
 from codec.errors import DecodeError
-from node.strategy.base import Decoded, Factor, Header, Meta, Signer, Strategy, whole
+from codec.spec import ModelSpec
+from node.strategy.aggregator import Aggregator
+from node.strategy.base import Strategy
+from node.strategy.encoder import Encoder
+from node.strategy.format import Decoded, Factor, Header, Meta, Signer, UpdateFormat, whole
+from node.strategy.outer import OuterOptimizer
+from protocol.runconfig import RunConfig
 
 
-class DiLoCo(Strategy):
-    """Dense pseudo-gradients, outer SGD or Nesterov (see the module docstring)."""
+class DenseFormat(UpdateFormat):
+    """`codec.dense` updates: whole pseudo-gradients in the run's dtype (module docstring)."""
 
     name = "diloco"
     dense = True
-
-    def encode(self, deltas: Mapping[str, torch.Tensor], window: int) -> list[Any]:
-        dtype, cap = self.run.dense.dtype, self.run.codec.max_abs_value
-        out = []
-        for n in self._owned_order(deltas):
-            d = deltas[n].detach().to(self.device)
-            if not bool(torch.isfinite(d).all()):
-                raise ValueError(f"{n}: delta has non-finite entries")
-            out.append(DenseTensor(n, tuple(d.shape), to_wire_precision(d, dtype, cap)))
-        return out
 
     def max_update_bytes(self) -> int:
         return dense_bytes(self.spec, self.run.dense.dtype)
@@ -94,3 +90,30 @@ class DiLoCo(Strategy):
         ]
         pos = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
         return pos, values.reshape(-1)[pos]
+
+
+class DenseEncoder(Encoder):
+    """The pseudo-gradient itself at wire precision; no local state."""
+
+    def encode(self, deltas: Mapping[str, torch.Tensor], window: int) -> list[Any]:
+        dtype, cap = self.run.dense.dtype, self.run.codec.max_abs_value
+        out = []
+        for n in self.owned_order(deltas):
+            d = deltas[n].detach().to(self.device)
+            if not bool(torch.isfinite(d).all()):
+                raise ValueError(f"{n}: delta has non-finite entries")
+            out.append(DenseTensor(n, tuple(d.shape), to_wire_precision(d, dtype, cap)))
+        return out
+
+
+def make_diloco(
+    run: RunConfig, spec: ModelSpec, device: torch.device | str, owned: ModelSpec | None
+) -> Strategy:
+    """DiLoCo's parts: dense updates, their clipped mean, the run's outer step."""
+    fmt = DenseFormat(run, spec)
+    return Strategy(
+        fmt,
+        DenseEncoder(run, spec, device, owned),
+        Aggregator(fmt, device),
+        OuterOptimizer(run, spec, device),
+    )

@@ -1,20 +1,25 @@
-"""The outer optimizer: what turns a window's aggregate into the step every node takes.
+"""The outer step: what turns a window's aggregate into the step every node takes.
 
-``run.outer.optimizer``:
+One `OuterOptimizer` per node and run (`node.strategy.make_strategy`), the outer part of the
+strategy; ``run.outer.optimizer``:
 
 * ``sgd`` (SparseLoCo, Algorithm 1; DiLoCo with outer SGD): ``θ ← θ_start − α · mean``;
 * ``nesterov`` (DiLoCo): ``m ← μ m + mean``, ``θ ← θ_start − α (mean + μ m)``, with ``m = 0``
   before the first window (PyTorch's SGD with ``nesterov=True`` and no dampening).
 
-``run.outer.delay`` (docs/training.md): an aggregate is first **held** (`hold`), then applied by
-the next step (`next_weights`, `advance`). With ``delay = 0`` every window holds its own mean and advances
-at once; with ``delay = 1`` the consensus schedule (`Strategy.step`) advances with the previous
-window's mean, then holds its own, so ``θ_{w+1} = θ_w − α · step(mean_{w−1})``.
+``run.outer.delay`` (docs/training.md): an aggregate is first **received** (`receive`: held), then
+applied by the next step (`next_weights`, `advance`). `step` is the consensus schedule
+(validators, history replay): with ``delay = 0`` every window receives its own mean and advances
+at once; with ``delay = 1`` it advances with the previous window's mean, then receives its own,
+so ``θ_{w+1} = θ_w − α · step(mean_{w−1})``. A peer, whose aggregate of window ``w`` lands while
+it trains ``w + 1``, drives the same schedule with `receive` and `next_weights` (`miner.peer`).
 
 The momentum ``m`` and the held mean are state every honest node has identically (functions of
-the applied aggregates only); they are saved with a node's state and published in checkpoints,
-so catch-up restores them (`node.window.history`). Every operation is elementwise, so the result
-is the same bit for bit on every node.
+the applied aggregates only); they are saved with a node's state and published in checkpoints
+(`state_dict`), so catch-up restores them (`node.window.history`). Every operation is
+elementwise, so the result is the same bit for bit on every node, and a sharded peer keeps the
+state of its own rows alone (`keep_rows`). Strategies with consensus state of their own (the
+shared mask's previous aggregate, GreedyLore's basis) extend the outer step with it.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from collections.abc import Mapping
 import torch
 
 from codec.spec import ModelSpec
-from protocol.runconfig import OuterConfig
+from protocol.runconfig import RunConfig
 
 MOMENTUM = "momentum"
 HELD = "held"
@@ -46,10 +51,11 @@ def land_by_step(inner_steps: int, land: float = LAND_BY) -> int:
 
 
 class OuterOptimizer:
-    """The outer step of one run, with its (possibly empty) state."""
+    """The outer step of one run, with its (possibly empty) state (see the module docstring)."""
 
-    def __init__(self, cfg: OuterConfig, spec: ModelSpec, device: torch.device) -> None:
-        self.cfg, self.spec, self.device = cfg, spec, device
+    def __init__(self, run: RunConfig, spec: ModelSpec, device: torch.device | str = "cpu") -> None:
+        self.run, self.spec, self.device = run, spec, torch.device(device)
+        self.cfg = run.outer
         self._momentum: dict[str, torch.Tensor] | None = None
         self._held: dict[str, torch.Tensor] | None = None
 
@@ -57,8 +63,8 @@ class OuterOptimizer:
     def holding(self) -> bool:
         return self._held is not None
 
-    def hold(self, mean: Mapping[str, torch.Tensor]) -> None:
-        """Keep ``mean`` (taken over, not copied) for the next step."""
+    def receive(self, mean: Mapping[str, torch.Tensor]) -> None:
+        """Hold a window's ``mean`` (taken over, not copied) for the next step."""
         if self._held is not None:
             raise RuntimeError("an aggregate is already held: step before holding another")
         self._held = dict(mean)
@@ -83,6 +89,17 @@ class OuterOptimizer:
             for name, p in model.named_parameters():
                 base = start[name] if start is not None else p
                 p.copy_(self._stepped(name, base, held))
+
+    def step(self, model: torch.nn.Module, mean: Mapping[str, torch.Tensor]) -> None:
+        """One window of the consensus schedule from the model's current weights, as validators
+        and history replay take it: with ``outer.delay = 0`` this window's ``mean`` is applied;
+        with ``delay = 1`` the previous window's held mean is, and this window's is held."""
+        if self.cfg.delay:
+            self.advance(model)
+            self.receive(mean)
+        else:
+            self.receive(mean)
+            self.advance(model)
 
     def _stepped(
         self, name: str, w: torch.Tensor, held: Mapping[str, torch.Tensor] | None
@@ -153,3 +170,10 @@ class OuterOptimizer:
             if used:
                 out |= {f"{prefix}.{t.name}": tuple(t.shape) for t in self.spec.tensors}
         return out
+
+    def keep_rows(self, local: ModelSpec) -> None:
+        """Keep the state for `local`, a rank's rows of the model's tensors (FSDP2,
+        `miner.sharded_weights`), from a fresh start: the outer step is elementwise, so
+        `receive`, `next_weights` and the state dicts then work on those rows alone. An outer
+        step with state of its own (whole-tensor, e.g. a basis) cannot: ValueError."""
+        self.spec, self._momentum, self._held = local, None, None

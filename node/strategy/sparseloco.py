@@ -3,7 +3,8 @@ Algorithm 1), on the wire as `codec.wire` updates.
 
 Per tensor and window (`codec.compress.Compressor`): ``e ← β e + Δ``, ``Δ̂ = Q(TopK(e))``,
 ``e ← e − Δ̂``; during the first ``ef_freeze_fraction`` of the run ``Δ`` is compressed alone and
-``e`` is left untouched. The window applies ``θ ← θ_start − α · mean(Δ̂)`` (`node.strategy.base`).
+``e`` is left untouched. The window applies ``θ ← θ_start − α · mean(Δ̂)`` (`node.strategy.aggregator`,
+`node.strategy.outer`).
 
 **What was sent is spent.** When the window's applied set does not hold our own update (not
 selected, upload failed, dropped as late or for any other reason), the ``Δ̂`` taken out of ``e``
@@ -22,50 +23,28 @@ import torch
 from codec.aggregate import chunk_norms, update_norm
 from codec.compress import Compressor, SparseTensor, scatter_add
 from codec.errors import DecodeError
-from codec.spec import CodecParams
+from codec.spec import CodecParams, ModelSpec
 from codec.wire import SPARSE, WireFormat, decode_update, encode_update, header_digest, read_header
-from node.strategy.base import Decoded, Factor, Header, Meta, Signer, Strategy
+from node.strategy.aggregator import Aggregator
+from node.strategy.base import Strategy
+from node.strategy.encoder import Encoder
+from node.strategy.format import Decoded, Factor, Header, Meta, Signer, UpdateFormat
+from node.strategy.outer import OuterOptimizer
+from protocol.runconfig import RunConfig
 
 
-class SparseLoCo(Strategy):
-    """Top-k + error feedback + 2-bit values (see the module docstring)."""
+class SparseFormat(UpdateFormat):
+    """`codec.wire` updates: chunked Top-k entries with 2-bit values (module docstring)."""
 
     name = "sparseloco"
     clips_chunks = True
     dense = False
     wire: WireFormat = SPARSE
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._encoder: Any = None  # built on first use: validators never need one
-
     @property
     def params(self) -> CodecParams:
         """The codec parameters of this strategy's updates (the run's)."""
         return self.run.codec
-
-    def _compressor(self) -> Any:
-        if self._encoder is None:
-            self._encoder = self._new_encoder()
-        return self._encoder
-
-    def _new_encoder(self) -> Any:
-        return Compressor(self.owned, self.params, device=self.device)
-
-    # -- the peer's side ---------------------------------------------------------------------
-
-    def encode(self, deltas: Mapping[str, torch.Tensor], window: int) -> list[Any]:
-        names = self._owned_order(deltas)
-        freeze = window < self.run.outer.ef_freeze_windows
-        comp, beta = self._compressor(), self.run.outer.beta
-        with torch.no_grad():
-            return [comp.compress(n, deltas[n], beta, freeze=freeze) for n in names]
-
-    def local_state_dict(self) -> dict[str, torch.Tensor]:
-        return self._compressor().state_dict()
-
-    def load_local_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
-        self._compressor().load_state_dict(state)
 
     # -- the wire ----------------------------------------------------------------------------
 
@@ -105,6 +84,53 @@ class SparseLoCo(Strategy):
 
     def entries(self, piece: Any) -> tuple[torch.Tensor, torch.Tensor]:
         return sparse_entries(piece, self.params)
+
+
+class SparseEncoder(Encoder):
+    """Error feedback and Top-k with 2-bit values (`codec.compress.Compressor`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._encoder: Any = None  # built on first use
+
+    @property
+    def params(self) -> CodecParams:
+        """The codec parameters of the pieces this encoder makes (the run's)."""
+        return self.run.codec
+
+    def _compressor(self) -> Any:
+        if self._encoder is None:
+            self._encoder = self._new_encoder()
+        return self._encoder
+
+    def _new_encoder(self) -> Any:
+        return Compressor(self.owned, self.params, device=self.device)
+
+    def encode(self, deltas: Mapping[str, torch.Tensor], window: int) -> list[Any]:
+        names = self.owned_order(deltas)
+        freeze = window < self.run.outer.ef_freeze_windows
+        comp, beta = self._compressor(), self.run.outer.beta
+        with torch.no_grad():
+            return [comp.compress(n, deltas[n], beta, freeze=freeze) for n in names]
+
+    def local_state_dict(self) -> dict[str, torch.Tensor]:
+        return self._compressor().state_dict()
+
+    def load_local_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        self._compressor().load_state_dict(state)
+
+
+def make_sparseloco(
+    run: RunConfig, spec: ModelSpec, device: torch.device | str, owned: ModelSpec | None
+) -> Strategy:
+    """SparseLoCo's parts: the sparse format and encoder, the chunk-clipped mean, the outer step."""
+    fmt = SparseFormat(run, spec)
+    return Strategy(
+        fmt,
+        SparseEncoder(run, spec, device, owned),
+        Aggregator(fmt, device),
+        OuterOptimizer(run, spec, device),
+    )
 
 
 def sparse_entries(piece: SparseTensor, params: CodecParams) -> tuple[torch.Tensor, torch.Tensor]:

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Protocol
 
 from codec.spec import ModelSpec
-from node.strategy.base import Decoded
+from node.strategy.format import Decoded
 from node.window.buckets import PeerBucket, buckets_from
 from node.window.exchange import check_update
 from node.window.gather import Fetched

@@ -14,8 +14,8 @@ from substrateinterface import Keypair
 
 from codec.errors import DecodeError
 from codec.spec import ModelSpec
-from node.strategy import make_strategy
-from node.strategy.base import Decoded
+from node.strategy import make_format
+from node.strategy.format import Decoded
 from protocol.naming import update_key
 from protocol.runconfig import RunConfig
 from protocol.signing import sign_update, verify_update
@@ -47,7 +47,7 @@ class Published:
 
 def max_update_bytes(spec: ModelSpec, run: RunConfig) -> int:
     """A generous cap on a legitimate update's size under the run's strategy."""
-    return make_strategy(run, spec).max_update_bytes()
+    return make_format(run, spec).max_update_bytes()
 
 
 def encode_signed(
@@ -60,7 +60,7 @@ def encode_signed(
 ) -> bytes:
     """Our update (every tensor of the spec, in spec order) as signed wire bytes."""
     meta = {"run_id": run.run_id, "window": window, "uid": uid, "hotkey": keypair.ss58_address}
-    return make_strategy(run, spec).to_bytes(
+    return make_format(run, spec).to_bytes(
         update, meta, lambda digest: sign_update(keypair, run.run_id, window, uid, digest)
     )
 
@@ -118,11 +118,11 @@ def check_update(
     Verify first: only the (bounded) header is parsed before the signature, which covers the
     header and through its payload digest the payload, is checked; the payload is decoded only
     for an update its peer really signed for this run, window and uid. The wire format is the
-    run's strategy's (`node.strategy`): another strategy's bytes fail at the frame.
+    run's strategy's (`node.strategy.make_format`): another strategy's bytes fail at the frame.
     """
     verified_header(data, peer_uid, peer_hotkey, run, spec, window)
-    strategy = make_strategy(run, spec)
-    return strategy.decode(data, strategy.max_update_bytes())
+    fmt = make_format(run, spec)
+    return fmt.decode(data, fmt.max_update_bytes())
 
 
 def verified_header(
@@ -130,20 +130,18 @@ def verified_header(
 ) -> Any:
     """The header of one peer's bytes once its meta and signature are verified (the payload is
     not decoded: `check_update` or a decoding pool does that)."""
-    strategy = make_strategy(run, spec)
-    header = strategy.read_header(data, strategy.max_update_bytes())
+    fmt = make_format(run, spec)
+    header = fmt.read_header(data, fmt.max_update_bytes())
     expected = {"run_id": run.run_id, "window": window, "uid": peer_uid, "hotkey": peer_hotkey}
     for field, value in expected.items():
         if header.meta.get(field) != value:
             raise DecodeError(f"update meta {field}={header.meta.get(field)!r}, expected {value!r}")
-    verify_update(
-        peer_hotkey, header.sig, run.run_id, window, peer_uid, strategy.signed_digest(header)
-    )
+    verify_update(peer_hotkey, header.sig, run.run_id, window, peer_uid, fmt.signed_digest(header))
     return header
 
 
 def decode_verified(data: bytes, run: RunConfig, spec: ModelSpec) -> Decoded:
     """Decode bytes that `check_update` has verified before (they are immutable: the same bytes
     decode to the same update, so a node may drop the decoded form and decode them again)."""
-    strategy = make_strategy(run, spec)
-    return strategy.decode(data, strategy.max_update_bytes())
+    fmt = make_format(run, spec)
+    return fmt.decode(data, fmt.max_update_bytes())

@@ -24,7 +24,7 @@ from typing import Any
 
 from codec.errors import DecodeError
 from codec.spec import ModelSpec
-from node.strategy.base import Decoded
+from node.strategy.format import Decoded
 from node.window.buckets import PeerBucket
 from node.window.exchange import check_update, decode_verified, max_update_bytes
 from node.window.pooled import PooledExchange

@@ -12,8 +12,9 @@ A validator publishes, in its own bucket:
   signed by the validator and written after the checkpoint, so a manifest never points at a
   missing file.
 
-Replaying takes the window's one outer step through the run's strategy (`node.strategy`), which
-carries the outer state along; callers pass the strategy that belongs to the model they replay.
+Replaying takes the window's one step through the run's strategy (`node.strategy`): its
+aggregator's mean of the window's updates, then its outer step, which carries the outer state
+along; callers pass the aggregator and outer step that belong to the model they replay.
 
 Everything read here is hostile. Sizes are capped from the run config (`HistoryCaps`), never from
 what a publisher claims; every field is type-checked before it is hashed, converted or used to
@@ -43,7 +44,9 @@ from codec.errors import DecodeError, TesseraError
 from codec.spec import ModelSpec
 from node.model.fingerprint import fingerprint
 from node.model.llama import build_model
-from node.strategy import Strategy, make_strategy
+from node.strategy import make_strategy
+from node.strategy.aggregator import Aggregator
+from node.strategy.outer import OuterOptimizer
 from node.window.aggregate_writer import write_aggregate
 from node.window.buckets import peer_buckets
 from node.window.exchange import check_update, max_update_bytes
@@ -83,7 +86,7 @@ class HistoryCaps:
 
     @classmethod
     def of(cls, run: RunConfig, spec: ModelSpec) -> HistoryCaps:
-        outer = sum(math.prod(s) for s in make_strategy(run, spec).outer_shapes().values())
+        outer = sum(math.prod(s) for s in make_strategy(run, spec).outer.shapes().values())
         return cls(
             checkpoint=4 * (spec.numel + outer) + SAFETENSORS_SLACK,
             aggregate=run.gather_size * (max_update_bytes(spec, run) + 64) + 4096,
@@ -129,7 +132,7 @@ def publish_checkpoint(
     outer: Mapping[str, torch.Tensor],
 ) -> str:
     """Publish the weights at the start of `window` with the outer optimizer's state there
-    (`Strategy.outer_state_dict`), then their signed manifest."""
+    (`OuterOptimizer.state_dict`), then their signed manifest."""
     params = {k: v.detach().cpu().contiguous() for k, v in model.named_parameters()}  # tied once
     params |= {OUTER_PREFIX + k: v.detach().cpu().contiguous() for k, v in outer.items()}
     data = save_safetensors(params)
@@ -263,10 +266,10 @@ def _read_manifest(source: Source, run: RunConfig, window: int) -> dict:
 
 
 def _load_checkpoint(
-    source: Source, strategy: Strategy, window: int
+    source: Source, outer: OuterOptimizer, window: int
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """(weights, outer state) of a verified checkpoint that fits this model and strategy."""
-    run, spec = strategy.run, strategy.spec
+    """(weights, outer state) of a verified checkpoint that fits this model and outer step."""
+    run, spec = outer.run, outer.spec
     manifest = _read_manifest(source, run, window)
     cap = HistoryCaps.of(run, spec).checkpoint
     if not 0 < manifest["bytes"] <= cap:
@@ -279,7 +282,7 @@ def _load_checkpoint(
     except Exception as exc:  # safetensors raises its own error types on garbage
         raise HistoryError(f"checkpoint of window {window} is not safetensors") from exc
     shapes = {t.name: tuple(t.shape) for t in spec.tensors}
-    outer_shapes = {OUTER_PREFIX + k: s for k, s in strategy.outer_shapes().items()}
+    outer_shapes = {OUTER_PREFIX + k: s for k, s in outer.shapes().items()}
     got = {n: tuple(w.shape) for n, w in tensors.items()}
     weights_got = {n: s for n, s in got.items() if not n.startswith(OUTER_PREFIX)}
     outer_got = {n: s for n, s in got.items() if n.startswith(OUTER_PREFIX)}
@@ -290,17 +293,17 @@ def _load_checkpoint(
     if any(w.dtype != torch.float32 or not torch.isfinite(w).all() for w in tensors.values()):
         raise HistoryError(f"checkpoint of window {window} holds non-float32 or non-finite values")
     weights = {n: w for n, w in tensors.items() if n in shapes}
-    outer = {n[len(OUTER_PREFIX) :]: w for n, w in tensors.items() if n in outer_shapes}
-    return weights, outer
+    state = {n[len(OUTER_PREFIX) :]: w for n, w in tensors.items() if n in outer_shapes}
+    return weights, state
 
 
 def latest_checkpoint(
-    source: Source, strategy: Strategy, at_most: int
+    source: Source, outer: OuterOptimizer, at_most: int
 ) -> tuple[int, dict[str, torch.Tensor], dict[str, torch.Tensor]] | None:
-    """The newest verified checkpoint of this source starting at a window <= `at_most`:
-    (window, weights, outer state)."""
+    """The newest verified checkpoint of this source starting at a window <= `at_most` that fits
+    the model and `outer` (a whole model's outer step): (window, weights, outer state)."""
     windows = []
-    for info in source.store.list(f"{strategy.run.run_id}/"):
+    for info in source.store.list(f"{outer.run.run_id}/"):
         try:
             key = parse_key(info.key)
         except ValueError:
@@ -309,7 +312,7 @@ def latest_checkpoint(
             windows.append(key.window)
     for window in sorted(windows, reverse=True):
         try:
-            return window, *_load_checkpoint(source, strategy, window)
+            return window, *_load_checkpoint(source, outer, window)
         except (HistoryError, StoreError) as exc:
             log.warning("checkpoint of window %d unusable: %s", window, exc)
     return None
@@ -326,30 +329,31 @@ def _load(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> None:
 
 @dataclass(frozen=True)
 class _Saved:
-    """A model's weights and its strategy's outer state, to put back after a failed attempt."""
+    """A model's weights and its outer state, to put back after a failed attempt."""
 
     weights: dict[str, torch.Tensor]
     outer: dict[str, torch.Tensor]
 
     @classmethod
-    def of(cls, model: torch.nn.Module, strategy: Strategy) -> _Saved:
+    def of(cls, model: torch.nn.Module, outer: OuterOptimizer) -> _Saved:
         weights = {n: p.detach().clone() for n, p in model.named_parameters()}
-        return cls(weights, strategy.outer_state_dict())
+        return cls(weights, outer.state_dict())
 
-    def restore(self, model: torch.nn.Module, strategy: Strategy) -> None:
+    def restore(self, model: torch.nn.Module, outer: OuterOptimizer) -> None:
         _load(model, self.weights)
-        strategy.load_outer_state_dict(self.outer)
+        outer.load_state_dict(self.outer)
 
 
 def catch_up(
     model: torch.nn.Module,
-    strategy: Strategy,
+    aggregator: Aggregator,
+    outer: OuterOptimizer,
     source: Source,
     from_window: int,
     to_window: int,
 ) -> int:
-    """Bring `model` (and `strategy`'s outer state) from the start of `from_window` towards the
-    start of `to_window`.
+    """Bring `model` (and `outer`'s state) from the start of `from_window` towards the start of
+    `to_window`, each window's step `outer.step` with `aggregator`'s mean.
 
     Loads a newer checkpoint when one helps, then replays the published aggregates in order,
     stopping early at the first one not published yet. Returns the window the model is now at.
@@ -357,35 +361,36 @@ def catch_up(
     restore it before trying another source).
     """
     try:
-        ckpt = latest_checkpoint(source, strategy, to_window)
+        ckpt = latest_checkpoint(source, outer, to_window)
         window = from_window
         if ckpt is not None and ckpt[0] > from_window:
             window = ckpt[0]
             _load(model, ckpt[1])
             try:
-                strategy.load_outer_state_dict(ckpt[2])
+                outer.load_state_dict(ckpt[2])
             except ValueError as exc:
                 raise HistoryError(f"checkpoint of window {window}: {exc}") from exc
             log.info("loaded checkpoint of window %d", window)
-        return _replay(model, strategy, source, window, to_window)
+        return _replay(model, aggregator, outer, source, window, to_window)
     except StoreError as exc:
         raise HistoryError(f"history of validator uid {source.uid}: {exc}") from exc
 
 
 def _replay(
     model: torch.nn.Module,
-    strategy: Strategy,
+    aggregator: Aggregator,
+    outer: OuterOptimizer,
     source: Source,
     window: int,
     to_window: int,
 ) -> int:
     while window < to_window:
         try:
-            updates = read_aggregate(source, strategy.run, strategy.spec, window)
+            updates = read_aggregate(source, aggregator.run, aggregator.spec, window)
         except ObjectNotFound:
             break  # not published (yet): the model is consistently at `window`
         try:
-            strategy.step(model, updates)
+            outer.step(model, aggregator.mean(updates))
         except DecodeError as exc:
             raise HistoryError(f"window {window}: {exc}") from exc
         window += 1
@@ -394,7 +399,8 @@ def _replay(
 
 def catch_up_any(
     model: torch.nn.Module,
-    strategy: Strategy,
+    aggregator: Aggregator,
+    outer: OuterOptimizer,
     sources: Sequence[Source],
     from_window: int,
     to_window: int,
@@ -405,7 +411,7 @@ def catch_up_any(
     source costs time, never correctness. Returns the window reached."""
     position = from_window
     while position < to_window:
-        reached = _furthest(model, strategy, sources, position, to_window)
+        reached = _furthest(model, aggregator, outer, sources, position, to_window)
         if reached <= position:
             break  # no source brings us further
         position = reached
@@ -414,33 +420,35 @@ def catch_up_any(
 
 def _furthest(
     model: torch.nn.Module,
-    strategy: Strategy,
+    aggregator: Aggregator,
+    outer: OuterOptimizer,
     sources: Sequence[Source],
     from_window: int,
     to_window: int,
 ) -> int:
     """One `catch_up` round, each source from the same start: the model is left where the first
     source that gets furthest took it (as it was, if none moves it)."""
-    start = _Saved.of(model, strategy)
+    start = _Saved.of(model, outer)
     best, best_state = from_window, start
     for source in sources:
-        start.restore(model, strategy)
+        start.restore(model, outer)
         try:
-            reached = catch_up(model, strategy, source, from_window, to_window)
+            reached = catch_up(model, aggregator, outer, source, from_window, to_window)
         except HistoryError as exc:
             log.warning("history of validator uid %d unusable: %s", source.uid, exc)
             continue
         if reached >= to_window:
             return reached
         if reached > best:
-            best, best_state = reached, _Saved.of(model, strategy)
-    best_state.restore(model, strategy)
+            best, best_state = reached, _Saved.of(model, outer)
+    best_state.restore(model, outer)
     return best
 
 
 def resync(
     model: torch.nn.Module,
-    strategy: Strategy,
+    aggregator: Aggregator,
+    outer: OuterOptimizer,
     sources: Sequence[Source],
     target_window: int,
     expected_fingerprint: str | None,
@@ -449,14 +457,14 @@ def resync(
     the newest verified checkpoint at or before it (else the initial weights and no outer state),
     then every aggregate up to it. A source whose result differs from `expected_fingerprint` is
     skipped. Returns whether it succeeded (on failure the model is as it was)."""
-    run = strategy.run
-    saved = _Saved.of(model, strategy)
+    run = aggregator.run
+    saved = _Saved.of(model, outer)
     initial = dict(build_model(run.model, run.seed).named_parameters())
     for source in sources:
         _load(model, {n: p.detach() for n, p in initial.items()})
-        strategy.load_outer_state_dict({})
+        outer.load_state_dict({})
         try:
-            reached = catch_up(model, strategy, source, 0, target_window)
+            reached = catch_up(model, aggregator, outer, source, 0, target_window)
         except HistoryError as exc:
             log.warning("resync from validator uid %d failed: %s", source.uid, exc)
             continue
@@ -468,7 +476,7 @@ def resync(
             "resync from validator uid %d reached window %d with fingerprint %s (wanted %s)",
             source.uid, reached, fp[:12], (expected_fingerprint or "-")[:12],
         )  # fmt: skip
-    saved.restore(model, strategy)
+    saved.restore(model, outer)
     return False
 
 

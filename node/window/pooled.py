@@ -4,7 +4,7 @@ With `PooledExchange`, the gather (`node.window.gather.gather`) verifies each up
 and signature on its own thread and hands the bytes to the pool, whose workers decode their
 share of the tensors at once; an update that does not decode is dropped as ``malformed`` when
 the gather ends, as the strict decode would drop it. The window's mean is then the pool's, bit
-for bit the strategy's own (`Strategy.mean`), when every agreed update is one the pool holds
+for bit the strategy's own (`node.strategy.aggregator.Aggregator.mean`), when every agreed update is one the pool holds
 for that window; otherwise (the lead's copy of an update replaced ours, or the pool has moved on
 to a later window) the caller computes it the usual way.
 
@@ -27,8 +27,9 @@ from codec.errors import DecodeError
 from codec.pool import AggregatePool
 from codec.spec import ModelSpec
 from codec.wire import SPARSE
-from node.strategy import make_strategy
-from node.strategy.base import Decoded
+from node.strategy import make_format
+from node.strategy.format import Decoded
+from node.strategy.sparseloco import SparseFormat
 from node.window.exchange import decode_verified, verified_header
 from protocol.runconfig import RunConfig
 
@@ -74,7 +75,7 @@ class PooledExchange:
 
     def __init__(self, run: RunConfig, spec: ModelSpec, pool: AggregatePool) -> None:
         self.run, self.spec, self.pool = run, spec, pool
-        self._strategy = make_strategy(run, spec)  # the signed digest of each header
+        self._format = make_format(run, spec)  # the signed digest of each header
         self._lock = threading.Lock()
         self._epoch = 0
         self._window: int | None = None
@@ -96,7 +97,7 @@ class PooledExchange:
         """Verify the header and signature (`SignatureError`/`DecodeError` if not) and start
         the decode in the workers."""
         header = verified_header(data, uid, hotkey, self.run, self.spec, window)
-        signed = self._strategy.signed_digest(header)
+        signed = self._format.signed_digest(header)
         with self._lock:
             if window != self._window:
                 raise RuntimeError(f"the pool is gathering window {self._window}, not {window}")
@@ -127,8 +128,8 @@ class PooledExchange:
 
 def supports(run: RunConfig, spec: ModelSpec) -> bool:
     """Whether the run's updates travel in the sparse wire container the workers decode."""
-    strategy = make_strategy(run, spec)
-    return not strategy.dense and getattr(strategy, "wire", None) == SPARSE
+    fmt = make_format(run, spec)
+    return isinstance(fmt, SparseFormat) and fmt.wire == SPARSE
 
 
 def open_pool(run: RunConfig, spec: ModelSpec, workers: int) -> AggregatePool | None:
@@ -138,7 +139,7 @@ def open_pool(run: RunConfig, spec: ModelSpec, workers: int) -> AggregatePool | 
     if workers <= 0 or not supports(run, spec):
         return None
     try:
-        cap = make_strategy(run, spec).max_update_bytes()
+        cap = make_format(run, spec).max_update_bytes()
         return AggregatePool(spec, run.codec, workers, cap, run.outer.min_support)
     except (OSError, RuntimeError) as exc:
         log.warning("%d decode workers could not start (%s): decoding on this thread", workers, exc)

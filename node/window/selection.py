@@ -20,7 +20,7 @@ so everyone applies the same aggregate. The rule, for window ``w`` and gather si
 6. With no weights on chain at all (bootstrap), the first ``G`` candidates by the hash draw.
 
 Influence: the outer step scales each update to at most the lower median norm ``B`` of the
-window's updates and divides by ``N' > N / 2`` (`node.strategy.base`), so the ``P`` probation
+window's updates and divides by ``N' > N / 2`` (`node.strategy.aggregator`), so the ``P`` probation
 updates move the model by at most ``α · P · B / N'`` in L2 norm, ``N`` the number of updates
 applied.
 """

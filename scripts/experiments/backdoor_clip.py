@@ -30,7 +30,7 @@ import lab.bench.train.engine as engine  # noqa: E402
 from lab.bench.train.specs import MethodSpec  # noqa: E402
 from lab.sim.backdoor import trigger_probability, with_trigger  # noqa: E402
 from node.data.batches import open_run_dataset  # noqa: E402
-from node.strategy.sparseloco import SparseLoCo  # noqa: E402
+from node.strategy.sparseloco import SparseFormat  # noqa: E402
 from protocol.runconfig import RunConfig  # noqa: E402
 
 
@@ -44,7 +44,7 @@ def main() -> None:
     parser.add_argument("--min-support", type=int, default=1, help="outer.min_support")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    SparseLoCo.clips_chunks = args.rule == "chunk"
+    SparseFormat.clips_chunks = args.rule == "chunk"
     base = RunConfig.preset("tiny", name=args.name, outer={"total_windows": args.windows})
     run = base.model_copy(
         update={"outer": base.outer.model_copy(update={"min_support": args.min_support})}

@@ -9,9 +9,10 @@ regress on. Six ways, all through `validator.scoring.LossProbe`:
   peers earn), without and with the crowd.
 
 Three honest peers of the tiny preset train window 0 from the run's seed; their mean is applied
-(`Strategy.step`), and the step taken is kept. Each trains window 1 from there. Each window-1
-update, and a random sparse update of the same shape (`lab.sim.forgeries.noise_update`, the
-null), is probed at its own norm on the validator's samples of four secrets (64 random + 64 own).
+(the aggregator's mean, `OuterOptimizer.step`), and the step taken is kept. Each trains window 1
+from there. Each window-1 update, and a random sparse update of the same shape
+(`lab.sim.forgeries.noise_update`, the null), is probed at its own norm on the validator's
+samples of four secrets (64 random + 64 own).
 
     python scripts/experiments/bootstrap_covariate.py
 """
@@ -51,7 +52,8 @@ def main() -> None:
     spec = ModelSpec.from_module(model)
     first = {u: train_update(run, dataset, model, u, 0) for u in range(PEERS)}
     before = copy.deepcopy(model)
-    make_strategy(run, spec).step(model, first)
+    strategy = make_strategy(run, spec)
+    strategy.outer.step(model, strategy.aggregator.mean(first))
     step = {
         k: p.detach() - q.detach()
         for (k, p), q in zip(before.named_parameters(), model.parameters(), strict=True)

@@ -21,7 +21,7 @@ from codec.pool import _compact, _sum_into
 from codec.wire import decode_update
 from lab.bench.exchange import digest, encode_updates
 from node.model.shapes import layers_spec
-from node.strategy import make_strategy
+from node.strategy import make_format
 from protocol.runconfig import RunConfig
 
 
@@ -39,7 +39,7 @@ def main() -> None:
     run = RunConfig.preset("1B")
     spec = layers_spec(run.model, 4)
     datas = encode_updates(run, spec, 8)
-    cap = make_strategy(run, spec).max_update_bytes()
+    cap = make_format(run, spec).max_update_bytes()
 
     def decoded() -> dict[int, list]:
         return {

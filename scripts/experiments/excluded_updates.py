@@ -41,10 +41,10 @@ RULES = ("clean", "put back", "spent")
 def put_back(peer: Strategy, sent: list[Any]) -> None:
     """``e ← e + Δ̂`` for a peer's update that no window applied (the decoded values where
     they were taken out)."""
-    error = peer.local_state_dict()
+    error = peer.encoder.local_state_dict()
     for piece in sent:
-        peer.add_into(error[piece.name], piece)
-    peer.load_local_state_dict(error)
+        peer.format.add_into(error[piece.name], piece)
+    peer.encoder.load_local_state_dict(error)
 
 
 def run(setup: Setup, schedule: list[set[int]], rule: str) -> list[float]:
@@ -71,16 +71,16 @@ def run(setup: Setup, schedule: list[set[int]], rule: str) -> list[float]:
             train_window(worker, optimizers[r], batches, base, w, torch.device("cpu"))
             with torch.no_grad():
                 delta = {n: start[n] - p.detach() for n, p in params.items()}
-            sent[r] = peers[r].encode(delta, w)
-            updates[r] = transmit(peers[r], sent[r], w, r)[1]
-        consensus.receive(consensus.mean({r: updates[r] for r in sorted(applied)}))
-        new = consensus.next_weights(start)
+            sent[r] = peers[r].encoder.encode(delta, w)
+            updates[r] = transmit(peers[r].format, sent[r], w, r)[1]
+        consensus.outer.receive(consensus.aggregator.mean({r: updates[r] for r in sorted(applied)}))
+        new = consensus.outer.next_weights(start)
         with torch.no_grad():
             for n, p in sync.named_parameters():
                 p.copy_(new[n])
-        state = consensus.outer_state_dict()
+        state = consensus.outer.state_dict()
         for r in sorted(everyone):
-            peers[r].load_outer_state_dict(state)
+            peers[r].outer.load_state_dict(state)
             if rule == "put back" and r not in applied and w >= base.outer.ef_freeze_windows:
                 put_back(peers[r], sent[r])
         losses.append(heldout_loss(sync, setup.heldout))

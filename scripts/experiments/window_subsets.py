@@ -3,9 +3,10 @@ outer step does to the held-out loss and to the backdoor's trigger.
 
 The validator's model at the start of the window is replayed from its published history (as a
 joining peer does); each set's updates are read from the members' buckets and applied with the
-run's `Strategy.step` from those same weights, then scored on the simulation's held-out samples
-(`lab.sim.baseline`). Members are named as in the simulation (``peer0``, ``backdoor``, …); their
-uids follow the order the simulation registered them in (its report's order).
+run's aggregator and outer step (`OuterOptimizer.step`) from those same weights, then scored on
+the simulation's held-out samples (`lab.sim.baseline`). Members are named as in the simulation
+(``peer0``, ``backdoor``, …); their uids follow the order the simulation registered them in (its
+report's order).
 
     python scripts/experiments/window_subsets.py OUT WINDOW peer1,peer2,peer3 peer0,peer1,peer2,peer3 ...
 """
@@ -48,25 +49,25 @@ def main(out: Path, window: int, sets: list[list[str]]) -> None:
     model = build_model(run.model, run.seed)
     strategy = make_strategy(run, ModelSpec.from_module(model))
     source = Source(len(names), hotkey, open_store(f"file://{lead}"))
-    if catch_up_any(model, strategy, [source], 0, window) != window:
+    if catch_up_any(model, strategy.aggregator, strategy.outer, [source], 0, window) != window:
         raise SystemExit(f"the validator's history does not replay to window {window}")
     _, dataset = open_run_dataset(run)
     heldout = heldout_set(dataset, run.run_id, HELDOUT_SAMPLES)
     print(f"window {window} starts at held-out loss {heldout_loss(model, heldout):.4f}")
     start = {k: v.clone() for k, v in model.state_dict().items()}
-    outer = {k: v.clone() for k, v in strategy.outer_state_dict().items()}
-    cap = strategy.max_update_bytes()
+    outer = {k: v.clone() for k, v in strategy.outer.state_dict().items()}
+    cap = strategy.format.max_update_bytes()
     for members in sets:
         updates = {}
         for name in members:
             path = update_file(out, run.run_id, name, window)
             if path is None:
                 raise SystemExit(f"{name} stored no update for window {window}")
-            updates[uids[name]] = strategy.decode(path.read_bytes(), cap).tensors
+            updates[uids[name]] = strategy.format.decode(path.read_bytes(), cap).tensors
         model.load_state_dict(start)
-        strategy.load_outer_state_dict(outer)
+        strategy.outer.load_state_dict(outer)
         with torch.no_grad():
-            strategy.step(model, updates)
+            strategy.outer.step(model, strategy.aggregator.mean(updates))
         loss, trigger = heldout_loss(model, heldout), trigger_probability(model, heldout)
         print(f"{','.join(members):<48} loss {loss:.4f}  trigger {trigger:.5f}")
 

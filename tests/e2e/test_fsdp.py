@@ -28,7 +28,9 @@ from miner.weights import FullState, Weights
 from node.model.llama import build_model
 from node.runtime.memory import GIB, RECIPES, pick_recipe, pick_sharding, plan_memory
 from node.runtime.state import PeerState, load_state
-from node.strategy import Strategy, make_strategy
+from node.strategy import make_strategy
+from node.strategy.aggregator import Aggregator
+from node.strategy.outer import OuterOptimizer
 from protocol.runconfig import RunConfig
 from tests.support.local_run import kill_tree
 from tests.support.multirank import (
@@ -181,14 +183,14 @@ def _weight_ops(ranks: Ranks, saved: PeerState | None) -> dict[str, object]:
     bump = weights.share(_fixed(spec, 3, 1e-3) if main else None)
     weights.move(bump, {n: torch.zeros_like(b) for n, b in bump.items()})
     out["deltas"] = weights.deltas(origin)
-    weights.strategy.receive(weights.share(_fixed(spec, 4, 1e-2) if main else None))
+    weights.strategy.outer.receive(weights.share(_fixed(spec, 4, 1e-2) if main else None))
     weights.advance(origin)
     out["fp1"], out["state1"] = weights.fingerprint(), state()
-    weights.strategy.receive(weights.share(_fixed(spec, 5, 1e-2) if main else None))
+    weights.strategy.outer.receive(weights.share(_fixed(spec, 5, 1e-2) if main else None))
     out["state2"] = state()
 
-    def advance(model: torch.nn.Module, strategy: Strategy) -> int:
-        strategy.advance(model)
+    def advance(model: torch.nn.Module, _aggregator: Aggregator, outer: OuterOptimizer) -> int:
+        outer.advance(model)
         return 7
 
     out["replayed"] = weights.replay(advance)
@@ -248,8 +250,8 @@ def test_sharded_weights_refuse_a_strategy_with_whole_tensor_outer_state() -> No
     local = ModelSpec(tensors=tuple(spec.tensors))
     for name in ("sparseloco-mask", "greedylore"):
         with pytest.raises(ValueError, match="cannot be sharded"):
-            make_strategy(OUTER.model_copy(update={"strategy": name}), spec).keep_outer_for(local)
-    make_strategy(OUTER, spec).keep_outer_for(local)  # sparseloco: elementwise outer state
+            make_strategy(OUTER.model_copy(update={"strategy": name}), spec).outer.keep_rows(local)
+    make_strategy(OUTER, spec).outer.keep_rows(local)  # sparseloco: elementwise outer state
 
 
 # -- the real peer: `tessera miner --sharding fsdp2` under torchrun ----------------------------

@@ -338,7 +338,7 @@ def test_the_report_scores_the_validators_replayed_model_and_ddp(tmp_path: Path)
             grads = {
                 n: torch.randn(p.shape, generator=gen) * 1e-3 for n, p in live.named_parameters()
             }
-            updates[m.uid] = make_strategy(run, spec).encode(grads, 10)
+            updates[m.uid] = make_strategy(run, spec).encoder.encode(grads, 10)
             raw[m.uid] = encode_signed(updates[m.uid], run, spec, w, m.uid, keys[m.uid])
         publish_aggregate(
             store,
@@ -349,7 +349,7 @@ def test_the_report_scores_the_validators_replayed_model_and_ddp(tmp_path: Path)
             raw,
             {u: keys[u].ss58_address for u in raw},
         )
-        strategy.step(live, updates)
+        strategy.outer.step(live, strategy.aggregator.mean(updates))
         expected[w] = heldout_loss(live, heldout)
     synced = synced_losses(world, [0, 1, 2])
     assert {w: h.loss for w, h in synced.items()} == expected  # window 2 is not published

@@ -33,7 +33,7 @@ def reframe(frame: Any, header: dict, payload: bytes) -> bytes:
 def decode(spec: ModelSpec, run: RunConfig, data: bytes) -> None:
     """Decode ``data`` as a node of ``run`` does, under the run's update cap."""
     strategy = make_strategy(run, spec)
-    strategy.decode(data, strategy.max_update_bytes())
+    strategy.format.decode(data, strategy.format.max_update_bytes())
 
 
 def assert_refused_quickly(

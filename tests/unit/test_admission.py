@@ -59,7 +59,8 @@ class World(HonestWorld):
     def loss_after(self, applied: dict[int, list[SparseTensor]]) -> float:
         """Held-out loss after the window's outer step over `applied`."""
         model = copy.deepcopy(self.model)
-        make_strategy(RUN, self.spec).step(model, applied)
+        strategy = make_strategy(RUN, self.spec)
+        strategy.outer.step(model, strategy.aggregator.mean(applied))
         return float(row_losses(model, self.heldout, RUN.micro_batch_size, CPU).mean())
 
 

@@ -203,7 +203,7 @@ def test_recycler_uploads_the_last_aggregate(world: World) -> None:
     publish_aggregate(stores[2], RUN, 3, 2, keys[2], data, {u: keys[u].ss58_address for u in data})
     recycled = adv_mod._recycled(make("recycler"), 4)
     assert recycled is not None
-    mean = make_strategy(RUN, SPEC).mean(ups)
+    mean = make_strategy(RUN, SPEC).aggregator.mean(ups)
     assert _cos(_dense(recycled), mean) > 0.9
     assert abs(_cos(_dense(recycled), _dense(_honest(9)))) < 0.05  # unlike any other update
 
@@ -216,7 +216,7 @@ def test_recycler_of_unrelated_updates_keeps_what_top_k_can(world: World) -> Non
     recycled = adv_mod._recycled(make("recycler"), 6)
     assert recycled is not None
     # Top-k of the mean keeps about half of its ~2k entries per chunk: cosine ~ sqrt(energy kept)
-    assert _cos(_dense(recycled), make_strategy(RUN, SPEC).mean(ups)) > 0.6
+    assert _cos(_dense(recycled), make_strategy(RUN, SPEC).aggregator.mean(ups)) > 0.6
 
 
 def _compressed(common: dict[str, torch.Tensor], noise: float, seed: int) -> list:

@@ -12,9 +12,10 @@ import torch
 from codec.spec import ModelSpec
 from lab.bench.train.engine import Setup, _strategy, heldout_set, run_local
 from lab.bench.train.specs import SpecError, parse_methods
-from lab.strategies.greedylore_variants import GreedyLoreNow
+from lab.strategies.greedylore_variants import NowBasis
 from node.data.batches import open_run_dataset
 from node.model.llama import build_model
+from node.strategy.greedylore import LowRankFormat
 from protocol.runconfig import RunConfig
 
 SMALL = {"hidden_size": 32, "intermediate_size": 64, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1}
@@ -82,4 +83,5 @@ def test_the_h_option_sends_once_per_h_inner_steps() -> None:
 def test_select_now_is_the_variant_the_engine_builds() -> None:
     (method,) = parse_methods("greedylore:select=now", _base())
     spec = ModelSpec.from_module(build_model(method.run.model, 0))
-    assert isinstance(_strategy(method, spec), GreedyLoreNow)
+    fmt = _strategy(method, spec).format
+    assert isinstance(fmt, LowRankFormat) and isinstance(fmt.basis, NowBasis)

@@ -51,17 +51,19 @@ def test_late_peer_replays_checkpoint_and_aggregates(tmp_path: Path) -> None:
             raw[uid] = encode_signed(sparse, run, spec, window, uid, keys[uid])
         publish_aggregate(store, run, window, 2, validator, raw, hotkeys)
         # what the live peers did: the same replay of the same bytes
-        catch_up(live, make_strategy(run, spec), source, window, window + 1)
+        replayed = make_strategy(run, spec)
+        catch_up(live, replayed.aggregator, replayed.outer, source, window, window + 1)
         fingerprints[window + 1] = fingerprint(live)
 
-    late = build_model(run.model, run.seed)
-    assert catch_up(late, make_strategy(run, spec), source, 0, 4) == 4
+    late, strategy = build_model(run.model, run.seed), make_strategy(run, spec)
+    assert catch_up(late, strategy.aggregator, strategy.outer, source, 0, 4) == 4
     assert fingerprint(late) == fingerprints[4]
 
     # a publisher with no history replays nothing
     other = build_model(run.model, run.seed)
     stranger = Source(2, keys[0].ss58_address, store)
-    assert catch_up(other, make_strategy(run, spec), stranger, 0, 4) == 0
+    strategy = make_strategy(run, spec)
+    assert catch_up(other, strategy.aggregator, strategy.outer, stranger, 0, 4) == 0
 
     # a history signed by someone else is refused
     forged = open_store(f"file://{tmp_path}?bucket=forged")
@@ -70,7 +72,8 @@ def test_late_peer_replays_checkpoint_and_aggregates(tmp_path: Path) -> None:
     with pytest.raises(HistoryError, match="signature"):
         catch_up(
             other,
-            make_strategy(run, spec),
+            strategy.aggregator,
+            strategy.outer,
             Source(2, validator.ss58_address, forged),
             0,
             1,
@@ -94,7 +97,7 @@ def test_a_late_peer_restores_nesterov_momentum_from_a_checkpoint(tmp_path: Path
     gen = torch.Generator().manual_seed(1)
     for window in range(4):
         if window == 2:
-            outer = strategy.outer_state_dict()
+            outer = strategy.outer.state_dict()
             assert outer  # there is momentum to carry
             publish_checkpoint(store, run, window, 2, keys[2], live, outer=outer)
         raw = {}
@@ -102,20 +105,20 @@ def test_a_late_peer_restores_nesterov_momentum_from_a_checkpoint(tmp_path: Path
             deltas = {
                 n: torch.randn(p.shape, generator=gen) * 1e-3 for n, p in live.named_parameters()
             }
-            update = make_strategy(run, spec).encode(deltas, window)
+            update = make_strategy(run, spec).encoder.encode(deltas, window)
             raw[uid] = encode_signed(update, run, spec, window, uid, keys[uid])
         if window < 2:  # applied live, never published: only the checkpoint can bring a peer here
             updates = {
                 u: check_update(d, u, hotkeys[u], run, spec, window).tensors for u, d in raw.items()
             }
-            strategy.step(live, updates)
+            strategy.outer.step(live, strategy.aggregator.mean(updates))
         else:
             publish_aggregate(store, run, window, 2, keys[2], raw, hotkeys)
-            catch_up(live, strategy, source, window, window + 1)
+            catch_up(live, strategy.aggregator, strategy.outer, source, window, window + 1)
 
     late = build_model(run.model, run.seed)
     late_strategy = make_strategy(run, spec)
-    assert catch_up(late, late_strategy, source, 0, 4) == 4
+    assert catch_up(late, late_strategy.aggregator, late_strategy.outer, source, 0, 4) == 4
     assert fingerprint(late) == fingerprint(live)
-    theirs, ours = late_strategy.outer_state_dict(), strategy.outer_state_dict()
+    theirs, ours = late_strategy.outer.state_dict(), strategy.outer.state_dict()
     assert theirs.keys() == ours.keys() and all(torch.equal(theirs[k], ours[k]) for k in ours)

@@ -62,7 +62,7 @@ def test_a_targeted_update_moves_its_chunk_no_more_than_the_median_update(
     bound = norms[(n - 1) // 2]  # the lower median of chunk 0's norms: an honest one
     target_norm = float(_chunk0(_dense(updates[n - 1])).norm())
     assert target_norm > 3.5 * bound  # the whole norm of an honest update, in one chunk
-    mean = make_strategy(RUN, SPEC).mean(updates)["w"].double()
+    mean = make_strategy(RUN, SPEC).aggregator.mean(updates)["w"].double()
     pushed = float(_chunk0(mean) @ direction)
     # each targeted part is clipped to the bound, and more than half the set counts fully
     assert pushed <= targeted * bound / (n / 2) + 0.1 * bound, (pushed, bound)
@@ -75,7 +75,7 @@ def test_honest_updates_spread_evenly_are_hardly_clipped() -> None:
     direction and length (the defence costs honest training little)."""
     updates, _ = _updates(5, 0)
     plain = torch.stack([_dense(u) for u in updates.values()]).mean(0)
-    mean = make_strategy(RUN, SPEC).mean(updates)["w"].double()
+    mean = make_strategy(RUN, SPEC).aggregator.mean(updates)["w"].double()
     cos = float(mean.flatten() @ plain.flatten() / (mean.norm() * plain.norm()))
     ratio = float(mean.norm() / plain.norm())
     assert cos > 0.999 and 0.95 < ratio < 1.05, (cos, ratio)
@@ -89,9 +89,9 @@ def test_with_min_support_two_a_lone_update_moves_nothing_only_it_sends() -> Non
     alone = sent[-1] & ~torch.stack(sent[:-1]).any(0)  # only the targeted update's
     shared = torch.stack(sent).sum(0) >= 2
     assert int(alone.sum()) > 100 and int(shared.sum()) > 100
-    plain = make_strategy(RUN, SPEC).mean(updates)["w"]
+    plain = make_strategy(RUN, SPEC).aggregator.mean(updates)["w"]
     assert bool(plain[alone].ne(0).all())  # without the rule it moves them all
     run = RUN.model_copy(update={"outer": RUN.outer.model_copy(update={"min_support": 2})})
-    mean = make_strategy(run, SPEC).mean(updates)["w"]
+    mean = make_strategy(run, SPEC).aggregator.mean(updates)["w"]
     assert bool(mean[alone].eq(0).all()) and bool(mean[~shared].eq(0).all())
     assert torch.equal(mean[shared], plain[shared])

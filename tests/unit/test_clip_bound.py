@@ -78,7 +78,7 @@ def test_half_the_set_at_the_value_cap_moves_the_model_no_further_than_an_honest
     norms = [update_norm(u) for u in {**honest, **crowd}.values()]
     assert clip_bound(norms) <= largest_honest
 
-    mean = make_strategy(RUN, SPEC).mean({**honest, **crowd})
+    mean = make_strategy(RUN, SPEC).aggregator.mean({**honest, **crowd})
     assert _norm(mean) <= largest_honest * (1 + 1e-6)
     again = aggregate({**honest, **crowd}, SPEC, RUN.codec, clip_to_median=True)
     assert all(torch.equal(mean[t], again[t]) for t in mean)  # one rule, both entry points
@@ -91,8 +91,8 @@ def test_null_updates_do_not_dilute_the_honest_step(
     honest = {u: _update(u, direction) for u in range(honest_count)}
     empty = {50 + i: _null(_update(50 + i, direction)) for i in range(nulls)}
     strategy = make_strategy(RUN, SPEC)
-    alone = _norm(strategy.mean(honest))
-    with_nulls = _norm(strategy.mean({**honest, **empty}))
+    alone = _norm(strategy.aggregator.mean(honest))
+    with_nulls = _norm(strategy.aggregator.mean({**honest, **empty}))
     # the honest norms differ by a few per cent, so the bound (an honest norm) moves a little;
     # dividing by the count of updates instead would scale the step by honest / (honest + nulls)
     assert with_nulls == pytest.approx(alone, rel=0.03)

@@ -108,7 +108,10 @@ def _decide(
 
 def _apply(updates: dict) -> str:
     model = build_model(RUN.model, RUN.seed)
-    make_strategy(RUN, SPEC).step(model, {u: up.tensors for u, up in updates.items()})
+    strategy = make_strategy(RUN, SPEC)
+    strategy.outer.step(
+        model, strategy.aggregator.mean({u: up.tensors for u, up in updates.items()})
+    )
     return fingerprint(model)
 
 
@@ -272,8 +275,8 @@ def test_one_update_moves_the_model_at_most_the_median_norm(shared: dict) -> Non
     norms = sorted(update_norm(u) for u in updates.values())
     assert update_norm(scaled) > 4 * norms[1]  # the lower median of four
     strategy = make_strategy(RUN, SPEC)
-    mean = strategy.mean(updates)
-    louder = strategy.mean({**honest, 3: _scaled(_honest(0, shared), 50.0)})
+    mean = strategy.aggregator.mean(updates)
+    louder = strategy.aggregator.mean({**honest, 3: _scaled(_honest(0, shared), 50.0)})
     for n in mean:
         torch.testing.assert_close(louder[n], mean[n], rtol=1e-5, atol=1e-9)
     for t in SPEC.tensors:

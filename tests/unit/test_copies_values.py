@@ -56,8 +56,8 @@ class World:
             for s in up:
                 scatter_add(self.mean[s.name], s, RUN.codec, f)
         consensus = make_strategy(RUN, self.spec)
-        consensus.receive(self.mean)
-        consensus.advance(model)  # window 1 starts from the mean
+        consensus.outer.receive(self.mean)
+        consensus.outer.advance(model)  # window 1 starts from the mean
         self.next = {u: train_update(RUN, dataset, model, u, 1) for u in HONEST}
 
     def sk(self, uid: int, update: Update, window: int = 0) -> Sketch:

@@ -126,13 +126,17 @@ def test_a_window_on_the_gpu_lands_on_the_cpu_model(optimizer: str) -> None:
                 "uid": uid,
                 "hotkey": "5" * 48,
             }
-            datas.append(peer.to_bytes(peer.encode(deltas, window), meta, lambda _d: bytes(64)))
+            datas.append(
+                peer.format.to_bytes(
+                    peer.encoder.encode(deltas, window), meta, lambda _d: bytes(64)
+                )
+            )
         for label, strategy in (("cpu", cpu), ("cuda", dev)):
-            cap = strategy.max_update_bytes()
-            updates = {uid: strategy.decode(d, cap).tensors for uid, d in enumerate(datas)}
+            cap = strategy.format.max_update_bytes()
+            updates = {uid: strategy.format.decode(d, cap).tensors for uid, d in enumerate(datas)}
             if label == "cuda":
                 updates = {u: [s.to(CUDA) for s in ts] for u, ts in updates.items()}
-            strategy.outer.hold(strategy.mean(updates))
+            strategy.outer.receive(strategy.aggregator.mean(updates))
             weights[label] = strategy.outer.next_weights(weights[label])
         for name, want in weights["cpu"].items():
             assert torch.equal(want, weights["cuda"][name].cpu()), (window, name)

@@ -64,12 +64,12 @@ def test_each_aggregate_is_applied_one_window_late() -> None:
     model = Params()
     means = [_update(w) for w in range(4)]
     for w, mean in enumerate(means):
-        pieces = strategy.encode(mean, w)
-        strategy.step(model, {7: pieces})
+        pieces = strategy.encoder.encode(mean, w)
+        strategy.outer.step(model, strategy.aggregator.mean({7: pieces}))
         for n in SHAPES:
             applied = sum((means[v][n] for v in range(w)), torch.zeros(SHAPES[n]))
             torch.testing.assert_close(getattr(model, n).detach(), -0.5 * applied)
-    held = strategy.outer_state_dict()
+    held = strategy.outer.state_dict()
     assert set(held) == {f"held.{n}" for n in SHAPES}
     assert all(torch.equal(held[f"held.{n}"], means[3][n]) for n in SHAPES)
 
@@ -82,7 +82,7 @@ def test_the_peer_schedule_is_the_consensus_schedule(optimizer: str) -> None:
     run = _run(optimizer=optimizer, momentum=0.9, alpha=0.7)
     validator, peer = make_strategy(run, SPEC), make_strategy(run, SPEC)
     v_model, p_model = Params(), Params()
-    updates = [{u: make_strategy(run, SPEC).encode(_update(10 * w + u), w) for u in range(3)}
+    updates = [{u: make_strategy(run, SPEC).encoder.encode(_update(10 * w + u), w) for u in range(3)}
                for w in range(5)]  # fmt: skip
     for w in range(5):
         start = {n: p.detach().clone() for n, p in p_model.named_parameters()}
@@ -90,18 +90,18 @@ def test_the_peer_schedule_is_the_consensus_schedule(optimizer: str) -> None:
             for p in p_model.parameters():
                 p.add_(1.0)  # the peer's inner steps move its weights; the step starts from θ_w
         if w >= 1:
-            peer.receive(peer.mean(updates[w - 1]))
-        peer.advance(p_model, start)
-        validator.step(v_model, updates[w])
+            peer.outer.receive(peer.aggregator.mean(updates[w - 1]))
+        peer.outer.advance(p_model, start)
+        validator.outer.step(v_model, validator.aggregator.mean(updates[w]))
         if w == 2:  # a restarted peer holds nothing: the next exchange lands afresh
-            state = peer.outer_state_dict()
+            state = peer.outer.state_dict()
             assert not any(k.startswith("held.") for k in state)
             peer = make_strategy(run, SPEC)
-            peer.load_outer_state_dict(state)
+            peer.outer.load_state_dict(state)
         for n in SHAPES:
             assert torch.equal(getattr(p_model, n), getattr(v_model, n)), (w, n)
-    v_state = validator.outer_state_dict()
-    p_state = peer.outer_state_dict()
+    v_state = validator.outer.state_dict()
+    p_state = peer.outer.state_dict()
     assert {k for k in v_state if not k.startswith("held.")} == set(p_state)
     assert all(torch.equal(v_state[k], p_state[k]) for k in p_state)
 
@@ -109,18 +109,18 @@ def test_the_peer_schedule_is_the_consensus_schedule(optimizer: str) -> None:
 def test_outer_state_groups_are_whole_and_belong_to_the_run() -> None:
     run = _run()
     strategy = make_strategy(run, SPEC)
-    strategy.receive({n: torch.ones(s) for n, s in SHAPES.items()})
-    state = strategy.outer_state_dict()
+    strategy.outer.receive({n: torch.ones(s) for n, s in SHAPES.items()})
+    state = strategy.outer.state_dict()
     with pytest.raises(ValueError, match="covers 1 of 2"):
-        make_strategy(run, SPEC).load_outer_state_dict({"held.w": state["held.w"]})
+        make_strategy(run, SPEC).outer.load_state_dict({"held.w": state["held.w"]})
     with pytest.raises(ValueError, match="does not fit"):
-        make_strategy(_run(delay=0), SPEC).load_outer_state_dict(state)
+        make_strategy(_run(delay=0), SPEC).outer.load_state_dict(state)
     with pytest.raises(ValueError, match="finite"):
-        make_strategy(run, SPEC).load_outer_state_dict(
+        make_strategy(run, SPEC).outer.load_state_dict(
             {**state, "held.b": torch.full(SHAPES["b"], float("nan"))}
         )
     with pytest.raises(RuntimeError, match="already held"):
-        strategy.receive({n: torch.ones(s) for n, s in SHAPES.items()})
+        strategy.outer.receive({n: torch.ones(s) for n, s in SHAPES.items()})
 
 
 def test_a_late_peer_replays_a_delayed_run_from_a_checkpoint(tmp_path: Path) -> None:
@@ -140,7 +140,7 @@ def test_a_late_peer_replays_a_delayed_run_from_a_checkpoint(tmp_path: Path) -> 
     gen = torch.Generator().manual_seed(1)
     for window in range(5):
         if window == 2:
-            outer = strategy.outer_state_dict()
+            outer = strategy.outer.state_dict()
             assert {k.split(".")[0] for k in outer} == {"momentum", "held"}
             publish_checkpoint(store, run, window, 2, keys[2], live, outer=outer)
         raw = {}
@@ -148,19 +148,22 @@ def test_a_late_peer_replays_a_delayed_run_from_a_checkpoint(tmp_path: Path) -> 
             deltas = {
                 n: torch.randn(p.shape, generator=gen) * 1e-3 for n, p in live.named_parameters()
             }
-            update = make_strategy(run, spec).encode(deltas, window)
+            update = make_strategy(run, spec).encoder.encode(deltas, window)
             raw[uid] = encode_signed(update, run, spec, window, uid, keys[uid])
         publish_aggregate(store, run, window, 2, keys[2], raw, hotkeys)
-        assert catch_up(live, strategy, source, window, window + 1) == window + 1
+        assert (
+            catch_up(live, strategy.aggregator, strategy.outer, source, window, window + 1)
+            == window + 1
+        )
     store.delete(
         next(i.key for i in store.list() if "/w0000000000/" in i.key and "aggregate" in i.key)
     )
 
     late = build_model(run.model, run.seed)
     late_strategy = make_strategy(run, spec)
-    assert catch_up(late, late_strategy, source, 0, 5) == 5
+    assert catch_up(late, late_strategy.aggregator, late_strategy.outer, source, 0, 5) == 5
     assert fingerprint(late) == fingerprint(live)
-    theirs, ours = late_strategy.outer_state_dict(), strategy.outer_state_dict()
+    theirs, ours = late_strategy.outer.state_dict(), strategy.outer.state_dict()
     assert theirs.keys() == ours.keys() and all(torch.equal(theirs[k], ours[k]) for k in ours)
 
 
@@ -175,9 +178,9 @@ def test_a_checkpoint_with_a_misshapen_held_mean_is_not_used(tmp_path: Path) -> 
     name = next(iter(held))
     bad = {**held, name: torch.zeros(3)}
     publish_checkpoint(store, run, 1, 0, key, model, outer=bad)
-    assert latest_checkpoint(Source(0, key.ss58_address, store), strategy, 5) is None
+    assert latest_checkpoint(Source(0, key.ss58_address, store), strategy.outer, 5) is None
     publish_checkpoint(store, run, 2, 0, key, model, outer=held)
-    found = latest_checkpoint(Source(0, key.ss58_address, store), strategy, 5)
+    found = latest_checkpoint(Source(0, key.ss58_address, store), strategy.outer, 5)
     assert found is not None and found[0] == 2
 
 
@@ -189,10 +192,12 @@ def test_a_checkpoint_with_part_of_the_held_mean_is_refused_when_loaded(tmp_path
     store = open_store(f"file://{tmp_path}?bucket=validator")
     model = build_model(run.model, run.seed)
     strategy = make_strategy(run, ModelSpec.from_module(model))
-    name, shape = next(iter(strategy.outer_shapes().items()))
+    name, shape = next(iter(strategy.outer.shapes().items()))
     publish_checkpoint(store, run, 1, 0, key, model, outer={name: torch.zeros(shape)})
     with pytest.raises(HistoryError, match="checkpoint of window 1: outer state 'held' covers 1"):
-        catch_up(model, strategy, Source(0, key.ss58_address, store), 0, 5)
+        catch_up(
+            model, strategy.aggregator, strategy.outer, Source(0, key.ss58_address, store), 0, 5
+        )
 
 
 def test_a_step_that_lands_before_training_is_delay_zero_one_window_later() -> None:

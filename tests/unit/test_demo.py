@@ -113,9 +113,9 @@ def test_demo_follows_a_plain_reference_implementation() -> None:
         updates = {}
         for uid, (peer, e) in enumerate(zip(peers, ref_e, strict=True)):
             deltas = _deltas(10 * window + uid)
-            sent = peer.encode(deltas, window)
-            data = peer.to_bytes(sent, {"window": window}, None)
-            updates[uid] = peer.decode(data, peer.max_update_bytes()).tensors
+            sent = peer.encoder.encode(deltas, window)
+            data = peer.format.to_bytes(sent, {"window": window}, None)
+            updates[uid] = peer.format.decode(data, peer.format.max_update_bytes()).tensors
             for piece in updates[uid]:
                 n = piece.name
                 e[n] = beta * e[n] + _ref_tiles(deltas[n], params, False)
@@ -125,16 +125,16 @@ def test_demo_follows_a_plain_reference_implementation() -> None:
                 ):
                     top = torch.topk(chunk.abs(), g.k, dim=1).indices.sort(1).values
                     assert torch.equal(piece.groups[gi].idx, top)
-                pos, vals = peer.entries(piece)
+                pos, vals = peer.format.entries(piece)
                 e[n].view(-1)[pos] -= vals.double()
                 torch.testing.assert_close(
-                    peer.local_state_dict()[n].double(), e[n], atol=1e-5, rtol=0
+                    peer.encoder.local_state_dict()[n].double(), e[n], atol=1e-5, rtol=0
                 )
-        mean = peers[0].mean(updates)
+        mean = peers[0].aggregator.mean(updates)
         for n, shape in SHAPES.items():
             coefs = []
             for up in updates.values():
-                pos, vals = peers[0].entries(next(p for p in up if p.name == n))
+                pos, vals = peers[0].format.entries(next(p for p in up if p.name == n))
                 coefs.append(torch.zeros(shape, dtype=torch.float64))
                 coefs[-1].view(-1)[pos] = vals.double()
             coef = chunk_clipped_mean(coefs, ChunkLayout.for_shape(shape, params))
@@ -146,9 +146,9 @@ def test_sign_values_decode_to_the_chunk_mean_magnitude() -> None:
     run = _run(bits=1)
     peer = make_strategy(run, SPEC)
     deltas = _deltas(3)
-    sent = peer.encode(deltas, 0)
+    sent = peer.encoder.encode(deltas, 0)
     two_bit = make_strategy(_run(bits=2), SPEC)
-    ref_sent = two_bit.encode(deltas, 0)
+    ref_sent = two_bit.encoder.encode(deltas, 0)
     for piece, ref in zip(sent, ref_sent, strict=True):
         layout = ChunkLayout.for_shape(piece.shape, run.codec)
         coef = layout.split(dct.forward(deltas[piece.name], layout))
@@ -161,9 +161,11 @@ def test_sign_values_decode_to_the_chunk_mean_magnitude() -> None:
             assert torch.equal(mag, mag[:, :1].expand_as(mag))  # one magnitude per chunk
             ratio = mag[:, 0] / kept.abs().mean(1)
             assert bool(((ratio > 0.85) & (ratio < 1.15)).all())  # E4M2 grid: within 1/8
-    data = peer.to_bytes(sent, {}, None)
-    assert len(data) < len(two_bit.to_bytes(ref_sent, {}, None))
-    assert [p.name for p in peer.decode(data, peer.max_update_bytes()).tensors] == list(SHAPES)
+    data = peer.format.to_bytes(sent, {}, None)
+    assert len(data) < len(two_bit.format.to_bytes(ref_sent, {}, None))
+    assert [
+        p.name for p in peer.format.decode(data, peer.format.max_update_bytes()).tensors
+    ] == list(SHAPES)
 
 
 # -- the wire -----------------------------------------------------------------------------
@@ -172,7 +174,7 @@ def test_sign_values_decode_to_the_chunk_mean_magnitude() -> None:
 def _good(bits: int = 2) -> tuple[RunConfig, bytes]:
     run = _run(bits)
     peer = make_strategy(run, SPEC)
-    return run, peer.to_bytes(peer.encode(_deltas(4), 0), {"window": 0}, None)
+    return run, peer.format.to_bytes(peer.encoder.encode(_deltas(4), 0), {"window": 0}, None)
 
 
 _parts = partial(tampering.split, wire.DCT.frame)
@@ -187,7 +189,7 @@ def test_a_sparseloco_update_is_not_a_demo_update_and_back() -> None:
         _decode(sparse_run, good)
     peer = make_strategy(sparse_run, SPEC)
     with pytest.raises(DecodeError, match="magic"):
-        _decode(run, peer.to_bytes(peer.encode(_deltas(4), 0), {}, None))
+        _decode(run, peer.format.to_bytes(peer.encoder.encode(_deltas(4), 0), {}, None))
 
 
 def test_hostile_demo_bytes_raise_decode_error_quickly() -> None:

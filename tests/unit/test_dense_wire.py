@@ -155,7 +155,7 @@ def test_a_diloco_run_verifies_before_it_decodes(tmp_path: Path) -> None:
     key, other = (create_hotkey("w", n, root=tmp_path) for n in ("a", "b"))
     strategy = make_strategy(run, spec)
     gen = torch.Generator().manual_seed(2)
-    update = strategy.encode(
+    update = strategy.encoder.encode(
         {t.name: torch.randn(t.shape, generator=gen) * 1e-3 for t in spec.tensors}, 3
     )
     data = encode_signed(update, run, spec, 3, 5, key)

@@ -16,9 +16,9 @@ from codec.compress import SparseTensor
 from codec.dense import to_wire_precision
 from codec.errors import DecodeError
 from codec.spec import ModelSpec
-from lab.strategies.greedylore_variants import GreedyLoreNow
-from node.strategy import make_strategy
-from node.strategy.greedylore import GreedyLore
+from lab.strategies.greedylore_variants import NowBasis, greedylore_variant
+from node.strategy import Strategy, make_strategy
+from node.strategy.greedylore import LowRankBasis, LowRankEncoder, LowRankFormat
 from protocol.runconfig import RunConfig
 from tests.support import wire_tampering as tampering
 
@@ -38,6 +38,12 @@ def _run(tau: int = 3, rank: int = 3) -> RunConfig:
 def _deltas(seed: int) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     return {n: torch.randn(s, generator=gen) * 0.1 for n, s in SHAPES.items()}
+
+
+def _basis(strategy: Strategy) -> LowRankBasis:
+    """The basis a GreedyLore strategy's parts share."""
+    assert isinstance(strategy.format, LowRankFormat)
+    return strategy.format.basis
 
 
 def _work(name: str, x: torch.Tensor) -> torch.Tensor:
@@ -82,18 +88,22 @@ def test_windowed_greedylore_follows_a_plain_reference() -> None:
     run, rank = _run(), 3
     peers = [make_strategy(run, SPEC) for _ in range(3)]
     validator = make_strategy(run, SPEC)
-    assert isinstance(validator, GreedyLore)
+    basis = _basis(validator)
     ref_e = [{n: torch.zeros(_work(n, torch.zeros(SHAPES[n])).shape) for n in MATRICES}
              for _ in peers]  # fmt: skip
     for window in range(6):
         full = window % 3 == 0
-        assert validator.full_round == full
-        basis = {n: validator.projector(n).double() for n in MATRICES}
+        assert basis.full_round == full
+        projectors = {n: basis.projector(n).double() for n in MATRICES}
         updates = {}
         for uid, (peer, e) in enumerate(zip(peers, ref_e, strict=True)):
             deltas = _deltas(10 * window + uid)
-            data = peer.to_bytes(peer.encode(deltas, window), {"window": window}, None)
-            updates[uid] = make_strategy(run, SPEC).decode(data, peer.max_update_bytes()).tensors
+            data = peer.format.to_bytes(
+                peer.encoder.encode(deltas, window), {"window": window}, None
+            )
+            updates[uid] = (
+                make_strategy(run, SPEC).format.decode(data, peer.format.max_update_bytes()).tensors
+            )
             for piece in updates[uid]:
                 if piece.name not in MATRICES:
                     assert isinstance(piece, SparseTensor)  # 1-D and embeddings: SparseLoCo
@@ -104,54 +114,54 @@ def test_windowed_greedylore_follows_a_plain_reference() -> None:
                     assert torch.equal(piece.values, to_wire_precision(g, "bf16", 1e6))
                     e[n] = g - piece.values
                 else:
-                    p = basis[n]
+                    p = projectors[n]
                     assert piece.values.shape == (rank, g.shape[1])
                     torch.testing.assert_close(piece.values.double(), p.T @ g.double(),
                                                rtol=1e-2, atol=1e-3)  # fmt: skip
                     e[n] = (g.double() - p @ piece.values.double()).float()
-                got = peer.local_state_dict()[n]
+                got = peer.encoder.local_state_dict()[n]
                 torch.testing.assert_close(_work(n, got), e[n], rtol=0, atol=1e-5)
-        norms = {u: validator.norm(up) for u, up in updates.items()}
+        norms = {u: validator.format.norm(up) for u, up in updates.items()}
         median = sorted(norms.values())[1]
         factors = {u: min(1.0, median / norms[u]) for u in updates}
         count = sum(min(n, median) / median for n in norms.values())  # min(norm, B)/B each
-        mean = validator.mean(updates)
+        mean = validator.aggregator.mean(updates)
         sums = {n: sum(factors[u] * next(p for p in up if p.name == n).values.double()
                        for u, up in updates.items()) / count for n in MATRICES}  # fmt: skip
         for n in MATRICES:
-            ref = sums[n] if full else basis[n] @ sums[n]
+            ref = sums[n] if full else projectors[n] @ sums[n]
             torch.testing.assert_close(_work(n, mean[n]).double(), ref, rtol=1e-5, atol=1e-7)
-        validator.receive(mean)
-        validator.advance(_Named())
+        validator.outer.receive(mean)
+        validator.outer.advance(_Named())
         for peer in peers:
-            peer.load_outer_state_dict(validator.outer_state_dict())
+            peer.outer.load_state_dict(validator.outer.state_dict())
         for n in MATRICES:
-            u = validator._basis[n].double()
+            u = basis._basis[n].double()
             if full:  # the new basis: eigenvectors of the aggregate's Gram matrix, descending
                 sym = sums[n] @ sums[n].T
                 d = u.T @ sym @ u
                 torch.testing.assert_close(d, torch.diag(torch.diagonal(d)), rtol=0, atol=1e-6)
                 assert bool((torch.diff(torch.diagonal(d)) <= 1e-9).all())
-                assert validator._select[n].tolist() == list(range(rank))
+                assert basis._select[n].tolist() == list(range(rank))
             else:
                 lam = sum(factors[u_] * next(p for p in up if p.name == n).sketch.double()
                           for u_, up in updates.items()) / count  # fmt: skip
                 top = sorted(torch.argsort(-(lam**2), stable=True)[:rank].tolist())
-                assert validator._select[n].tolist() == top
+                assert basis._select[n].tolist() == top
 
 
 def test_outer_state_restores_the_basis_and_refuses_nonsense() -> None:
     run = _run()
     a, b = make_strategy(run, SPEC), make_strategy(run, SPEC)
-    assert isinstance(a, GreedyLore) and isinstance(b, GreedyLore)
-    assert a.outer_state_dict() == {}
-    ups = {u: make_strategy(run, SPEC).encode(_deltas(u), 0) for u in range(2)}
-    a.receive(a.mean(ups))
-    a.advance(_Named())
-    state = a.outer_state_dict()
-    b.load_outer_state_dict(state)
-    assert not b.full_round and all(torch.equal(a.projector(n), b.projector(n)) for n in MATRICES)
-    assert set(state) == set(a.outer_shapes())
+    assert a.outer.state_dict() == {}
+    ups = {u: make_strategy(run, SPEC).encoder.encode(_deltas(u), 0) for u in range(2)}
+    a.outer.receive(a.aggregator.mean(ups))
+    a.outer.advance(_Named())
+    state = a.outer.state_dict()
+    b.outer.load_state_dict(state)
+    assert not _basis(b).full_round
+    assert all(torch.equal(_basis(a).projector(n), _basis(b).projector(n)) for n in MATRICES)
+    assert set(state) == set(a.outer.shapes())
     bad = {
         "duplicate columns": {**state, "select.w": torch.tensor([1.0, 1.0, 2.0])},
         "column out of range": {**state, "select.w": torch.tensor([0.0, 1.0, 99.0])},
@@ -161,44 +171,46 @@ def test_outer_state_restores_the_basis_and_refuses_nonsense() -> None:
     }
     for name, s in bad.items():
         with pytest.raises(ValueError):
-            b.load_outer_state_dict(s)
+            b.outer.load_state_dict(s)
         assert name
 
 
 def test_validation_refuses_the_wrong_round_kind_and_values_out_of_bounds() -> None:
     run = _run()
     peer, validator = make_strategy(run, SPEC), make_strategy(run, SPEC)
-    full = peer.encode(_deltas(1), 0)
-    validator.mean({0: full})  # a full round: fine
-    validator.receive(validator.mean({0: full}))
-    validator.advance(_Named())
+    full = peer.encoder.encode(_deltas(1), 0)
+    validator.aggregator.mean({0: full})  # a full round: fine
+    validator.outer.receive(validator.aggregator.mean({0: full}))
+    validator.outer.advance(_Named())
     with pytest.raises(DecodeError, match="other kind of round"):
-        validator.mean({0: full})
-    peer.load_outer_state_dict(validator.outer_state_dict())
-    projected = peer.encode(_deltas(2), 1)
-    validator.mean({0: projected})
+        validator.aggregator.mean({0: full})
+    peer.outer.load_state_dict(validator.outer.state_dict())
+    projected = peer.encoder.encode(_deltas(2), 1)
+    validator.aggregator.mean({0: projected})
     w = next(p for p in projected if p.name == "w")
     for change in ({"values": w.values * math.inf}, {"values": w.values[:2]},
                    {"values": w.values + 2e6}, {"sketch": w.sketch[:3]}):  # fmt: skip
         forged = [lowrank.Projected(**{**p.__dict__, **change}) if p is w else p for p in projected]
         with pytest.raises(DecodeError):
-            validator.mean({0: forged})
+            validator.aggregator.mean({0: forged})
 
 
 def test_select_now_takes_this_windows_sketches() -> None:
     run = _run()
-    a = GreedyLoreNow(run, SPEC)
-    a.receive(a.mean({0: a.encode(_deltas(1), 0)}))
-    a.advance(_Named())
-    sketch = a.sketches(_deltas(2))
-    a.select(sketch)
+    a = greedylore_variant(run, SPEC, NowBasis)
+    basis = _basis(a)
+    assert isinstance(basis, NowBasis) and isinstance(a.encoder, LowRankEncoder)
+    a.outer.receive(a.aggregator.mean({0: a.encoder.encode(_deltas(1), 0)}))
+    a.outer.advance(_Named())
+    sketch = a.encoder.sketches(_deltas(2))
+    basis.select(sketch)
     for n in MATRICES:
         top = sorted(torch.argsort(-(sketch[n].double() ** 2), stable=True)[:3].tolist())
-        assert a._select[n].tolist() == top
-    before = {n: a._select[n].clone() for n in MATRICES}
-    a.receive(a.mean({0: a.encode(_deltas(3), 1)}))  # no lagged selection
-    a.advance(_Named())
-    assert all(torch.equal(a._select[n], before[n]) for n in MATRICES)
+        assert basis._select[n].tolist() == top
+    before = {n: basis._select[n].clone() for n in MATRICES}
+    a.outer.receive(a.aggregator.mean({0: a.encoder.encode(_deltas(3), 1)}))  # no lagged selection
+    a.outer.advance(_Named())
+    assert all(torch.equal(basis._select[n], before[n]) for n in MATRICES)
 
 
 # -- the wire -----------------------------------------------------------------------------
@@ -207,9 +219,9 @@ def test_select_now_takes_this_windows_sketches() -> None:
 def _good(run: RunConfig, full: bool = False) -> bytes:
     peer = make_strategy(run, SPEC)
     if not full:  # after a full round: a projected one
-        peer.receive(peer.mean({0: peer.encode(_deltas(3), 0)}))
-        peer.advance(_Named())
-    return peer.to_bytes(peer.encode(_deltas(4), 1), {"window": 1}, None)
+        peer.outer.receive(peer.aggregator.mean({0: peer.encoder.encode(_deltas(3), 0)}))
+        peer.outer.advance(_Named())
+    return peer.format.to_bytes(peer.encoder.encode(_deltas(4), 1), {"window": 1}, None)
 
 
 _parts = partial(tampering.split, lowrank.FRAME)
@@ -220,10 +232,10 @@ _decode = partial(tampering.decode, SPEC)
 def test_the_encoder_refuses_pieces_out_of_order_or_of_two_round_kinds() -> None:
     run = _run()
     fresh, later = make_strategy(run, SPEC), make_strategy(run, SPEC)
-    full = fresh.encode(_deltas(4), 0)  # the first round is a full one
-    later.receive(later.mean({0: later.encode(_deltas(3), 0)}))
-    later.advance(_Named())
-    projected = later.encode(_deltas(4), 1)
+    full = fresh.encoder.encode(_deltas(4), 0)  # the first round is a full one
+    later.outer.receive(later.aggregator.mean({0: later.encoder.encode(_deltas(3), 0)}))
+    later.outer.advance(_Named())
+    projected = later.encoder.encode(_deltas(4), 1)
     names = [p.name for p in projected]
     w, t = names.index("w"), names.index("t")
     swapped = list(projected)  # two projected matrices swapped, the sparse rest in order
@@ -266,7 +278,9 @@ def test_hostile_greedylore_bytes_raise_decode_error_quickly() -> None:
             {**header, "sparse_bytes": len(signed_sparse)}, signed_sparse + dense_part
         ),
         "extra header field": _reframe({**header, "evil": 1}, payload),
-        "a sparseloco update": sparse.to_bytes(sparse.encode(_deltas(4), 0), {}, None),
+        "a sparseloco update": sparse.format.to_bytes(
+            sparse.encoder.encode(_deltas(4), 0), {}, None
+        ),
         "flipped payload bit": good[:-30] + bytes([good[-30] ^ 8]) + good[-29:],
     }
     tampering.assert_refused_quickly(corpus, partial(_decode, run))

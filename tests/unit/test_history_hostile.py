@@ -27,7 +27,9 @@ from codec.spec import ModelSpec
 from lab.sim.slow_store import SlowStore
 from node.model.fingerprint import fingerprint
 from node.model.llama import build_model
-from node.strategy import Strategy, make_strategy
+from node.strategy import make_strategy
+from node.strategy.aggregator import Aggregator
+from node.strategy.outer import OuterOptimizer
 from node.window.exchange import encode_signed
 from node.window.history import (
     HistoryCaps,
@@ -77,12 +79,13 @@ class World:
                 ]
                 self.raw[w][uid] = encode_signed(sparse, RUN, self.spec, w, uid, self.keys[uid])
             publish_aggregate(self.good.store, RUN, w, 2, self.keys[2], self.raw[w], self.peers)  # type: ignore[arg-type]
-            catch_up(model, self.strategy(), self.good, w, w + 1)
+            catch_up(model, *self.replay(), self.good, w, w + 1)
             self.fingerprints[w + 1] = fingerprint(model)
 
-    def strategy(self) -> Strategy:
-        """A fresh strategy of the run (its outer state starts empty)."""
-        return make_strategy(RUN, self.spec)
+    def replay(self) -> tuple[Aggregator, OuterOptimizer]:
+        """A fresh strategy's aggregator and outer step (its outer state starts empty)."""
+        strategy = make_strategy(RUN, self.spec)
+        return strategy.aggregator, strategy.outer
 
     def source(self, uid: int, bucket: str) -> Source:
         return Source(uid, self.keys[uid].ss58_address, self.store(bucket))
@@ -204,7 +207,7 @@ def test_an_aggregate_entry_without_its_hotkey_is_refused(world: World) -> None:
     body = _body(0, {0: world.raw[0][0], 7: world.raw[0][1]}, {0: world.peers[0]})
     world.put_aggregate(evil, 0, world.signed_body(0, body))
     with pytest.raises(HistoryError, match="hotkeys must name every entry"):
-        catch_up(build_model(RUN.model, RUN.seed), world.strategy(), evil, 0, 1)
+        catch_up(build_model(RUN.model, RUN.seed), *world.replay(), evil, 0, 1)
 
 
 def test_an_aggregate_over_the_run_cap_is_not_downloaded(world: World) -> None:
@@ -224,7 +227,7 @@ def test_an_update_signed_by_someone_else_inside_a_signed_aggregate_is_refused(
     world.put_aggregate(evil, 0, world.signed_body(0, body))
     model = build_model(RUN.model, RUN.seed)
     with pytest.raises(HistoryError, match="uid 0"):
-        catch_up(model, world.strategy(), evil, 0, 1)
+        catch_up(model, *world.replay(), evil, 0, 1)
 
 
 # -- checkpoints and their manifests ---------------------------------------------------------------
@@ -242,7 +245,7 @@ def test_checkpoint_manifests_are_signed_typed_and_capped(
     model = build_model(RUN.model, RUN.seed)
     key = publish_checkpoint(evil.store, RUN, 1, 3, world.evil_key, model, outer={})  # type: ignore[arg-type]
     good = json.loads(evil.store.get(key, 4096))
-    assert latest_checkpoint(evil, world.strategy(), 1) is not None  # the untouched one loads
+    assert latest_checkpoint(evil, world.replay()[1], 1) is not None  # the untouched one loads
 
     cap = HistoryCaps.of(RUN, world.spec).checkpoint
     other = create_hotkey("w", "other", root=world.root / "wallets")
@@ -275,7 +278,7 @@ def test_checkpoint_manifests_are_signed_typed_and_capped(
         evil.store.put(key, data)  # type: ignore[attr-defined]
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="tessera.node.window.history"):
-            assert latest_checkpoint(evil, world.strategy(), 1) is None, name
+            assert latest_checkpoint(evil, world.replay()[1], 1) is None, name
         assert re.search(rule, caplog.text), (name, caplog.text)
 
 
@@ -296,7 +299,7 @@ def test_a_signed_checkpoint_of_the_wrong_content_is_refused(
         _manifest(world, evil, 1, body, world.manifest_sig(1, body))
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="tessera.node.window.history"):
-            assert latest_checkpoint(evil, world.strategy(), 1) is None
+            assert latest_checkpoint(evil, world.replay()[1], 1) is None
         assert rule in caplog.text, caplog.text
 
 
@@ -307,7 +310,7 @@ def test_a_checkpoint_that_is_not_the_model_is_refused(world: World) -> None:
     with torch.no_grad():
         next(iter(model.parameters())).fill_(float("nan"))
     publish_checkpoint(evil.store, RUN, 1, 3, world.evil_key, model, outer={})  # type: ignore[arg-type]
-    assert latest_checkpoint(evil, world.strategy(), 1) is None
+    assert latest_checkpoint(evil, world.replay()[1], 1) is None
     assert evil.store.exists(checkpoint_key(RUN.run_id, 1, 3, evil.hotkey))
 
 
@@ -331,7 +334,7 @@ def test_catch_up_falls_through_bad_validators_to_a_good_one(world: World) -> No
         t0 = time.monotonic()
         reached = catch_up_any(
             model,
-            world.strategy(),
+            *world.replay(),
             [garbage, refusing, forged, world.good],
             0,
             WINDOWS,
@@ -352,9 +355,9 @@ def test_a_window_one_validator_missed_is_taken_from_another(world: World) -> No
     publish_aggregate(standby.store, RUN, 1, 2, world.keys[2], world.raw[1], world.peers)  # type: ignore[arg-type]
     for alone in (lead, standby):
         model = build_model(RUN.model, RUN.seed)
-        assert catch_up_any(model, world.strategy(), [alone], 0, WINDOWS) < WINDOWS
+        assert catch_up_any(model, *world.replay(), [alone], 0, WINDOWS) < WINDOWS
     model = build_model(RUN.model, RUN.seed)
-    assert catch_up_any(model, world.strategy(), [lead, standby], 0, WINDOWS) == WINDOWS
+    assert catch_up_any(model, *world.replay(), [lead, standby], 0, WINDOWS) == WINDOWS
     assert fingerprint(model) == world.fingerprints[WINDOWS]
 
 
@@ -363,7 +366,7 @@ def test_a_refused_listing_is_a_history_error_not_a_crash(world: World) -> None:
         refusing = world.refusing(endpoint)
         model = build_model(RUN.model, RUN.seed)
         with pytest.raises(HistoryError):
-            catch_up(model, world.strategy(), refusing, 0, WINDOWS)
+            catch_up(model, *world.replay(), refusing, 0, WINDOWS)
 
 
 def test_resync_skips_a_source_whose_result_is_not_the_expected_model(world: World) -> None:
@@ -375,7 +378,7 @@ def test_resync_skips_a_source_whose_result_is_not_the_expected_model(world: Wor
     with torch.no_grad():
         next(iter(model.parameters())).add_(1.0)  # forked
     forked = fingerprint(model)
-    assert not resync(model, world.strategy(), [other], 1, world.fingerprints[1])
+    assert not resync(model, *world.replay(), [other], 1, world.fingerprints[1])
     assert fingerprint(model) == forked  # a failed resync leaves the model as it was
-    assert resync(model, world.strategy(), [other, world.good], 1, world.fingerprints[1])
+    assert resync(model, *world.replay(), [other, world.good], 1, world.fingerprints[1])
     assert fingerprint(model) == world.fingerprints[1]

@@ -65,7 +65,7 @@ class Launch:
         self.dataset, spec = world.dataset, world.spec
         self.model = copy.deepcopy(world.model)
         self.strategy = make_strategy(RUN, spec)
-        self.strategy.step(self.model, world.updates)
+        self.strategy.outer.step(self.model, self.strategy.aggregator.mean(world.updates))
         self.step = {
             k: p.detach() - q.detach()
             for (k, p), q in zip(
@@ -83,7 +83,7 @@ class Launch:
         reveal = reveal_for(self.dataset, RUN.run_id, 1, secret, CFG.n_random, CFG.n_own)
         scorer = WindowScorer(
             self.model, RUN, self.dataset, 1, reveal, self.checks, Book(CFG), CFG, CPU,
-            self.strategy, previous,
+            self.strategy.format, previous,
         )  # fmt: skip
         out = {}
         for uid in self.checks:
@@ -130,6 +130,6 @@ def test_once_two_peers_earn_their_consensus_is_the_covariate(launch: Launch) ->
     reveal = reveal_for(launch.dataset, RUN.run_id, 1, secret, CFG.n_random, CFG.n_own)
     scorer = WindowScorer(
         launch.model, RUN, launch.dataset, 1, reveal, launch.checks, book, CFG, CPU,
-        launch.strategy, launch.step,
+        launch.strategy.format, launch.step,
     )  # fmt: skip
     assert scorer.probe.members == list(HONEST) and scorer.probe.prev is None

@@ -24,8 +24,8 @@ from codec.masked import MaskedTensor, mix64, shared_counts, shared_support
 from codec.spec import CodecParams, ModelSpec
 from node.data.batches import open_run_dataset
 from node.model.llama import build_model
-from node.strategy import make_strategy
-from node.strategy.mask import SparseLoCoMask
+from node.strategy import Strategy, make_strategy
+from node.strategy.mask import MaskFormat, SharedSupport, mask_params
 from node.window.exchange import encode_signed
 from node.window.history import HistoryError, Source, catch_up, publish_aggregate
 from protocol.keys import create_hotkey
@@ -55,11 +55,17 @@ def _deltas(seed: int) -> dict[str, torch.Tensor]:
     return {n: torch.randn(s, generator=gen) for n, s in SHAPES.items()}
 
 
-def _masked(run: RunConfig) -> SparseLoCoMask:
-    """`make_strategy` of a masked run (`_run`), typed as the strategy it makes."""
+def _masked(run: RunConfig) -> Strategy:
+    """`make_strategy` of a masked run (`_run`)."""
     strategy = make_strategy(run, SPEC)
-    assert isinstance(strategy, SparseLoCoMask)
+    assert isinstance(strategy.format, MaskFormat)
     return strategy
+
+
+def _support(strategy: Strategy) -> SharedSupport:
+    """The shared support a masked strategy's parts share."""
+    assert isinstance(strategy.format, MaskFormat)
+    return strategy.format.support
 
 
 def _ref_support(
@@ -115,13 +121,13 @@ def test_mask_follows_a_plain_reference_implementation() -> None:
     model = _model()
     ref_e = [{n: torch.zeros(s) for n, s in SHAPES.items()} for _ in peers]
     for window in range(3):
-        digest, supports = validator.supports()
+        digest, supports = _support(validator).current()
         updates = {}
         for uid, (peer, e) in enumerate(zip(peers, ref_e, strict=True)):
             deltas = _deltas(10 * window + uid)
-            sent = peer.encode(deltas, window)
-            data = peer.to_bytes(sent, {"window": window}, None)
-            updates[uid] = make_strategy(run, SPEC).decode(data, 1 << 20).tensors  # no state
+            sent = peer.encoder.encode(deltas, window)
+            data = peer.format.to_bytes(sent, {"window": window}, None)
+            updates[uid] = make_strategy(run, SPEC).format.decode(data, 1 << 20).tensors  # no state
             for piece in updates[uid]:
                 n = piece.name
                 e[n] = beta * e[n] + deltas[n]
@@ -133,63 +139,67 @@ def test_mask_follows_a_plain_reference_implementation() -> None:
                     rest = chunk.abs().scatter(1, shared, -1.0)  # off the support
                     fresh = torch.topk(rest, g.k, dim=1).indices.sort(1).values
                     assert torch.equal(piece.groups[gi].idx, fresh)
-                pos, vals = validator.entries(piece)
+                pos, vals = validator.format.entries(piece)
                 assert pos.numel() == len(set(pos.tolist()))
                 e[n].view(-1)[pos] -= vals
-                torch.testing.assert_close(peer.local_state_dict()[n], e[n], atol=1e-5, rtol=0)
-        mean = validator.mean(updates)
+                torch.testing.assert_close(
+                    peer.encoder.local_state_dict()[n], e[n], atol=1e-5, rtol=0
+                )
+        mean = validator.aggregator.mean(updates)
         for n, shape in SHAPES.items():
             dense = []
             for up in updates.values():
-                pos, vals = validator.entries(next(p for p in up if p.name == n))
+                pos, vals = validator.format.entries(next(p for p in up if p.name == n))
                 dense.append(torch.zeros(shape, dtype=torch.float64))
                 dense[-1].view(-1)[pos] = vals.double()
             ref = chunk_clipped_mean(dense, ChunkLayout.for_shape(shape, run.codec))
             torch.testing.assert_close(mean[n].double(), ref, rtol=1e-6, atol=1e-7)
-        validator.receive(mean)
-        validator.advance(model)
+        validator.outer.receive(mean)
+        validator.outer.advance(model)
         for peer in peers:
-            peer.receive(mean)
-            peer.advance(_model())
-        new_digest = validator.supports()[0]
+            peer.outer.receive(mean)
+            peer.outer.advance(_model())
+        new_digest = _support(validator).current()[0]
         assert new_digest != digest  # the support moved with the aggregate
-        assert all(p.supports()[0] == new_digest for p in peers)  # and moved alike everywhere
+        assert all(
+            _support(p).current()[0] == new_digest for p in peers
+        )  # and moved alike everywhere
 
 
 def test_one_support_everywhere_and_after_a_restore() -> None:
     run = _run()
     a, b = _masked(run), _masked(run)
-    assert a.supports()[0] == b.supports()[0]
+    assert _support(a).current()[0] == _support(b).current()[0]
     mean = {
         n: torch.randn(s, generator=torch.Generator().manual_seed(3)) for n, s in SHAPES.items()
     }
-    a.receive(mean)
-    a.advance(_model())
-    assert a.supports()[0] != b.supports()[0]
-    b.load_outer_state_dict(a.outer_state_dict())
-    assert a.supports()[0] == b.supports()[0]
+    a.outer.receive(mean)
+    a.outer.advance(_model())
+    assert _support(a).current()[0] != _support(b).current()[0]
+    b.outer.load_state_dict(a.outer.state_dict())
+    assert _support(a).current()[0] == _support(b).current()[0]
     c = _masked(run)
-    c.receive({n: t.clone() for n, t in mean.items()})
-    c.advance(_model())
-    assert c.supports()[0] == a.supports()[0]
-    layout = ChunkLayout.for_shape(SHAPES["v"], a.params)  # the aggregate's largest entries
+    c.outer.receive({n: t.clone() for n, t in mean.items()})
+    c.outer.advance(_model())
+    assert _support(c).current()[0] == _support(a).current()[0]
+    layout = ChunkLayout.for_shape(SHAPES["v"], mask_params(run))  # the aggregate's largest entries
     top = mean["v"].abs().topk(3).indices
-    support = a.supports()[1]["v"]
+    support = _support(a).current()[1]["v"]
     flat = torch.cat([layout.flat_positions(i, s).reshape(-1) for i, s in enumerate(support)])
     assert set(top.tolist()) <= set(flat.tolist())
     with pytest.raises(ValueError):
-        b.load_outer_state_dict({"last.v": torch.zeros(3)})
+        b.outer.load_state_dict({"last.v": torch.zeros(3)})
 
 
 def test_updates_for_another_support_or_with_fresh_entries_on_it_are_refused() -> None:
     run = _run()
     peer, validator = _masked(run), _masked(run)
-    stale = peer.encode(_deltas(1), 0)
-    validator.receive(_deltas(5))  # the validator is a window ahead
-    validator.advance(_model())
+    stale = peer.encoder.encode(_deltas(1), 0)
+    validator.outer.receive(_deltas(5))  # the validator is a window ahead
+    validator.outer.advance(_model())
     with pytest.raises(DecodeError, match="another shared support"):
-        validator.mean({0: stale})
-    digest, supports = peer.supports()
+        validator.aggregator.mean({0: stale})
+    digest, supports = _support(peer).current()
     forged = []
     for piece in stale:  # a fresh position moved onto the shared support
         g0 = piece.groups[0]
@@ -199,24 +209,24 @@ def test_updates_for_another_support_or_with_fresh_entries_on_it_are_refused() -
         forged.append(MaskedTensor(piece.name, piece.shape, [SparseGroup(idx, g0.codes, g0.scales),
                                    *piece.groups[1:]], piece.codebook, piece.shared, digest))  # fmt: skip
     with pytest.raises(DecodeError, match="shared support"):
-        peer.mean({0: forged})
-    assert peer.mean({0: stale})["w"].abs().sum() > 0
+        peer.aggregator.mean({0: forged})
+    assert peer.aggregator.mean({0: stale})["w"].abs().sum() > 0
 
 
 def test_the_masked_encoder_refuses_two_supports_or_another_shared_k() -> None:
     run = _run()
     peer = _masked(run)
-    pieces = peer.encode(_deltas(1), 0)
+    pieces = peer.encoder.encode(_deltas(1), 0)
     shared_k = run.mask.shared_k
     wire.decode_update(
-        wire.encode_update(pieces, peer.params, SPEC, fmt=wire.MASKED, shared_k=shared_k),
-        SPEC, peer.params, fmt=wire.MASKED, shared_k=shared_k,
+        wire.encode_update(pieces, mask_params(run), SPEC, fmt=wire.MASKED, shared_k=shared_k),
+        SPEC, mask_params(run), fmt=wire.MASKED, shared_k=shared_k,
     )  # fmt: skip
     two = [*pieces[:-1], dataclasses.replace(pieces[-1], digest=bytes(32))]
     with pytest.raises(ValueError, match="same support"):
-        wire.encode_update(two, peer.params, SPEC, fmt=wire.MASKED, shared_k=shared_k)
+        wire.encode_update(two, mask_params(run), SPEC, fmt=wire.MASKED, shared_k=shared_k)
     with pytest.raises(ValueError, match="do not match shared_k"):
-        wire.encode_update(pieces, peer.params, SPEC, fmt=wire.MASKED, shared_k=shared_k - 1)
+        wire.encode_update(pieces, mask_params(run), SPEC, fmt=wire.MASKED, shared_k=shared_k - 1)
 
 
 def test_a_replayed_window_made_for_another_support_is_a_history_error(tmp_path: Path) -> None:
@@ -225,14 +235,15 @@ def test_a_replayed_window_made_for_another_support_is_a_history_error(tmp_path:
     run = _run()
     peer_key, validator_key = (create_hotkey("w", n, root=tmp_path / "keys") for n in "pv")
     forked = make_strategy(run, SPEC)
-    forked.receive(_deltas(5))
-    forked.advance(_model())
-    update = encode_signed(forked.encode(_deltas(1), 0), run, SPEC, 0, 0, peer_key)
+    forked.outer.receive(_deltas(5))
+    forked.outer.advance(_model())
+    update = encode_signed(forked.encoder.encode(_deltas(1), 0), run, SPEC, 0, 0, peer_key)
     store = open_store(f"file://{tmp_path}?bucket=validator")
     publish_aggregate(store, run, 0, 2, validator_key, {0: update}, {0: peer_key.ss58_address})
     source = Source(2, validator_key.ss58_address, store)
+    replayed = make_strategy(run, SPEC)
     with pytest.raises(HistoryError, match=r"window 0: .*another shared support"):
-        catch_up(_model(), make_strategy(run, SPEC), source, 0, 1)
+        catch_up(_model(), replayed.aggregator, replayed.outer, source, 0, 1)
 
 
 def test_a_masked_piece_is_checked_field_by_field() -> None:
@@ -240,8 +251,8 @@ def test_a_masked_piece_is_checked_field_by_field() -> None:
     decoder builds well-shaped pieces, so each rule is pinned here)."""
     run = _run()
     peer = _masked(run)
-    piece = next(p for p in peer.encode(_deltas(1), 0) if p.name == "w")
-    params = peer.params
+    piece = next(p for p in peer.encoder.encode(_deltas(1), 0) if p.name == "w")
+    params = mask_params(run)
     piece.validate(params)
     g = piece.groups[0]
 
@@ -264,7 +275,7 @@ def test_a_masked_piece_is_checked_field_by_field() -> None:
     for rule, bad in cases.items():
         with pytest.raises(DecodeError, match=rule):
             bad.validate(params)
-    support = peer.supports()[1]["w"]
+    support = _support(peer).current()[1]["w"]
     piece.resolve(support)
     with pytest.raises(DecodeError, match="support has 0 groups"):
         piece.resolve([])
@@ -275,14 +286,16 @@ def test_a_masked_piece_is_checked_field_by_field() -> None:
 def test_copy_detection_compares_the_shared_and_the_fresh_positions() -> None:
     run = _run()
     peers = [_masked(run) for _ in range(2)]
-    sent = [p.encode(_deltas(i), 0) for i, p in enumerate(peers)]
+    sent = [p.encoder.encode(_deltas(i), 0) for i, p in enumerate(peers)]
     for piece in sent[0]:
-        assert peers[0].entries(piece)[0].numel() == sum(g.codes.numel() for g in piece.groups)
-    shared = set(peers[0].entries(sent[0][0])[0].tolist()) & set(
-        peers[1].entries(sent[1][0])[0].tolist()
+        assert peers[0].format.entries(piece)[0].numel() == sum(
+            g.codes.numel() for g in piece.groups
+        )
+    shared = set(peers[0].format.entries(sent[0][0])[0].tolist()) & set(
+        peers[1].format.entries(sent[1][0])[0].tolist()
     )
     assert len(shared) >= sum(piece.shared[0] * g.n_chunks for piece in sent[:1][0][:1]
-                              for g in ChunkLayout.for_shape(piece.shape, peers[0].params).groups[:1])  # fmt: skip
+                              for g in ChunkLayout.for_shape(piece.shape, mask_params(run)).groups[:1])  # fmt: skip
 
 
 # -- the wire -----------------------------------------------------------------------------
@@ -290,7 +303,7 @@ def test_copy_detection_compares_the_shared_and_the_fresh_positions() -> None:
 
 def _good(run: RunConfig) -> bytes:
     peer = make_strategy(run, SPEC)
-    return peer.to_bytes(peer.encode(_deltas(4), 0), {"window": 0}, None)
+    return peer.format.to_bytes(peer.encoder.encode(_deltas(4), 0), {"window": 0}, None)
 
 
 _parts = partial(tampering.split, wire.MASKED.frame)
@@ -314,7 +327,9 @@ def test_hostile_mask_bytes_raise_decode_error_quickly() -> None:
         "short support digest": _reframe({**header, "support_digest": b"\x01" * 5}, payload),
         "shared_k lies": _reframe({**header, "shared_k": header["shared_k"] + 1}, payload),
         "made with another shared_k": _good(other),
-        "a sparseloco update": sparse.to_bytes(sparse.encode(_deltas(4), 0), {}, None),
+        "a sparseloco update": sparse.format.to_bytes(
+            sparse.encoder.encode(_deltas(4), 0), {}, None
+        ),
         "flipped payload bit": good[:-30] + bytes([good[-30] ^ 8]) + good[-29:],
     }
     tampering.assert_refused_quickly(corpus, partial(_decode, run))
@@ -324,7 +339,7 @@ def test_hostile_mask_bytes_raise_decode_error_quickly() -> None:
         _decode(run, _reframe(no_digest, payload))
     unmasked = {k: v for k, v in header.items() if k != "shared_k"}  # a digest, no shared values
     raw = msgpack.packb({**unmasked, "digest": payload_digest(payload)}, use_bin_type=True)
-    same_k = sparse_run.model_copy(update={"codec": _masked(run).params})
+    same_k = sparse_run.model_copy(update={"codec": mask_params(run)})
     with pytest.raises(DecodeError, match="support digest"):
         _decode(same_k, wire.FRAME.pack(raw, payload))
 
@@ -339,20 +354,21 @@ def test_the_validators_probe_scores_mask_updates_with_its_own_support() -> None
     validator = make_strategy(run, spec)
     gen = torch.Generator().manual_seed(0)
     small = {t.name: torch.randn(t.shape, generator=gen) * 1e-3 for t in spec.tensors}
-    validator.receive(small)  # the support has moved once
-    validator.advance(build_model(run.model, run.seed))
+    validator.outer.receive(small)  # the support has moved once
+    validator.outer.advance(build_model(run.model, run.seed))
     peers = [make_strategy(run, spec) for _ in range(2)]
     for peer in peers:
-        peer.load_outer_state_dict(validator.outer_state_dict())
+        peer.outer.load_state_dict(validator.outer.state_dict())
     updates = {
-        u: p.encode({n: t * (u + 1) for n, t in small.items()}, 1) for u, p in enumerate(peers)
+        u: p.encoder.encode({n: t * (u + 1) for n, t in small.items()}, 1)
+        for u, p in enumerate(peers)
     }
-    norms = {u: validator.norm(up) for u, up in updates.items()}
+    norms = {u: validator.format.norm(up) for u, up in updates.items()}
     _, dataset = open_run_dataset(run)
     reveal = reveal_for(dataset, run.run_id, 1, b"k" * 32, 8, 8)
     cfg = ValidatorConfig(n_random=8, n_own=8)
     cpu = torch.device("cpu")
-    probe = LossProbe(model, run, dataset, 1, reveal, updates, norms, cfg, cpu, validator)
+    probe = LossProbe(model, run, dataset, 1, reveal, updates, norms, cfg, cpu, validator.format)
     score = probe.score(0, updates[0], norms[0], reference_norm(norms))
     assert (
         math.isfinite(score.loss_after_random)

@@ -96,7 +96,7 @@ def test_the_update_size_is_the_encoded_size_of_a_real_update(strategy: str) -> 
     gen = torch.Generator().manual_seed(2)
     deltas = {t.name: torch.randn(t.shape, generator=gen) * 1e-3 for t in spec.tensors}
     meta: dict[str, str | int] = {"run_id": run.run_id, "window": 0, "uid": 3, "hotkey": "5" * 48}
-    data = s.to_bytes(s.encode(deltas, 0), meta, lambda _d: bytes(64))
+    data = s.format.to_bytes(s.encoder.encode(deltas, 0), meta, lambda _d: bytes(64))
     assert update_size(run, spec).bytes == pytest.approx(len(data), rel=0.03)
 
 

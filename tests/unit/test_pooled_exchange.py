@@ -17,7 +17,7 @@ from codec.compress import Compressor
 from lab.bench.compress import student_t3
 from node.model.shapes import model_spec
 from node.strategy import make_strategy
-from node.strategy.base import Decoded
+from node.strategy.format import Decoded
 from node.window.buckets import PeerBucket
 from node.window.exchange import encode_signed
 from node.window.gather import Fetched, Pieces, gather
@@ -80,7 +80,7 @@ def test_same_verdicts_and_the_same_mean_as_the_strict_path(
     strategy = make_strategy(RUN, SPEC)
     for agreed_uids in ([0, 1, 3, 4], [4, 1]):
         agreed = {u: _ok(fast[u]) for u in agreed_uids}
-        want = strategy.mean(Pieces({u: _ok(strict[u]) for u in agreed_uids}))
+        want = strategy.aggregator.mean(Pieces({u: _ok(strict[u]) for u in agreed_uids}))
         got = pooled.mean(agreed, torch.device("cpu"))
         assert got is not None
         for name in want:
@@ -113,7 +113,7 @@ def test_only_sparse_runs_use_workers_and_small_machines_none() -> None:
 
 
 def test_a_validators_stored_updates_step_the_model_as_the_strategy_does(tmp_path: Path) -> None:
-    """The validator's outer step (`mean_of_stored`, `Strategy.step_mean`) lands on the model of
+    """The validator's outer step (`mean_of_stored`, then `OuterOptimizer.step`) lands on the model of
     the in-process step bit for bit; an update without bytes sends it the usual way."""
     from codec.pool import AggregatePool
     from node.model.llama import build_model
@@ -129,11 +129,11 @@ def test_a_validators_stored_updates_step_the_model_as_the_strategy_does(tmp_pat
         stored[u] = StoredUpdate.of(_ok(f), InMemory.of(f.body.read()), RUN, SPEC)
     models = [build_model(RUN.model, RUN.seed) for _ in range(2)]
     strategies = [make_strategy(RUN, SPEC) for _ in range(2)]
-    strategies[0].step(models[0], Pieces(stored))
-    with AggregatePool(SPEC, RUN.codec, 2, strategies[1].max_update_bytes()) as pool:
+    strategies[0].outer.step(models[0], strategies[0].aggregator.mean(Pieces(stored)))
+    with AggregatePool(SPEC, RUN.codec, 2, strategies[1].format.max_update_bytes()) as pool:
         mean = mean_of_stored(pool, stored, torch.device("cpu"))
         assert mean is not None
-        strategies[1].step_mean(models[1], mean)
+        strategies[1].outer.step(models[1], mean)
         assert mean_of_stored(pool, {**stored, 9: fetched[0].update}, torch.device("cpu")) is None
     after, other = models[0].state_dict(), models[1].state_dict()
     for name, a in after.items():

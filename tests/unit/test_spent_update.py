@@ -36,14 +36,16 @@ def _error_feedback_after_landing(tmp_path: Path, applied: str) -> tuple[float, 
             p.add_(torch.randn(p.shape, generator=gen) * 1e-3)
     peer._encode(origin, WINDOW)
     before = sum(
-        float(e.double().square().sum()) for e in peer.strategy.local_state_dict().values()
+        float(e.double().square().sum()) for e in peer.strategy.encoder.local_state_dict().values()
     )
     members = {"ours": [peer.uid, peer.uid + 1], "others": [peer.uid + 1], "nothing": []}[applied]
     agreement = Agreement(dict.fromkeys(members), None, False, f"test: {applied}")  # type: ignore[arg-type]
     outcome = Exchanged(0, 0.0, {}, agreement)
     peer._flight = Flight(WINDOW, "start", None, lambda: outcome, background=False)
     peer._land()
-    after = sum(float(e.double().square().sum()) for e in peer.strategy.local_state_dict().values())
+    after = sum(
+        float(e.double().square().sum()) for e in peer.strategy.encoder.local_state_dict().values()
+    )
     return before, after
 
 

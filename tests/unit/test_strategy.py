@@ -49,15 +49,15 @@ def test_sparseloco_mean_is_the_codec_aggregate_bit_for_bit() -> None:
     for uid, scale in enumerate(SCALES):
         comp = Compressor(SPEC, run.codec)
         updates[uid] = [comp.compress(n, d, 0.95) for n, d in _deltas(uid, scale).items()]
-    mean = make_strategy(run, SPEC).mean(updates)
+    mean = make_strategy(run, SPEC).aggregator.mean(updates)
     ref = aggregate(updates, SPEC, run.codec, clip_to_median=True, validate=True)
     assert all(torch.equal(mean[n], ref[n]) for n in SHAPES)
 
 
 def test_dense_mean_clips_to_the_median_norm_in_any_arrival_order() -> None:
     strategy = make_strategy(_run("diloco"), SPEC)
-    updates = {uid: strategy.encode(_deltas(uid, s), 5) for uid, s in enumerate(SCALES)}
-    mean = strategy.mean(updates)
+    updates = {uid: strategy.encoder.encode(_deltas(uid, s), 5) for uid, s in enumerate(SCALES)}
+    mean = strategy.aggregator.mean(updates)
     norms = [
         math.sqrt(sum(float(t.values.double().square().sum()) for t in u)) for u in updates.values()
     ]
@@ -74,7 +74,7 @@ def test_dense_mean_clips_to_the_median_norm_in_any_arrival_order() -> None:
         torch.testing.assert_close(mean[name].double(), ref, rtol=1e-5, atol=1e-6)
     keys = list(updates)
     random.Random(0).shuffle(keys)
-    again = strategy.mean({k: list(reversed(updates[k])) for k in keys})
+    again = strategy.aggregator.mean({k: list(reversed(updates[k])) for k in keys})
     assert all(torch.equal(mean[n], again[n]) for n in SHAPES)
 
 
@@ -99,19 +99,19 @@ def test_nesterov_outer_step_is_torch_sgd_with_nesterov() -> None:
     ref = torch.nn.Linear(6, 4, bias=False)
     ref.load_state_dict(ours.state_dict())
     spec = ModelSpec.from_module(ours)
-    outer = OuterOptimizer(run.outer, spec, torch.device("cpu"))
+    outer = OuterOptimizer(run, spec)
     sgd = torch.optim.SGD(ref.parameters(), lr=0.7, momentum=0.9, nesterov=True)
     gen = torch.Generator().manual_seed(4)
     for step in range(4):
         mean = {"weight": torch.randn(4, 6, generator=gen)}
-        outer.hold(mean)
+        outer.receive(mean)
         outer.advance(ours)
         ref.weight.grad = mean["weight"].clone()
         sgd.step()
         torch.testing.assert_close(ours.weight, ref.weight, rtol=1e-6, atol=1e-6)
         if step == 1:  # a restart in the middle continues exactly
             state = outer.state_dict()
-            outer = OuterOptimizer(run.outer, spec, torch.device("cpu"))
+            outer = OuterOptimizer(run, spec)
             outer.load_state_dict(state)
     with pytest.raises(ValueError):
         outer.load_state_dict({"momentum.weight": torch.zeros(3)})
@@ -141,20 +141,20 @@ def test_the_mean_refuses_what_decoding_refuses() -> None:
     """`mean` validates every piece again (values reach it from memory too, e.g. in replays)."""
     dense_run, sparse_run = _run("diloco"), _run("sparseloco")
     dense, sparse = make_strategy(dense_run, SPEC), make_strategy(sparse_run, SPEC)
-    good = dense.encode(_deltas(0), 5)
+    good = dense.encoder.encode(_deltas(0), 5)
     bad_values = {"nan": float("nan"), "above the cap": 2 * CODEC["max_abs_value"]}
     for what, value in bad_values.items():
         piece = good[0]
         values = piece.values.clone()
         values.view(-1)[3] = value
         with pytest.raises(DecodeError):
-            dense.mean({0: good, 1: [replace(piece, values=values), *good[1:]]})
+            dense.aggregator.mean({0: good, 1: [replace(piece, values=values), *good[1:]]})
             pytest.fail(what)
     comp = Compressor(SPEC, sparse_run.codec)
     sent = [comp.compress(n, d, 0.9) for n, d in _deltas(1).items()]
     with pytest.raises(DecodeError):
-        dense.mean({0: good, 1: sent})  # a sparse update in a dense run
+        dense.aggregator.mean({0: good, 1: sent})  # a sparse update in a dense run
     groups = [replace(g, idx=g.idx.flip(1)) for g in sent[0].groups]  # positions not ascending
     with pytest.raises(DecodeError):
-        sparse.mean({0: [replace(sent[0], groups=groups), *sent[1:]]})
-    assert sparse.mean({0: sent})  # the untouched update is fine
+        sparse.aggregator.mean({0: [replace(sent[0], groups=groups), *sent[1:]]})
+    assert sparse.aggregator.mean({0: sent})  # the untouched update is fine

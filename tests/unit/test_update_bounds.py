@@ -23,7 +23,7 @@ from codec.spec import CodecParams, ModelSpec
 from lab.sim.forgeries import noise_update
 from node.model.llama import build_model
 from node.strategy import make_strategy
-from node.strategy.base import Decoded
+from node.strategy.format import Decoded
 from node.window.exchange import check_update, encode_signed
 from protocol.keys import create_hotkey
 from protocol.runconfig import RunConfig
@@ -293,4 +293,4 @@ def test_a_header_with_more_tensor_rows_than_the_model_is_refused_before_its_row
     raw = msgpack.packb(header, use_bin_type=True)
     forged = data[:5] + struct.pack("<I", len(raw)) + raw + data[9 + n :]
     with pytest.raises(DecodeError, match=f"30000 tensor rows, the model has {len(SPEC.tensors)}"):
-        make_strategy(RUN, SPEC).read_header(forged, len(forged))
+        make_strategy(RUN, SPEC).format.read_header(forged, len(forged))

@@ -84,7 +84,7 @@ def _history(root: Path) -> dict[int, str]:
             ]
             raw[uid] = encode_signed(sparse, RUN, spec, w, uid, KEYS[uid])
         publish_aggregate(store, RUN, w, 0, KEYS[0], raw, {u: KEYS[u].ss58_address for u in raw})
-        catch_up(model, strategy, source, w, w + 1)
+        catch_up(model, strategy.aggregator, strategy.outer, source, w, w + 1)
         fps[w + 1] = fingerprint(model)
     return fps
 
@@ -248,14 +248,14 @@ def test_the_lead_decodes_each_update_once_before_its_manifest(
     assert uploads is not None  # our spool is fine
     checks = check_window(
         0, {p.uid: p.hotkey for p in peers}, uploads, {}, None, v.history, RUN, v.spec, v.cfg,
-        v.salt, v.strategy,
+        v.salt, v.strategy.format,
     )  # fmt: skip
     assert len(decodes) == len(peers), decodes  # once each, for its check
     assert all(c.verdict is Verdict.OK and c.sketch is not None for c in checks.values()), checks
     again = {}
     for u, up in uploads.items():
         assert up.fetched.update is not None  # every check above was OK
-        again[u] = measure(u, up.fetched.update, 0, v.spec, RUN, v.cfg, v.salt, v.strategy)
+        again[u] = measure(u, up.fetched.update, 0, v.spec, RUN, v.cfg, v.salt, v.strategy.format)
     assert {u: c.norm for u, c in checks.items()} == {u: m.norm for u, m in again.items()}
     chain.close()
     admin.close()

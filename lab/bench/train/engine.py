@@ -7,10 +7,10 @@ replicas' batches of that step.
 
 A **local** method (every `node.strategy`) runs, per window: each replica starts from the
 synchronised weights, takes H AdamW steps (its own optimizer state, as a real peer keeps), and
-encodes ``origin − θ_r`` with its own strategy state; the update goes through the real wire
-(`Strategy.to_bytes`, then `Strategy.decode` of those bytes), and one consensus instance holds the
-window's mean and takes the outer step (`Strategy.receive`, `Strategy.next_weights`) as peers and
-validators do; every replica then takes the consensus' outer state (what its own identical step
+encodes ``origin − θ_r`` with its own strategy's encoder; the update goes through the real wire
+(the format's `to_bytes`, then `decode` of those bytes), and one consensus strategy's aggregator
+and outer step hold the window's mean and take the step (`OuterOptimizer.receive`,
+`OuterOptimizer.next_weights`) as peers and validators do; every replica then takes the consensus' outer state (what its own identical step
 would give it: momentum, a shared support, a basis). Without delay the origin is the window's
 start and the step follows the window. With ``outer.delay = 1`` (docs/training.md) the origin is
 the start moved by the previous window's step, which every replica also takes on its live weights
@@ -33,19 +33,22 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 
 from codec.spec import ModelSpec
 from lab.bench.train.specs import MethodSpec
-from lab.strategies.exact import SparseLoCoExact
-from lab.strategies.greedylore_variants import GreedyLoreNow, GreedyLoreRandom
+from lab.strategies.exact import ExactFormat, make_exact
+from lab.strategies.greedylore_variants import NowBasis, RandomBasis, greedylore_variant
 from miner.train import lm_loss, make_optimizer, train_window
 from node.data.batches import assigned_batch, eval_batch
 from node.data.dataset import Dataset
 from node.model.llama import build_model
 from node.model.losses import row_losses
 from node.strategy import Strategy, make_strategy
+from node.strategy.format import UpdateFormat
+from node.strategy.greedylore import LowRankEncoder, LowRankFormat
 from node.strategy.outer import land_by_step
 from protocol.runconfig import RunConfig
 
@@ -110,11 +113,11 @@ def heldout_loss(model: torch.nn.Module, heldout: torch.Tensor) -> float:
 def _strategy(m: MethodSpec, spec: ModelSpec) -> Strategy:
     """The method's strategy, or its bench-only variant (float32 values, GreedyLore's)."""
     if m.exact_values:
-        return SparseLoCoExact(m.run, spec)
+        return make_exact(m.run, spec)
     if m.options.get("select") == "now":
-        return GreedyLoreNow(m.run, spec)
+        return greedylore_variant(m.run, spec, NowBasis)
     if m.options.get("basis") == "random":
-        return GreedyLoreRandom(m.run, spec)
+        return greedylore_variant(m.run, spec, RandomBasis)
     return make_strategy(m.run, spec)
 
 
@@ -126,13 +129,13 @@ def heldout_rows(model: torch.nn.Module, heldout: torch.Tensor) -> list[float]:
     return row_losses(model, heldout, EVAL_MICRO, device, bf16=False).tolist()
 
 
-def transmit(strategy: Strategy, update: list, window: int, replica: int) -> tuple[int, list]:
+def transmit(fmt: UpdateFormat, update: list, window: int, replica: int) -> tuple[int, list]:
     """(bytes on the wire, the pieces decoded back from them): the real codec both ways."""
-    if isinstance(strategy, SparseLoCoExact):
-        return strategy.wire_bytes(update), update
+    if isinstance(fmt, ExactFormat):
+        return fmt.wire_bytes(update), update
     meta = {"window": window, "uid": replica}
-    data = strategy.to_bytes(update, meta, None)
-    return len(data), strategy.decode(data, strategy.max_update_bytes()).tensors
+    data = fmt.to_bytes(update, meta, None)
+    return len(data), fmt.decode(data, fmt.max_update_bytes()).tensors
 
 
 def run_local(m: MethodSpec, setup: Setup, tick: Tick) -> Curve:
@@ -158,8 +161,8 @@ def run_local(m: MethodSpec, setup: Setup, tick: Tick) -> Curve:
         tick(w, curve.loss[-1])
     curve.weights = {n: p.detach().cpu().clone() for n, p in sync.named_parameters()}
     curve.final_rows = heldout_rows(sync, setup.heldout)
-    if consensus.holding:  # every window's tokens in the model: apply the held mean
-        consensus.advance(sync, {n: p.detach().cpu() for n, p in sync.named_parameters()})
+    if consensus.outer.holding:  # every window's tokens in the model: apply the held mean
+        consensus.outer.advance(sync, {n: p.detach().cpu() for n, p in sync.named_parameters()})
         curve.applied_loss = heldout_loss(sync, setup.heldout)
     return curve
 
@@ -182,7 +185,7 @@ def _outer_step(
     h, window = run.inner_steps, w * (setup.base.inner_steps // run.inner_steps) + s
     params = dict(worker.named_parameters())
     start = {n: p.detach().to("cpu", copy=True) for n, p in sync.named_parameters()}
-    origin = consensus.next_weights(start)  # delay 1: the previous step's mean (else `start`)
+    origin = consensus.outer.next_weights(start)  # delay 1: the previous step's mean (else `start`)
     jump = {n: (origin[n] - start[n]).to(setup.device) for n in start}
     deltas = []
     for r in range(setup.replicas):
@@ -200,32 +203,35 @@ def _outer_step(
         train_window(worker, optimizers[r], batches, run, window, setup.device, landed)
         with torch.no_grad():
             deltas.append({n: origin[n] - p.detach().cpu() for n, p in params.items()})
-    if isinstance(consensus, GreedyLoreNow) and not consensus.full_round:
-        _select_now(deltas, peers, consensus)
+    fmt = consensus.format
+    now = isinstance(fmt, LowRankFormat) and isinstance(fmt.basis, NowBasis)
+    if now and not fmt.basis.full_round:  # type: ignore[attr-defined]
+        _select_now(deltas, peers, fmt.basis)  # type: ignore[attr-defined]
     updates, sent, sizes = {}, {}, []
     for r in range(setup.replicas):
-        sent[r] = peers[r].encode(deltas[r], window)
-        n_bytes, updates[r] = transmit(peers[r], sent[r], window, r)
+        sent[r] = peers[r].encoder.encode(deltas[r], window)
+        n_bytes, updates[r] = transmit(peers[r].format, sent[r], window, r)
         sizes.append(n_bytes)
-    consensus.receive(consensus.mean(updates))
+    consensus.outer.receive(consensus.aggregator.mean(updates))
     if not run.outer.delay:  # the window's own step, at once
-        origin = consensus.next_weights(origin)
+        origin = consensus.outer.next_weights(origin)
     with torch.no_grad():
         for n, p in sync.named_parameters():
             p.copy_(origin[n])
-    state = consensus.outer_state_dict()  # what each peer's own step would leave it with
+    state = consensus.outer.state_dict()  # what each peer's own step would leave it with
     for r in range(setup.replicas):
-        peers[r].load_outer_state_dict(state)
+        peers[r].outer.load_state_dict(state)
     return max(sizes)
 
 
-def _select_now(deltas: list[dict], peers: list[Strategy], consensus: GreedyLoreNow) -> None:
+def _select_now(deltas: list[dict], peers: list[Strategy], consensus: NowBasis) -> None:
     """GreedyLore's first communication phase, in-process: the mean of the replicas' sketches
     of this window's matrices chooses this window's columns everywhere (Algorithm 3)."""
-    sketches = [p.sketches(d) for p, d in zip(peers, deltas, strict=True)]  # type: ignore[attr-defined]
-    mean = {n: sum(s[n] for s in sketches) / len(sketches) for n in sketches[0]}
-    for strategy in [*peers, consensus]:
-        strategy.select(mean)  # type: ignore[attr-defined]
+    encoders = [cast(LowRankEncoder, p.encoder) for p in peers]
+    sketches = [e.sketches(d) for e, d in zip(encoders, deltas, strict=True)]
+    mean = {n: cast(torch.Tensor, sum(s[n] for s in sketches)) / len(sketches) for n in sketches[0]}
+    for basis in [*(e.basis for e in encoders), consensus]:
+        basis.select(mean)
 
 
 def _on_landing(

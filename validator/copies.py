@@ -111,7 +111,8 @@ def sketch(
     entries: Callable[[Any], tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> Sketch:
     """The (sub-sampled) global positions and values of one decoded update. ``entries`` maps a
-    piece of it to (flat positions, values) (`Strategy.entries`); by default a sparse piece's."""
+    piece of it to (flat positions, values) (`UpdateFormat.entries`); by default a sparse
+    piece's."""
     offsets, off = {}, 0
     for t in spec.tensors:
         offsets[t.name] = off

@@ -1,8 +1,8 @@
 """Training strategies, chosen by ``run.strategy``: ``sparseloco`` (the default), ``diloco``,
-``demo``, ``sparseloco-mask`` and ``greedylore``. Each is four parts (`node.strategy.base.Strategy`):
-its update format, the peer's encoder, the window's aggregator and the outer step. Peers,
-validators and history replay all take the window's outer step through them, so there is
-exactly one."""
+``demo``, ``sparseloco-mask`` and ``greedylore``. Each is four parts
+(`node.strategy.base.Strategy`): its update format, the peer's encoder, the window's aggregator
+and the outer step. Peers, validators and history replay all take the window's outer step
+through them, so there is exactly one."""
 
 from __future__ import annotations
 

@@ -37,7 +37,3 @@ class Strategy:
     encoder: Encoder
     aggregator: Aggregator
     outer: OuterOptimizer
-
-    @property
-    def name(self) -> str:
-        return self.format.name

@@ -396,7 +396,8 @@ class LowRankAggregator(Aggregator):
         basis = self.format.basis
         basis.pending = {k: v.detach().cpu().clone() for k, v in sums.items()
                          if k in basis.matrices or k.endswith("#L")}  # fmt: skip
-        return {t.name: basis.matrix(t.name, sums[t.name], basis.full_round).to(self.device)
+        full = basis.full_round
+        return {t.name: basis.matrix(t.name, sums[t.name], full).to(self.device)
                 if t.name in basis.matrices else sums[t.name] for t in self.spec.tensors}  # fmt: skip
 
 

@@ -3,8 +3,8 @@ Algorithm 1), on the wire as `codec.wire` updates.
 
 Per tensor and window (`codec.compress.Compressor`): ``e ← β e + Δ``, ``Δ̂ = Q(TopK(e))``,
 ``e ← e − Δ̂``; during the first ``ef_freeze_fraction`` of the run ``Δ`` is compressed alone and
-``e`` is left untouched. The window applies ``θ ← θ_start − α · mean(Δ̂)`` (`node.strategy.aggregator`,
-`node.strategy.outer`).
+``e`` is left untouched. The window applies ``θ ← θ_start − α · mean(Δ̂)``
+(`node.strategy.aggregator`, `node.strategy.outer`).
 
 **What was sent is spent.** When the window's applied set does not hold our own update (not
 selected, upload failed, dropped as late or for any other reason), the ``Δ̂`` taken out of ``e``

@@ -4,8 +4,8 @@ With `PooledExchange`, the gather (`node.window.gather.gather`) verifies each up
 and signature on its own thread and hands the bytes to the pool, whose workers decode their
 share of the tensors at once; an update that does not decode is dropped as ``malformed`` when
 the gather ends, as the strict decode would drop it. The window's mean is then the pool's, bit
-for bit the strategy's own (`node.strategy.aggregator.Aggregator.mean`), when every agreed update is one the pool holds
-for that window; otherwise (the lead's copy of an update replaced ours, or the pool has moved on
+for bit the strategy's own (`node.strategy.aggregator.Aggregator.mean`), when every agreed update
+is one the pool holds for that window; otherwise (the lead's copy of an update replaced ours, or the pool has moved on
 to a later window) the caller computes it the usual way.
 
 Only runs whose updates travel in the sparse wire container take this path (`supports`).

@@ -1,7 +1,7 @@
 """``outer.delay = 1``: each window's aggregate is applied one window late, by every role alike.
 
-The consensus schedule (`Strategy.step`: validators, history replay, the bench) and the peer's
-(`receive` once the exchange lands, then `advance`) give the same weights and outer state bit for
+The consensus schedule (`OuterOptimizer.step`: validators, history replay, the bench) and the
+peer's (`receive` once the exchange lands, then `advance`) give the same weights and outer state bit for
 bit; the held mean travels in the outer state, so checkpoints, catch-up and restarts keep it; a
 peer's own update decoded back from its saved bytes settles exactly as the encoded one."""
 

@@ -7,8 +7,8 @@ their tiny norms set its step's length, its gain is float rounding, the honest o
 statistic falls to Welch's, towards the admission bar, and the lead may leave honest work out.
 
 Real updates: three peers of the tiny preset train window 0 from the run's seed, the window's
-outer step is taken (`Strategy.step`) and kept, each peer trains window 1 from there; a crowd of
-four uploads random updates of norm ~1e-9 through the real compressor. The window-1 probe is the
+outer step is taken (`OuterOptimizer.step`) and kept, each peer trains window 1 from there; a
+crowd of four uploads random updates of norm ~1e-9 through the real compressor. The window-1 probe is the
 validator's own (`validator.window_scores.WindowScorer`), with and without the kept step.
 """
 

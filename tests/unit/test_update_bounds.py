@@ -284,7 +284,7 @@ def test_meta_is_checked_before_the_signature(
 def test_a_header_with_more_tensor_rows_than_the_model_is_refused_before_its_rows(
     keys: list[Keypair], update: list[SparseTensor]
 ) -> None:
-    """The signature check reads the header first (`Strategy.read_header`): a table of tens of
+    """The signature check reads the header first (`UpdateFormat.read_header`): a table of tens of
     thousands of rows is refused by its length, before any row is validated or re-packed."""
     data = encode_signed(update, RUN, SPEC, 2, 0, keys[0])
     (n,) = struct.unpack_from("<I", data, 5)

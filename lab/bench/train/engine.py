@@ -10,8 +10,9 @@ synchronised weights, takes H AdamW steps (its own optimizer state, as a real pe
 encodes ``origin − θ_r`` with its own strategy's encoder; the update goes through the real wire
 (the format's `to_bytes`, then `decode` of those bytes), and one consensus strategy's aggregator
 and outer step hold the window's mean and take the step (`OuterOptimizer.receive`,
-`OuterOptimizer.next_weights`) as peers and validators do; every replica then takes the consensus' outer state (what its own identical step
-would give it: momentum, a shared support, a basis). Without delay the origin is the window's
+`OuterOptimizer.next_weights`) as peers and validators do; every replica then takes the
+consensus' outer state (what its own identical step would give it: momentum, a shared support, a
+basis). Without delay the origin is the window's
 start and the step follows the window. With ``outer.delay = 1`` (docs/training.md) the origin is
 the start moved by the previous window's step, which every replica also takes on its live weights
 after ``land`` of its inner steps, when that window's exchange would land on a real peer. **DDP** is one model whose every inner step averages the

@@ -184,21 +184,25 @@ def _run_processes(
     world: World, args: argparse.Namespace, console: Console
 ) -> dict[str, int | None]:
     from lab.sim.faults import Injector
+    from lab.sim.opening import Opening
     from lab.sim.processes import start, supervise
     from lab.sim.progress import WindowLines
 
+    def say(line: str) -> None:
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
+
     # the validator needs one more window: it scores window w while the peers train w + 1
     running = [start(world, m, args.windows + (m.kind == "validator")) for m in world.members]
+    opening = Opening(world)
     faults = Injector(world, args.faults, args.windows + 1)
-    lines = WindowLines(
-        world,
-        args.windows + 1,
-        lambda line: console.print(line, soft_wrap=True, markup=False, highlight=False),
-    )
+    lines = WindowLines(world, args.windows + 1, say)
     started = time.monotonic()
     with console.status("simulating…") as status:
 
         def tick() -> None:
+            opened = opening.tick()
+            if opened:
+                say(opened)
             faults.tick(running)
             lines.tick()
             status.update(f"simulating… {time.monotonic() - started:.0f} s")
@@ -207,6 +211,7 @@ def _run_processes(
             return supervise(running, args.timeout, tick)
         finally:
             faults.stop()
+            opening.close()
             lines.tick()  # the windows finished since the last tick
 
 

@@ -102,7 +102,7 @@ class Injector:
     def tick(self, running: list[Running]) -> None:
         """Run every action whose block the chain has reached (the validator is replaced in
         `running` when it is started again)."""
-        block = self.chain.clock.block_at(self.chain.now())
+        block = self.chain.owner_block()
         while self._due and self._due[0][0] <= block:
             _, action = self._due.pop(0)
             if action == "stall":

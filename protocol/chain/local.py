@@ -107,10 +107,10 @@ class LocalChain(Chain):
 
     def block_timestamp(self, block: int) -> datetime:
         _check_block_arg(block)
+        head = self.block()  # first: it reads the clock again (`LocalChainDB.fast_forward`)
         clock = self._db.clock
         if block < clock.genesis_block:
             raise ChainError(f"block {block} predates genesis block {clock.genesis_block}")
-        head = self.block()
         if block > head:
             raise ChainError(f"block {block} does not exist yet (head is {head})")
         return clock.time_of(block)

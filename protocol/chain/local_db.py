@@ -8,6 +8,11 @@ The schema, the history of every change and the rule that pins a block are in
 
 Time is the wall clock: `block = genesis_block + floor((now - genesis_time) / block_time)`, with
 the three numbers stored in the `meta` table so that every process derives the same block.
+`LocalChainDB.fast_forward` skips the head ahead at once by moving the genesis time back (what a
+simulation does once every member is up instead of idling until window 0); every process reads
+the genesis time again at each block, so all of them see the skip together and blocks only ever
+go forward. A local block carries no content of its own, so nothing but time is skipped; the
+timestamps of the blocks before the skip move back with it.
 
 Admin actions (create a subnet, register or replace a hotkey, stake, validator permit) stand in
 for what sudo, registration and staking extrinsics do on a real chain; they need no signature
@@ -38,6 +43,10 @@ from protocol.chain.models import MAX_BLOCK, MAX_STAKE_TAO, MAX_UID, canonical_h
 BUSY_TIMEOUT_S = 30.0
 OUTAGE_KEY = "outage_until"
 """Meta key: until when (Unix time) every block and transaction fails with `ChainUnavailable`."""
+GENESIS_KEY = "genesis_time"
+"""Meta key: the Unix time of the genesis block (moved back by `LocalChainDB.fast_forward`)."""
+FAST_FORWARD_MARGIN = 1e-3
+"""Of a block time: how far past a skipped-to block's start the head lands (no rounding short)."""
 
 Clock = Callable[[], float]
 
@@ -86,6 +95,15 @@ class SubnetParams(BaseModel):
 
     def first_block_of_epoch(self, epoch: int) -> int:
         return max(0, epoch * (self.tempo + 1) - self.netuid - 1)
+
+
+def _meta_float(rows: dict[str, str], key: str, default: float) -> float:
+    if key not in rows:
+        return default
+    try:
+        return float(rows[key])
+    except ValueError as exc:
+        raise ChainError(f"the local chain's meta value {key!r} is corrupt") from exc
 
 
 def _register_hint(path: Path, hotkey: str, netuid: int) -> str:
@@ -149,6 +167,22 @@ class LocalChainDB:
             self._check_up()
         return self.clock.block_at(self.now())
 
+    def fast_forward(self, block: int) -> int:
+        """Skip the head ahead to `block` now, as if the blocks before it had passed (the module
+        docstring); a `block` at or behind the head changes nothing. Returns the head."""
+        if not 0 <= block <= MAX_BLOCK:
+            raise ValueError(f"block must be in [0, {MAX_BLOCK}]")
+        with self.transaction(write=True) as conn:
+            head = self.block()
+            if block <= head:
+                return head
+            c = self.clock
+            skipped = (block - c.genesis_block + FAST_FORWARD_MARGIN) * c.block_time
+            genesis = min(c.genesis_time, self.now() - skipped)
+            conn.execute("UPDATE meta SET value = ? WHERE key = ?", (repr(genesis), GENESIS_KEY))
+            self.clock = c.model_copy(update={"genesis_time": genesis})
+        return self.block()
+
     def set_outage(self, seconds: float) -> None:
         """Make every process's chain calls (`block` and every read or write) fail with
         `ChainUnavailable` for `seconds` from now, as an unreachable chain endpoint does; blocks
@@ -161,21 +195,39 @@ class LocalChainDB:
                 "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (OUTAGE_KEY, until)
             )
 
+    def owner_block(self) -> int:
+        """The head as the chain's owner reads it, through an outage (the simulation's fault
+        injector, which makes the outages)."""
+        with self._lock:
+            self._refresh_clock(self._live_meta())
+        return self.clock.block_at(self.now())
+
     def _check_up(self) -> None:
-        try:
-            row = self._conn.execute(
-                "SELECT value FROM meta WHERE key = ?", (OUTAGE_KEY,)
-            ).fetchone()
-        except sqlite3.OperationalError as exc:
-            raise ChainUnavailable(f"local chain {self.path} is busy: {exc}") from exc
-        if row is None:
-            return
-        try:
-            until = float(row[0])
-        except ValueError as exc:
-            raise ChainError(f"the local chain's meta value {OUTAGE_KEY!r} is corrupt") from exc
+        """`ChainUnavailable` during an outage; otherwise the clock's genesis read again (a
+        `fast_forward` by any process)."""
+        rows = self._live_meta()
+        until = _meta_float(rows, OUTAGE_KEY, -math.inf)
         if self.now() < until:
             raise ChainUnavailable(f"local chain {self.path} is down (an outage until {until:.0f})")
+        self._refresh_clock(rows)
+
+    def _live_meta(self) -> dict[str, str]:
+        """The meta values that change while the chain runs: an outage, the genesis time."""
+        try:
+            return dict(
+                self._conn.execute(
+                    "SELECT key, value FROM meta WHERE key IN (?, ?)", (OUTAGE_KEY, GENESIS_KEY)
+                ).fetchall()
+            )
+        except sqlite3.OperationalError as exc:
+            raise ChainUnavailable(f"local chain {self.path} is busy: {exc}") from exc
+
+    def _refresh_clock(self, rows: dict[str, str]) -> None:
+        genesis = _meta_float(rows, GENESIS_KEY, self.clock.genesis_time)
+        if genesis != self.clock.genesis_time:
+            if not math.isfinite(genesis) or genesis > self.clock.genesis_time:
+                raise ChainError(f"the local chain's genesis time moved to {genesis!r}")
+            self.clock = self.clock.model_copy(update={"genesis_time": genesis})
 
     def _read_clock(self) -> ChainClock:
         try:

@@ -16,7 +16,7 @@ WINDOWS = 5
 """Windows every node trains and the validator decides: the latecomer's last one among them
 (with no decision it would wait for a manifest until the cutoff block, fetch budget plus
 manifest wait: 90 s, before it ends)."""
-START_BLOCK = 70  # window 0 opens once every process has imported torch and loaded the data
+START_BLOCK = 70  # at the latest: window 0 opens once every process is up (`open_when_up`)
 
 
 @pytest.mark.slow
@@ -41,6 +41,7 @@ def test_diloco_peers_validator_and_a_latecomer_stay_identical(tmp_path: Path) -
                            windows=WINDOWS),
         **{p: local.start("miner", p, windows=WINDOWS) for p in ("peer0", "peer1")},
     }  # fmt: skip
+    local.open_when_up(running)
     deadline = time.time() + 420
     while len(local.reports("val")) < 2 and time.time() < deadline:
         time.sleep(0.5)

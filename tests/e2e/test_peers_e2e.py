@@ -15,7 +15,7 @@ from tests.support.local_run import LocalRun, Process
 
 PEERS = ("peer0", "peer1")
 STARTUP_BLOCKS = 40
-"""Window 0 opens 20 s after the chain starts: the peers' start-up (torch, data) comes first."""
+"""Window 0 opens 20 s after the chain starts, or once both peers are up (`open_when_up`)."""
 
 
 def fast_run(local: LocalRun, delay: int) -> None:
@@ -65,6 +65,7 @@ def test_two_peers_stay_identical_learn_and_resume_after_kill(tmp_path: Path) ->
     for name in PEERS:
         local.register(name)
     procs = {name: start_peer(local, name, windows=3) for name in PEERS}
+    local.open_when_up(PEERS)
     local.wait(procs, timeout=240)
     a, b = local.reports("peer0"), local.reports("peer1")
     assert [r["window"] for r in a] == [r["window"] for r in b]

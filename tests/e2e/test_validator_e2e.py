@@ -19,8 +19,8 @@ from tests.support.local_run import NETUID, LocalRun, stop
 
 WINDOWS = 5
 STARTUP_BLOCKS = 60
-"""Window 0 opens 30 s after the chain starts: every process has started (imported torch,
-posted its commitment) before window 1's roster is pinned, on a machine busy with other tests."""
+"""Window 0 opens 30 s after the chain starts, or as soon as every process has started (imported
+torch, posted its commitment), whichever is first."""
 
 
 @pytest.mark.slow
@@ -47,6 +47,7 @@ def test_validator_weights_honest_peers_only(tmp_path: Path) -> None:
         "copier": local.start("sim-adversary", "copier", "--kind", "copier",
                               "--victim", str(uids["peer0"]), windows=WINDOWS + 1),
     }  # fmt: skip
+    local.open_when_up(["ghost", *running])
     deadline = time.time() + 240
     # a peer that joins after two windows must catch up from the validator's published history
     while len(local.reports("val")) < 2 and time.time() < deadline:

@@ -9,6 +9,9 @@
 - `buckets/<name>/`: a node's file bucket; `<name>/`: its state (`state.pt`, `reports.jsonl`);
 - `<name>.log`: its output, appended to over restarts (`start`).
 
+Window 0 opens at the run config's ``start_block``, an allowance for every node to start on a
+busy machine; `open_when_up` skips the rest of it once the nodes are up, as `tessera sim` does.
+
 A node is known by its name: its hotkey, bucket, state folder and log all carry it.
 """
 
@@ -27,7 +30,9 @@ from typing import Any, TypeAlias
 
 from substrateinterface import Keypair
 
+from lab.sim.opening import open_when_up
 from node.runtime.report_log import REPORTS
+from protocol.chain.local import LocalChain
 from protocol.chain.local_db import LocalChainDB, create_local_chain
 from protocol.keys import create_hotkey, load_hotkey
 from protocol.runconfig import RunConfig
@@ -133,6 +138,17 @@ class LocalRun:
                 cmd, stdout=log, stderr=subprocess.STDOUT, env=environ, cwd=ROOT,
                 start_new_session=own_group,
             )  # fmt: skip
+
+    def open_when_up(self, names: Iterable[str], timeout: float = 120.0) -> None:
+        """Once the nodes `names` have all posted their commitments, skip the chain to just
+        before window 0 (`lab.sim.opening`); after `timeout` seconds without them, leave the
+        chain to get there at its own pace."""
+        hotkeys = [self.keypair(n).ss58_address for n in names]
+        timing = RunConfig.load(self.run_file).timing
+        deadline = time.monotonic() + timeout
+        with closing(LocalChain(self.folder / "chain.db", NETUID)) as chain:
+            while open_when_up(chain, hotkeys, timing) is None and time.monotonic() < deadline:
+                time.sleep(0.5)
 
     def reports(self, name: str) -> list[dict[str, Any]]:
         """Node `name`'s per-window reports so far (none before its first)."""

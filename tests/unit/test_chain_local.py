@@ -95,6 +95,37 @@ def test_every_handle_derives_the_same_block(db_path: Path, clock: FakeClock) ->
         handle.close()
 
 
+def test_a_fast_forward_moves_every_handle_ahead_at_once_and_never_back(
+    db_path: Path, clock: FakeClock
+) -> None:
+    clock.advance(12 * 3 + 5)
+    skipper, other = (LocalChain(db_path, NETUID, clock=clock) for _ in range(2))
+    assert other.block() == 3  # this handle has read the clock before the skip
+    assert skipper.db.fast_forward(40) == 40
+    assert other.block() == 40  # read again, not the clock it opened with
+    assert 0 <= clock.now - other.block_timestamp(40).timestamp() < 12.0  # block 40 began now
+    clock.advance(12.0)
+    assert skipper.block() == other.block() == 41  # blocks go on from there
+    assert skipper.db.fast_forward(10) == 41  # never backwards
+    assert other.block() == 41
+    with pytest.raises(ValueError, match="block must be"):
+        skipper.db.fast_forward(-1)
+    for handle in (skipper, other):
+        handle.close()
+
+
+def test_a_genesis_moved_forward_is_refused(db_path: Path, clock: FakeClock) -> None:
+    """Blocks never go back: a genesis time later than the one read is a damaged file."""
+    chain = LocalChain(db_path, NETUID, clock=clock)
+    with sqlite3.connect(db_path) as conn:
+        conn.execute(
+            "UPDATE meta SET value = ? WHERE key = 'genesis_time'", (repr(clock.now + 60),)
+        )
+    with pytest.raises(ChainError, match="genesis time moved"):
+        chain.block()
+    chain.close()
+
+
 def test_fast_block_time_advances_in_real_time(tmp_path: Path) -> None:
     path = tmp_path / "fast.db"
     create_local_chain(path, 1, block_time=0.1)

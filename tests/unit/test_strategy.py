@@ -1,6 +1,6 @@
 """The `Strategy` boundary: SparseLoCo's aggregate as before (bit for bit), the median clip and
-uid order for dense updates too, the add-back of unapplied mass, the outer optimizers against
-PyTorch's, and SparseLoCo reducing exactly to dense local SGD."""
+uid order for dense updates too, the outer optimizers against PyTorch's, SparseLoCo reducing
+exactly to dense local SGD, and the mean refusing an update whose tensors are not the model's."""
 
 from __future__ import annotations
 
@@ -158,3 +158,35 @@ def test_the_mean_refuses_what_decoding_refuses() -> None:
     with pytest.raises(DecodeError):
         sparse.aggregator.mean({0: [replace(sent[0], groups=groups), *sent[1:]]})
     assert sparse.aggregator.mean({0: sent})  # the untouched update is fine
+
+
+def _update(strategy: str, shapes: dict[str, tuple[int, ...]], seed: int) -> list:
+    """An update of `strategy` for a model of `shapes` (SparseLoCo's compressed, DiLoCo's dense)."""
+    run, spec = _run(strategy), ModelSpec.from_shapes(shapes)
+    gen = torch.Generator().manual_seed(seed)
+    deltas = {n: torch.randn(s, generator=gen) for n, s in shapes.items()}
+    if strategy == "sparseloco":
+        comp = Compressor(spec, run.codec)
+        return [comp.compress(n, d, 0.9) for n, d in deltas.items()]
+    return make_strategy(run, spec).encoder.encode(deltas, 5)
+
+
+@pytest.mark.parametrize("strategy", ["diloco", "sparseloco"])
+def test_the_mean_refuses_tensors_the_model_does_not_have(strategy: str) -> None:
+    """Each piece is one of the model's tensors, named once, in the model's shape: a piece under
+    another name, a tensor sent twice (to count twice) or one whose shape is not the model's
+    (well formed in itself, so validating the piece alone passes it) is refused, saying so."""
+    aggregator = make_strategy(_run(strategy), SPEC).aggregator
+    good = _update(strategy, SHAPES, seed=2)
+    w = next(p for p in good if p.name == "w")
+    others = [p for p in good if p.name != "w"]
+    transposed = _update(strategy, {"w": (80, 48)}, seed=3)[0]
+    refused = {
+        "unknown tensor 'v'": [replace(w, name="v"), *others],
+        "tensor 'w' appears twice in one update": [w, w, *others],
+        r"w: shape \(80, 48\) != \(48, 80\)": [transposed, *others],
+    }
+    for message, update in refused.items():
+        with pytest.raises(DecodeError, match=message):
+            aggregator.mean({0: good, 1: update})
+    assert aggregator.mean({0: good, 1: [w, *others]})  # the same pieces, each once

@@ -14,7 +14,7 @@ tensors by default), and SparseLoCo's machinery then runs in the DCT domain:
 The window's aggregate is the median-clipped mean of the peers' coefficients (clipped in the
 DCT domain: the transform is orthonormal, so the norms are the parameters' norms), then the
 inverse DCT of that mean (`codec.dct.inverse`, the same bits on every node), then the run's
-outer step. Everything else (freeze, add-back of an unapplied update) is SparseLoCo's.
+outer step. Everything else (the freeze, an update spent once sent) is SparseLoCo's.
 
 DeMo's own optimizer step is ``θ ← θ − η φ(IDCT(mean))`` after every gradient; here a window's
 ``H`` inner steps make the pseudo-gradient and ``φ`` is the identity (DeMo's SGD variant) under

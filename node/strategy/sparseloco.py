@@ -10,7 +10,7 @@ Per tensor and window (`codec.compress.Compressor`): ``e ← β e + Δ``, ``Δ̂
 selected, upload failed, dropped as late or for any other reason), the ``Δ̂`` taken out of ``e``
 stays out, as in DeMo: put back, it came back in a later window beside that window's own
 pseudo-gradient, a step measured from weights the run had left, and the model overshot
-(docs/training.md, "An update left out").
+(docs/training.md, "What was sent is spent"; docs/results.md, "An update left out").
 """
 
 from __future__ import annotations

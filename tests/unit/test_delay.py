@@ -2,8 +2,7 @@
 
 The consensus schedule (`OuterOptimizer.step`: validators, history replay, the bench) and the
 peer's (`receive` once the exchange lands, then `advance`) give the same weights and outer state bit for
-bit; the held mean travels in the outer state, so checkpoints, catch-up and restarts keep it; a
-peer's own update decoded back from its saved bytes settles exactly as the encoded one."""
+bit; the held mean travels in the outer state, so checkpoints, catch-up and restarts keep it."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`sparseloco-mask`: the shared support against a plain per-chunk reference, the strategy against
 a reference implementation over three windows, one support on every node (and after a restore),
-the add-back, and strict decoding: foreign supports, fresh entries on the support, hostile
+and strict decoding: foreign supports, fresh entries on the support, hostile
 ``TSRM`` bytes."""
 
 from __future__ import annotations

@@ -13,6 +13,9 @@
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
 from typing import NamedTuple
 
 import torch
@@ -35,6 +38,29 @@ HELDOUT_SAMPLES = 128
 def _heldout(world: World) -> torch.Tensor:
     _, dataset = open_run_dataset(world.run)
     return heldout_set(dataset, world.run.run_id, HELDOUT_SAMPLES)
+
+
+class BaselineInBackground:
+    """`ddp_losses` over the run's planned windows, trained while the simulation runs: in a
+    process of the lowest priority, so that it takes only the CPU the members leave and the
+    report is ready as soon as the run ends. A window past the plan (a member that started
+    late) has it trained again, whole, once the run is over."""
+
+    def __init__(self, world: World, windows: int) -> None:
+        self.world = world
+        context = multiprocessing.get_context("spawn")  # no fork of a process with threads
+        self._pool = ProcessPoolExecutor(1, mp_context=context, initializer=os.nice, initargs=(19,))
+        self._planned = self._pool.submit(ddp_losses, world, list(range(windows)))
+
+    def losses(self, windows: list[int]) -> dict[int, float]:
+        """The baseline's held-out loss after each of `windows`."""
+        planned = self._planned.result()
+        if any(w not in planned for w in windows):
+            planned = ddp_losses(self.world, windows)
+        return {w: planned[w] for w in windows}
+
+    def close(self) -> None:
+        self._pool.shutdown(cancel_futures=True)
 
 
 def ddp_losses(world: World, windows: list[int]) -> dict[int, float]:

@@ -1,8 +1,9 @@
 """`tessera sim`: chain, storage, N honest peers, adversaries and a validator on one machine.
 
 The whole run, top to bottom: build the world (run config, embedded chain, wallets, buckets),
-start one process per member, supervise them (injecting the ``--faults``, `lab.sim.faults`), replay the validator's published history to score
-its synchronised model on held-out data, train a DDP baseline on the same tokens, then write
+start one process per member and supervise them (injecting the ``--faults``, `lab.sim.faults`)
+while a DDP baseline trains on the same tokens in the background, replay the validator's
+published history to score its synchronised model on held-out data, then write
 `report.json` and `report.html` and print a summary. Exits non-zero when an honest model
 becomes non-finite, when honest peers (or the validator) end up with different models, or when
 the validator or an honest peer fails.
@@ -15,7 +16,7 @@ import shutil
 import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import get_args
+from typing import TYPE_CHECKING, get_args
 
 from rich.console import Console
 from rich.table import Table
@@ -24,6 +25,9 @@ from commands.arg_types import port, positive_float, positive_int
 from lab.sim.collect import SimReport, WindowRow
 from lab.sim.layout import ADVERSARY_KINDS, World
 from protocol.runconfig import RunConfig
+
+if TYPE_CHECKING:
+    from lab.sim.baseline import BaselineInBackground
 
 
 def storage(text: str) -> str:
@@ -113,6 +117,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from lab.sim.baseline import BaselineInBackground
     from lab.sim.buckets import SimKeyError
     from lab.sim.faults import parse_faults
     from lab.sim.flaky_s3 import flaky_storage
@@ -173,11 +178,15 @@ def run(args: argparse.Namespace) -> int:
                 f"metrics on 127.0.0.1:{ports[0]}-{ports[-1]}; scrape them with "
                 f"prometheus --config.file {config}"
             )
+        baseline = None
+        if not args.no_baseline:
+            baseline = BaselineInBackground(world, args.windows)
+            stack.callback(baseline.close)
         exit_codes = _run_processes(world, args, console)
         if proxy is not None:
             injected = ", ".join(f"{kind} ×{n}" for kind, n in sorted(proxy.faults.items()))
             console.print(f"store faults injected: {injected or 'none'}")
-        return _report(world, exit_codes, args, console)
+        return _report(world, exit_codes, baseline, console)
 
 
 def _run_processes(
@@ -216,10 +225,13 @@ def _run_processes(
 
 
 def _report(
-    world: World, exit_codes: dict[str, int | None], args: argparse.Namespace, console: Console
+    world: World,
+    exit_codes: dict[str, int | None],
+    ddp: BaselineInBackground | None,
+    console: Console,
 ) -> int:
     from codec.chunking import ChunkLayout
-    from lab.sim.baseline import ddp_losses, synced_losses
+    from lab.sim.baseline import synced_losses
     from lab.sim.collect import collect
     from lab.sim.html import render
     from node.model.llama import build_model
@@ -231,7 +243,7 @@ def _report(
         ChunkLayout.for_shape(tuple(p.shape), run_cfg.codec).n_values for p in model.parameters()
     )
     windows = _windows_done(world)
-    baseline = {} if args.no_baseline else ddp_losses(world, windows)
+    baseline = {} if ddp is None else ddp.losses(windows)
     report = collect(world, exit_codes, dense, kept, baseline, synced_losses(world, windows))
     (world.out / "report.json").write_text(report.model_dump_json(indent=2))
     summary = _summary(report)

@@ -304,12 +304,13 @@ def test_the_verdict_fails_a_run_that_saved_a_non_finite_honest_model(tmp_path: 
 
 def test_the_report_scores_the_validators_replayed_model_and_ddp(tmp_path: Path) -> None:
     """The loss plot's two curves: the validator's published history replayed window by window
-    (the same weights the live model reached) and DDP over the honest peers' tokens."""
+    (the same weights the live model reached) and DDP over the honest peers' tokens, trained
+    beside the run."""
     import torch
 
     from codec.spec import ModelSpec
     from lab.bench.train.engine import heldout_loss, heldout_set
-    from lab.sim.baseline import HELDOUT_SAMPLES, ddp_losses, synced_losses
+    from lab.sim.baseline import HELDOUT_SAMPLES, BaselineInBackground, ddp_losses, synced_losses
     from lab.sim.layout import build_world
     from node.data.batches import open_run_dataset
     from node.model.llama import build_model
@@ -356,3 +357,10 @@ def test_the_report_scores_the_validators_replayed_model_and_ddp(tmp_path: Path)
     assert all(0 < h.trigger < 0.01 for h in synced.values())  # no backdoor was trained
     ddp = ddp_losses(world, [0, 1])
     assert sorted(ddp) == [0, 1] and ddp[1] < ddp[0]
+    # trained while the run goes on, in a process of its own: the windows planned (window 0)
+    background = BaselineInBackground(world, 1)
+    try:
+        assert background.losses([0]) == pytest.approx({0: ddp[0]}, rel=1e-5)
+        assert background.losses([0, 1]) == ddp  # a window past the plan: trained again, here
+    finally:
+        background.close()

@@ -5,10 +5,10 @@ of the collected tests to one worker and the second half to the other, each in o
 moves the tail of one queue to an idle worker (never the test running, nor the one after it).
 Their wall time follows the simulated chain's clock, not the CPU, so which worker gets which test
 decides when the phase ends: in file order one worker took both simulations and the validator
-test, the other stopped early, and the phase took 11 min 28 s. Listed here (durations from that
-suite run): the two simulations on one worker, one after the other (never both at once on two
-cores), the rest on the other, which takes over the first half's last test: about 560 s and
-594 s. Any other test keeps its place after these.
+test, the other stopped early, and the phase took 11 min 28 s. Listed here
+(durations from a quiet suite run): the two simulations on one worker, one after the other (never
+both at once on two cores), then the two-rank peer; the rest on the other worker. Any other test
+keeps its place after these.
 """
 
 from __future__ import annotations
@@ -16,17 +16,17 @@ from __future__ import annotations
 import pytest
 
 BALANCED = (
-    # the first half: the simulations, 560 s
-    "test_sim.py::test_simulation_with_ordinary_faults_on_an_s3_server",  # 322 s
-    "test_sim.py::test_simulation_with_every_adversary",  # 238 s
+    # the first half: the simulations, then the two-rank peer
+    "test_sim.py::test_simulation_with_ordinary_faults_on_an_s3_server",  # 290 s
+    "test_sim.py::test_simulation_with_every_adversary",  # 140 s
     # reads the run above from the same worker, at once
     "test_sim.py::test_prometheus_scrapes_the_simulation_and_every_dashboard_query_has_series",
-    "test_multigpu.py::test_two_ranks_end_where_one_rank_ends",  # 91 s, taken over by the other
-    # the second half, 503 s, and the test it takes over
-    "test_peers_e2e.py::test_two_peers_stay_identical_learn_and_resume_after_kill",  # 169 s
-    "test_diloco_e2e.py::test_diloco_peers_validator_and_a_latecomer_stay_identical",  # 123 s
-    "test_validator_e2e.py::test_validator_weights_honest_peers_only",  # 118 s
-    "test_fsdp.py::test_fsdp2_peer_ends_where_one_rank_ends_and_resumes_after_kill",  # 93 s
+    "test_multigpu.py::test_two_ranks_end_where_one_rank_ends",  # 74 s
+    # the second half
+    "test_peers_e2e.py::test_two_peers_stay_identical_learn_and_resume_after_kill",  # 165 s
+    "test_validator_e2e.py::test_validator_weights_honest_peers_only",  # 100 s
+    "test_diloco_e2e.py::test_diloco_peers_validator_and_a_latecomer_stay_identical",  # 95 s
+    "test_fsdp.py::test_fsdp2_peer_ends_where_one_rank_ends_and_resumes_after_kill",  # 75 s
 )
 
 

@@ -20,6 +20,10 @@
 5. append the window's report to the (rotated) local log and prune our bucket's old objects
    (`node.runtime.retention`).
 
+Where the exchange is between these steps (idle, in the air, landed, forked, a mean held) is one
+named state with its transitions in `miner.exchange_cycle`; the window's log line and the
+metrics show it.
+
 Every read and write of the weights outside the inner steps (the start copy, the pseudo-gradient,
 the outer step, the fingerprint, the state file, a history replay) goes through `self.weights`
 (`miner.weights`): whole tensors for one process and DDP, FSDP2 shards under
@@ -42,7 +46,8 @@ import torch
 from substrateinterface import Keypair
 
 from codec.spec import ModelSpec
-from miner.flight import Exchanged, Flight
+from miner.exchange_cycle import FORKED, HELD, IN_THE_AIR, LANDED, ExchangeCycle, ExchangeState
+from miner.flight import Flight, Route
 from miner.metrics import PeerMetrics
 from miner.multigpu import peer_weights
 from miner.ranks import Ranks
@@ -61,13 +66,12 @@ from node.runtime.state import PeerState, load_error_feedback, load_state, save_
 from node.strategy import make_strategy
 from node.strategy.aggregator import Aggregator
 from node.strategy.outer import OuterOptimizer, land_by_step
-from node.window.consensus import agree, wait_for_manifest, window_roster
-from node.window.exchange import encode_signed, publish, put_until
-from node.window.gather import Pieces, gather
+from node.window.exchange import encode_signed, put_until
+from node.window.gather import Pieces
 from node.window.history import catch_up_any, history_sources, resync
 from node.window.pooled import PooledExchange
 from protocol.chain.base import Chain
-from protocol.naming import fingerprint_key, update_key
+from protocol.naming import fingerprint_key
 from protocol.runconfig import RunConfig
 from protocol.stores import ObjectStore, StoreError
 
@@ -139,10 +143,13 @@ class Peer:
         )
         self.metrics = PeerMetrics(run.timing.blocks_per_window * run.timing.block_time_s)
         self.metrics.identify(self.uid, keypair.ss58_address, run.run_id)
+        self.route = Route(  # where rank 0's exchanges go (`miner.flight`)
+            run, self.spec, chain, self.clock, store, self.uid, keypair.ss58_address, local_root,
+            self.pooled, log,
+        )  # fmt: skip
         self.delay = run.outer.delay
-        self._flight: Flight | None = None  # the exchange in the air (`miner.flight`)
-        self._exchanged: Flight | None = None  # the one this window landed (for its report)
-        self._fork: Flight | None = None  # landed, from a start we did not share: resync
+        self.exchange = ExchangeCycle(self.strategy.outer)  # `miner.exchange_cycle`
+        self.metrics.watch(self.exchange)
         self._origin: dict[str, torch.Tensor] = {}  # what this window's pseudo-gradient is from
         self.next_window = self._restore()
 
@@ -154,7 +161,7 @@ class Peer:
         with phases("train", f"{self.cfg.inner_steps} inner steps"):
             self._step_when_landed()  # delay 1: window - 1's step as soon as its exchange
             inner = self._train(window)  # lands, here or between two inner steps
-        if self._flight is not None:  # delay 1, still in the air: it lands before we encode
+        if self.exchange.state is IN_THE_AIR:  # delay 1: it lands before we encode
             with phases("wait for the exchange of the last window"):
                 self._land_and_step(live=True)
         with phases("encode"):
@@ -187,18 +194,19 @@ class Peer:
             )
             log.info(
                 "window %d: loss %.4f, %.0f tok/s, %d B up in %.2fs, gathered %s, fingerprint %s; "
-                "done in %.1f s, window %d opens in %.0f s",
+                "exchange: %s; done in %.1f s, window %d opens in %.0f s",
                 window, reports[-1].loss, reports[-1].tokens_per_s, reports[-1].upload_bytes,
                 reports[-1].upload_s, reports[-1].gathered, reports[-1].fingerprint[:12],
-                reports[-1].seconds["window"], window + 1, self._opens_in(window + 1),
+                self.exchange.describe(), reports[-1].seconds["window"], window + 1,
+                self._opens_in(window + 1),
                 extra=fields(
                     window=window, loss=reports[-1].loss, tokens_per_s=reports[-1].tokens_per_s,
                     upload_bytes=reports[-1].upload_bytes, download_bytes=reports[-1].download_bytes,
                     gathered=reports[-1].gathered, applied=reports[-1].applied,
-                    seconds=reports[-1].seconds,
+                    seconds=reports[-1].seconds, exchange=self.exchange.describe(),
                 ),
             )  # fmt: skip
-        if self._flight is not None:  # finish the last exchange: the saved state holds its mean
+        if self.exchange.state is IN_THE_AIR:  # land the last one: the saved state holds its mean
             self._land_and_hold()
             self._save(self.next_window, self.weights.fingerprint())
         return reports
@@ -216,6 +224,7 @@ class Peer:
         self._land_and_hold()  # the replay starts from next_window with its held aggregate
         while self.next_window < window:
             self.next_window = self.weights.replay(partial(self._replay, self.next_window, window))
+            self.exchange.replayed()  # the replay holds the mean of its last window (delay 1)
             if self.next_window >= window:
                 log.info("caught up to window %d", window)
                 return
@@ -294,25 +303,15 @@ class Peer:
         data = None
         if self.ranks.is_main:
             data = encode_signed(full, self.cfg, self.spec, window, self.uid, self.keypair)
-        self._flight = self._fly(window, start_fp, data, resume=False)
+        self.exchange.launch(self._fly(window, start_fp, data, resume=False))
 
     def _fly(self, window: int, start_fp: str, data: bytes | None, resume: bool) -> Flight:
         """A flight for our update of `window`: rank 0 runs its exchange (in the background with
         ``delay = 1``); the other ranks' flights carry no work."""
         work = None
         if self.ranks.is_main and data is not None:
-            work = partial(self._exchange, window, data, start_fp, resume)
+            work = partial(self.route.exchange, window, data, start_fp, resume)
         return Flight(window, start_fp, data, work, background=bool(self.delay))
-
-    def _land(self) -> Flight | None:
-        """Wait for the exchange in the air (before the next encode). Our own update is spent
-        whether the window applied it or not (`node.strategy.sparseloco`)."""
-        flight, self._flight = self._flight, None
-        if flight is None:
-            return None
-        flight.result()
-        self._exchanged = flight
-        return flight
 
     def _step_when_landed(self, step: int = -1) -> None:
         """With ``delay = 1``, at the start of a window (``step`` −1) and after each inner step:
@@ -320,33 +319,54 @@ class Peer:
         held). After `land_by_step` inner steps the peer waits for it: a step that lands after
         the window's training makes the schedule unstable (docs/training.md)."""
         due = step + 1 >= land_by_step(self.cfg.inner_steps)
-        landed = self._flight is not None and (due or self._flight.done())
-        if self.ranks.broadcast_object(landed):
+        air = self.exchange.air
+        if self.ranks.broadcast_object(air is not None and (due or air.done())):
             self._land_and_step(live=True)
-        elif self.strategy.outer.holding:
+        elif self.exchange.state is HELD:
             self._step(live=True)
 
     def _land_and_step(self, live: bool) -> None:
-        """Land the exchange, hold its mean and take the outer step on the window's origin (and
-        on the live weights while they still train); a fork waits for `_resync_forked`."""
-        flight = self._land()
-        if flight is None:
+        """Land the exchange, take its mean in and take the outer step on the window's origin (and
+        on the live weights while they still train); a fork waits for `_resync_forked`: the
+        resync replaces the weights, once they are encoded."""
+        if self._land() is LANDED:
+            self.exchange.take_in(self._mean)
+            self._step(live)
+
+    def _land_and_hold(self) -> None:
+        """Land the exchange in the air (``delay = 1``) and hold its mean: the model stays at the
+        start of the next window, where a replay or the next window takes over."""
+        if self.exchange.state is not IN_THE_AIR:
             return
-        if self._forked(flight):  # the resync replaces the weights: once they are encoded
-            self._fork = flight
+        if self._land() is FORKED:
+            self.exchange.resync(self._resync)
+        self.exchange.take_in(self._mean)
+
+    def _resync_forked(self) -> None:
+        """After encoding: a landed window whose start we did not share is rebuilt from the
+        validators' history, then its step taken."""
+        if self.exchange.state is not FORKED:
             return
-        self._take_in(flight)
-        self._step(live)
+        self.exchange.resync(self._resync)
+        self.exchange.take_in(self._mean)
+        self._origin = self.weights.start()
+        self._step(live=False)
+
+    def _land(self) -> ExchangeState:
+        """Wait for the exchange in the air (before the next encode): landed, or forked from the
+        lead's start. Our own update is spent whether the window applied it or not
+        (`node.strategy.sparseloco`)."""
+        return self.exchange.land(self._forked)
 
     def _step(self, live: bool) -> None:
         """The origin moves by the outer step with the held mean; the live weights follow."""
-        new = self.strategy.outer.next_weights(self._origin)
+        new = self.exchange.step(self._origin)
         if live:
             self.weights.move(new, self._origin)
         self._origin = new
 
-    def _take_in(self, flight: Flight) -> None:
-        """Hold the mean of the window's agreed updates (computed on rank 0, sent to all)."""
+    def _mean(self, flight: Flight) -> dict[str, torch.Tensor]:
+        """The mean of the window's agreed updates (computed on rank 0, sent to all)."""
         done = flight.result()
         agreed = done.agreed.updates if done else {}
         mean = None
@@ -356,63 +376,10 @@ class Peer:
                 mean = self.pooled.mean(agreed, aggregator.device)
             if mean is None:
                 mean = aggregator.mean(Pieces(agreed))
-        self.strategy.outer.receive(self.weights.share(mean))
-
-    def _land_and_hold(self) -> None:
-        """Land the exchange in the air (``delay = 1``) and hold its mean: the model stays at the
-        start of the next window, where a replay or the next window takes over."""
-        flight = self._land()
-        if flight is not None:
-            if self._forked(flight):
-                self._resync(flight)
-            self._take_in(flight)
-
-    def _resync_forked(self) -> None:
-        """After encoding: a landed window whose start we did not share is rebuilt from the
-        validators' history, then its step taken."""
-        flight, self._fork = self._fork, None
-        if flight is None:
-            return
-        self._resync(flight)
-        self._take_in(flight)
-        self._origin = self.weights.start()
-        self._step(live=False)
-
-    def _exchange(self, window: int, data: bytes, start_fp: str, resume: bool) -> Exchanged:
-        """Rank 0: upload our update, then at the gather point fetch the selected updates and
-        apply what the lead validator's manifest says (`node.window.consensus`)."""
-        phases = Phases(window, log, "exchange of window")
-        with phases("upload", f"{len(data):,} B"):
-            upload_bytes, upload_s = self._publish(data, window, resume)
-        gather_block = self.clock.gather_block(window)
-        with phases("wait for the gather block", f"block {gather_block}"):
-            self.clock.wait_for_block(gather_block)
-        roster = window_roster(self.chain, self.cfg, window, self.local_root)
-        peers = [roster.buckets[u] for u in roster.selected if u in roster.buckets]
-        deadline = self.clock.deadline_s(window)
-        with phases("gather", f"{len(peers)} selected"):
-            fetched = gather(peers, self.cfg, self.spec, window, deadline, self.pooled)
-        with phases("wait for the manifest"):
-            manifest = wait_for_manifest(roster, self.cfg, window, self.chain)
-        agreed = agree(roster, fetched, manifest, start_fp, self.cfg, self.spec)
-        return Exchanged(upload_bytes, upload_s, fetched, agreed, phases.seconds)
-
-    def _publish(self, data: bytes, window: int, resume: bool) -> tuple[int, float]:
-        """Upload our update (a resumed exchange only if it is not stored yet)."""
-        key = update_key(self.cfg.run_id, window, self.uid, self.keypair.ss58_address)
-        try:
-            if resume and self.store.exists(key):
-                return len(data), float("nan")
-            done = publish(
-                self.store, data, self.cfg, window, self.uid, self.keypair.ss58_address,
-                until=self.clock.deadline_s(window),
-            )  # fmt: skip
-        except StoreError as exc:  # keep training: a missed upload costs us one window's score
-            log.error("window %d: upload failed: %s", window, exc)
-            return len(data), float("nan")
-        return done.n_bytes, done.seconds
+        return self.weights.share(mean)
 
     def _forked(self, flight: Flight) -> bool:
+        """Whether the landed window agreed on a start other than ours (every rank is told)."""
         done = flight.result()
         return self.ranks.broadcast_object(done is not None and done.agreed.forked)
 
@@ -439,7 +406,7 @@ class Peer:
         self.weights.advance()  # delay 1: the mean held at that start
 
     def _report(self, window: int, inner: InnerResult, fp: str, phases: Phases) -> WindowReport:
-        landed, self._exchanged = self._exchanged, None
+        landed = self.exchange.report()
         done = landed.result() if landed is not None else None
         fetched = done.fetched if done is not None else {}
         agreed = done.agreed if done is not None else None
@@ -515,7 +482,7 @@ class Peer:
                 error_feedback=self.strategy.encoder.local_state_dict(),
                 fingerprint=fp,
                 outer=weights.outer,
-                inflight=self._flight.record() if self._flight is not None else {},
+                inflight=self.exchange.record(),
             ),
         )
 
@@ -524,6 +491,7 @@ class Peer:
         if state is None:
             return 0
         self.weights.load(state)  # model, inner optimizer, outer state
+        self.exchange.replayed()  # a mean the saved state holds is the next step's
         ef = load_error_feedback(self.state_dir, state)
         encoder = self.strategy.encoder
         encoder.load_local_state_dict({t.name: ef[t.name] for t in encoder.owned.tensors
@@ -531,7 +499,7 @@ class Peer:
         if not self.ranks.broadcast_object(self.weights.fingerprint() == state.fingerprint):
             raise RuntimeError("restored model does not match its saved fingerprint")
         if state.inflight:
-            self._flight = self._resume(state.inflight)
+            self.exchange.resume(self._resume(state.inflight))
         log.info("resumed at window %d (fingerprint %s)", state.window, state.fingerprint[:12])
         return state.window
 

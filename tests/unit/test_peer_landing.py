@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from miner.flight import Exchanged, Flight
+from miner.exchange_cycle import IDLE
+from miner.flight import Enter, Exchanged, Flight
 from miner.peer import Peer
 from node.strategy.outer import land_by_step
 from node.window.consensus import Agreement
@@ -43,7 +44,7 @@ def test_a_delayed_exchange_lands_after_land_by_steps_not_after_training(tmp_pat
     peer._encode(peer._origin, 0)  # window 0's update (zero: nothing trained yet)
     at_landing: list[int] = []
 
-    def slow_exchange() -> Exchanged:
+    def slow_exchange(_: Enter) -> Exchanged:
         while _inner_steps_done(peer.optimizer) < due:
             time.sleep(0.01)
         hold = time.monotonic() + HOLD_S
@@ -52,8 +53,8 @@ def test_a_delayed_exchange_lands_after_land_by_steps_not_after_training(tmp_pat
         at_landing.append(_inner_steps_done(peer.optimizer))
         return Exchanged(0, 0.0, {}, Agreement({}, None, False, "test: nothing agreed"))
 
-    peer._flight = Flight(0, "start", None, slow_exchange, background=True)
+    peer.exchange.launch(Flight(0, "start", None, slow_exchange, background=True))
     peer._train(1)
-    assert peer._flight is None, "the exchange did not land during the window's training"
+    assert peer.exchange.state is IDLE, "the exchange did not land and step during training"
     assert at_landing == [due], (at_landing, due)
     assert _inner_steps_done(peer.optimizer) == peer.cfg.inner_steps

@@ -41,7 +41,7 @@ def _error_feedback_after_landing(tmp_path: Path, applied: str) -> tuple[float, 
     members = {"ours": [peer.uid, peer.uid + 1], "others": [peer.uid + 1], "nothing": []}[applied]
     agreement = Agreement(dict.fromkeys(members), None, False, f"test: {applied}")  # type: ignore[arg-type]
     outcome = Exchanged(0, 0.0, {}, agreement)
-    peer._flight = Flight(WINDOW, "start", None, lambda: outcome, background=False)
+    peer.exchange.launch(Flight(WINDOW, "start", None, lambda _: outcome, background=False))
     peer._land()
     after = sum(
         float(e.double().square().sum()) for e in peer.strategy.encoder.local_state_dict().values()

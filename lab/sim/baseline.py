@@ -42,14 +42,14 @@ def _heldout(world: World) -> torch.Tensor:
 
 class BaselineInBackground:
     """`ddp_losses` over the run's planned windows, trained while the simulation runs: in a
-    process of the lowest priority, so that it takes only the CPU the members leave and the
-    report is ready as soon as the run ends. A window past the plan (a member that started
-    late) has it trained again, whole, once the run is over."""
+    process of the lowest priority on one thread, so that it takes only the CPU the members
+    leave and the report is ready as soon as the run ends. A window past the plan (a member
+    that started late) has it trained again, whole, once the run is over."""
 
     def __init__(self, world: World, windows: int) -> None:
         self.world = world
         context = multiprocessing.get_context("spawn")  # no fork of a process with threads
-        self._pool = ProcessPoolExecutor(1, mp_context=context, initializer=os.nice, initargs=(19,))
+        self._pool = ProcessPoolExecutor(1, mp_context=context, initializer=_background)
         self._planned = self._pool.submit(ddp_losses, world, list(range(windows)))
 
     def losses(self, windows: list[int]) -> dict[int, float]:
@@ -61,6 +61,12 @@ class BaselineInBackground:
 
     def close(self) -> None:
         self._pool.shutdown(cancel_futures=True)
+
+
+def _background() -> None:
+    """The baseline's process: the lowest priority, one thread, as every member of the run."""
+    os.nice(19)
+    torch.set_num_threads(1)
 
 
 def ddp_losses(world: World, windows: list[int]) -> dict[int, float]:

@@ -91,7 +91,8 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
         "--windows",
         type=positive_int,
         default=env("TESSERA_WINDOWS", "1000000000"),
-        help="windows to run, then exit [env TESSERA_WINDOWS]",
+        help="windows to run, then exit (a miner sooner, once the run's last window, "
+        "outer.total_windows - 1, has passed) [env TESSERA_WINDOWS]",
     )
     parser.add_argument(
         "--device",

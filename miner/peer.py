@@ -178,10 +178,15 @@ class Peer:
         return self._report(window, inner, fp, phases)
 
     def run(self, windows: int) -> list[WindowReport]:
-        """Train `windows` windows, starting at the current one, resuming from saved state."""
+        """Train `windows` windows, starting at the current one, resuming from saved state; stop
+        sooner once the run is over (its last window, ``outer.total_windows − 1``, trained)."""
         reports = []
         for _ in range(windows):
             window = self.ranks.broadcast_object(max(self.next_window, self.current_window()))
+            if window >= self.cfg.outer.total_windows:
+                last = self.cfg.outer.total_windows - 1
+                log.info("the run is over: its last window, %d, has passed", last)
+                break
             if window > self.next_window:  # every rank replays the same history identically
                 self.catch_up(window)
             reports.append(self.run_window(window))

@@ -117,13 +117,19 @@ class Injector:
                 running[i].proc.kill()
                 running[i].proc.wait()
             else:
-                running[i] = start(self.world, running[i].member, self._windows_left(running[i]))
+                left = self._windows_left(running[i], block)
+                running[i] = start(self.world, running[i].member, left)
 
-    def _windows_left(self, r: Running) -> int:
-        """The windows a restarted member has left: the run's last window is where it stops."""
-        done = len(read_json_lines(r.member.state_dir / REPORTS))
-        total = self.validator_windows - (r.member.kind != "validator")
-        return max(1, total - done)
+    def _windows_left(self, r: Running, block: int) -> int:
+        """The windows a restarted member has left, so that it stops at the run's last window.
+        A validator counts every window it decides, those it catches up on too: what it has not
+        reported. A peer counts the windows it trains, and catches up to the chain's window
+        without training the ones in between: the windows from the chain's on."""
+        if r.member.kind == "validator":
+            done = len(read_json_lines(r.member.state_dir / REPORTS))
+            return max(1, self.validator_windows - done)
+        current = WindowSchedule.from_run(self.world.run).window_of(block)
+        return max(1, self.validator_windows - 1 - max(current, 0))
 
     def stop(self) -> None:
         for hog in self._hogs:

@@ -1,15 +1,21 @@
 """`tessera sim --faults`: a bad list ends in one line naming the known faults, a run too short
-for a fault says how many windows it needs; the `load` fault runs busy loops until stopped."""
+for a fault says how many windows it needs; the `load` fault runs busy loops until stopped; a
+restarted member stops at the run's last window."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from lab.sim.faults import FAULT_KINDS, WINDOWS_NEEDED, Injector, parse_faults
 from lab.sim.layout import build_world
+from lab.sim.processes import Running
+from node.runtime.report_log import REPORTS
+from protocol.windows import WindowSchedule
 
 
 def test_known_faults_parse_and_unknown_ones_are_named() -> None:
@@ -45,3 +51,28 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_a_restarted_member_stops_at_the_runs_last_window(tmp_path: Path) -> None:
+    """A peer killed mid-run catches up to the chain's window without training the windows in
+    between, so it is given the windows from there to the run's last (one more would outlive
+    every validator, waiting for a decision nobody takes); a validator decides every window it
+    missed, so it is given what it has not reported."""
+    world = build_world(tmp_path / "run", 6, 1.0, 30, 2, [], "file")
+    injector = Injector(world, [], validator_windows=7)  # peers train windows 0..5
+    sched = WindowSchedule.from_run(world.run)
+    done = subprocess.Popen(["true"])
+    done.wait()
+    peer, validator = world.of_kind("honest")[0], world.of_kind("validator")[0]
+    for member, reported in ((peer, 2), (validator, 3)):
+        member.state_dir.mkdir(parents=True)
+        rows = "".join(json.dumps({"window": w}) + "\n" for w in range(reported))
+        (member.state_dir / REPORTS).write_text(rows)
+    in_window_3 = sched.first_block(3) + 10
+    try:
+        assert injector._windows_left(Running(peer, done, tmp_path / "p.log"), in_window_3) == 3
+        assert injector._windows_left(Running(validator, done, tmp_path / "v.log"), 0) == 4
+        last = sched.first_block(5) + 1  # a restart in the last window still trains it
+        assert injector._windows_left(Running(peer, done, tmp_path / "p.log"), last) == 1
+    finally:
+        injector.stop()

@@ -38,7 +38,7 @@ fi
 nice -n 19 mypy &
 types=$!
 nice -n 19 python -m pytest -q -p no:cacheprovider --durations=10 -n 2 \
-    --dist load -m "not slow" tests/unit tests/e2e &
+    --dist worksteal -m "not slow" tests/unit tests/e2e &
 rest=$!
 deadlines=0
 python -m pytest -q -p no:cacheprovider -n 4 --dist worksteal tests/deadlines || deadlines=$?

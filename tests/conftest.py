@@ -43,25 +43,6 @@ from tests.support.servers import (
 
 _bucket_numbers = itertools.count()
 
-HEAVY_FIRST = (
-    "test_bench_train.py", "test_admission.py", "test_validator_memory.py",
-    "test_validator_scoring.py", "test_pay_for_work.py", "test_launch_covariate.py",
-    "test_validator_loop.py", "test_delay.py", "test_native_codec.py", "test_triton_indices.py",
-    "test_copies_values.py", "test_model.py", "test_indices.py",
-)  # fmt: skip
-"""The unit test files that take the most CPU (`scripts/experiments/cpu_per_test.py --summary`),
-heaviest first: collected first, so that the unit run's workers (`--dist load` hands out tests
-in collection order) start with them and end on short tests together, not one on a long test
-while the other idles. (The end-to-end tests keep the order of `tests/e2e/conftest.py`.)"""
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def rank(item: pytest.Item) -> int:
-        name = item.path.name
-        return HEAVY_FIRST.index(name) if name in HEAVY_FIRST else len(HEAVY_FIRST)
-
-    items.sort(key=rank)  # stable: the rest keep their order, after these
-
 
 @pytest.fixture(autouse=True)
 def _logging_as_it_was() -> Iterator[None]:

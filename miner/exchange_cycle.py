@@ -107,11 +107,13 @@ class ExchangeCycle:
         self.air = flight
         if self.state is IDLE:
             self.state = IN_THE_AIR
+        flight.start()
 
     def resume(self, flight: Flight) -> None:
         """A restarted peer's saved exchange goes up again."""
         self._require("resume")
         self.air, self.state = flight, IN_THE_AIR
+        flight.start()
 
     def land(self, forked: Callable[[Flight], bool]) -> ExchangeState:
         """Wait for the exchange in the air (`forked` waits for its outcome and says whether it

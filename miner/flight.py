@@ -91,13 +91,23 @@ class Flight:
         self._work = work
         self._result: Exchanged | None = None
         self._error: BaseException | None = None
+        self._background = background
         self._thread: threading.Thread | None = None
-        if work is not None and background:
+        self._started = False
+
+    def start(self) -> None:
+        """Run the exchange: in the background, or here until it is over (``delay = 0``). The
+        cycle starts it once it holds it as in the air (`ExchangeCycle.launch`), so that its
+        state and step read right while it runs."""
+        if self._started:
+            raise IllegalTransition(f"the exchange of window {self.window} has started already")
+        self._started = True
+        if self._work is not None and self._background:
             self._thread = threading.Thread(
-                target=self._run, name=f"exchange-w{window}", daemon=True
+                target=self._run, name=f"exchange-w{self.window}", daemon=True
             )
             self._thread.start()
-        elif work is not None:
+        elif self._work is not None:
             self._run()
 
     def _run(self) -> None:
@@ -120,10 +130,12 @@ class Flight:
 
     def done(self) -> bool:
         """Whether `result` returns at once (the exchange has finished, or runs nowhere here)."""
-        return self._thread is None or not self._thread.is_alive()
+        return self._started and (self._thread is None or not self._thread.is_alive())
 
     def result(self) -> Exchanged | None:
         """The exchange's outcome (None on a rank without work); waits for it if it runs."""
+        if not self._started:
+            raise IllegalTransition(f"the exchange of window {self.window} has not started")
         if self._thread is not None:
             self._thread.join()
         if self._error is not None:

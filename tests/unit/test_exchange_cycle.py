@@ -226,7 +226,8 @@ def test_one_exchange_in_the_air_at_a_time() -> None:
 
 
 def _paused_flight(steps: list[FlightStep]) -> tuple[Flight, list[threading.Event]]:
-    """A background flight that enters `steps` in turn, each once the test lets it go on."""
+    """A background flight that enters `steps` in turn, each once the test lets it go on (not
+    started: `Flight.start`, or the cycle's launch)."""
     go = [threading.Event() for _ in range(len(steps) + 1)]
 
     def work(enter: Enter) -> Exchanged:
@@ -242,6 +243,7 @@ def _paused_flight(steps: list[FlightStep]) -> tuple[Flight, list[threading.Even
 def test_a_flight_says_which_step_it_is_at_while_it_runs() -> None:
     later = list(FlightStep)[1:5]  # after uploading, up to agreeing
     flight, go = _paused_flight(later)
+    flight.start()
     seen = [flight.step]
     for event, step in zip(go, later, strict=False):
         event.set()
@@ -255,19 +257,23 @@ def test_a_flight_says_which_step_it_is_at_while_it_runs() -> None:
         "uploading", "waiting for the gather block", "gathering", "waiting for the manifest",
         "agreeing", "done",
     ]  # fmt: skip
-    assert _flight(0).step is FlightStep.DONE  # ran inline
+    inline = _flight(0)
+    inline.start()
+    assert inline.step is FlightStep.DONE  # ran inline
     assert Flight(0, "start", None, None, background=True).step is FlightStep.DONE  # no work
 
 
 def test_a_flight_only_goes_forward_and_a_failed_one_says_so() -> None:
     back = [FlightStep.GATHERING, FlightStep.WAITING_FOR_GATHER_BLOCK]
     flight, go = _paused_flight(back)
+    flight.start()
     for event in go:
         event.set()
     with pytest.raises(IllegalTransition, match="from gathering to waiting for the gather block"):
         flight.result()
     assert flight.step is FlightStep.FAILED
     again, go = _paused_flight([FlightStep.UPLOADING])  # where every flight starts
+    again.start()
     for event in go:
         event.set()
     with pytest.raises(IllegalTransition):
@@ -297,3 +303,32 @@ def test_the_metrics_serve_the_state_and_step_as_they_are_when_scraped() -> None
     go[1].set()
     cycle.land(_forked)
     assert now() == ({LANDED}, set())
+
+
+def test_an_inline_exchange_reads_in_the_air_at_its_step_while_it_runs() -> None:
+    """With ``delay = 0`` the exchange runs on the peer's own thread: the cycle starts it only
+    once it holds it as in the air, so its state and step (what the window's log line and the
+    metrics read) say where it is while it runs, not idle."""
+    cycle = _cycle(delay=0)
+    seen: list[tuple[ExchangeState, FlightStep | None]] = []
+
+    def work(enter: Enter) -> Exchanged:
+        seen.append((cycle.state, cycle.step_in_the_air))
+        enter(FlightStep.GATHERING)
+        seen.append((cycle.state, cycle.step_in_the_air))
+        return Exchanged(0, 0.0, {}, Agreement({}, None, False, "test"))
+
+    cycle.launch(Flight(0, "start", None, work, background=False))
+    assert seen == [(IN_THE_AIR, FlightStep.UPLOADING), (IN_THE_AIR, FlightStep.GATHERING)]
+    assert cycle.step_in_the_air is FlightStep.DONE
+
+
+def test_a_flight_starts_once_and_is_read_only_once_started() -> None:
+    flight = _flight(3)
+    with pytest.raises(IllegalTransition, match="window 3 has not started"):
+        flight.result()
+    assert not flight.done()
+    flight.start()
+    assert flight.done() and flight.result() is not None
+    with pytest.raises(IllegalTransition, match="window 3 has started already"):
+        flight.start()

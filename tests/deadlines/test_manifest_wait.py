@@ -72,8 +72,8 @@ def test_a_peer_waits_for_a_late_lead_until_the_cutoff_block(
         name="late-lead",
         inner_steps=2,
         consensus={"fetch_budget_s": FETCH_S, "manifest_wait_s": WAIT_S},
-        timing={"block_time_s": BLOCK_S, "blocks_per_window": 60, "upload_deadline_blocks": 4,
-                "clock_skew_tolerance_s": BLOCK_S, "start_block": chain.block() + 24},
+        timing={"block_time_s": BLOCK_S, "blocks_per_window": 40, "upload_deadline_blocks": 4,
+                "clock_skew_tolerance_s": BLOCK_S, "start_block": chain.block() + 16},
     )  # fmt: skip
     store = open_store(f"file://{root}?bucket=peer")
     peer = Peer(run, peer_key, chain, store, tmp_path / "state", local_root=root)

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_quick_bench_writes_the_stable_schema(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "commands.cli", "bench", "train", "--quick", "--threads", "1",
-           "--jobs", "2", "--out", str(tmp_path), "--json"]  # fmt: skip
+           "--jobs", "1", "--out", str(tmp_path), "--json"]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -64,7 +64,7 @@ def test_seeds_give_each_method_a_mean_and_a_spread(tmp_path: Path) -> None:
     """``--seeds 2``: each method trains from two run seeds (other initial weights and data)
     scored on one held-out set; its row is their mean, with both losses and their spread."""
     cmd = [sys.executable, "-m", "commands.cli", "bench", "train", "--quick", "--threads", "1",
-           "--jobs", "2", "--out", str(tmp_path), "--json", "--seeds", "2", "--seed", "5",
+           "--jobs", "1", "--out", str(tmp_path), "--json", "--seeds", "2", "--seed", "5",
            "--windows", "1", "--heldout", "32", "--strategies", "ddp", "sparseloco"]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)

@@ -1,4 +1,4 @@
-"""The run presets, `tiny` to `70B`, as raw tables that `RunConfig.preset` validates and merges
+"""The run presets, `tiny` to `8B`, as raw tables that `RunConfig.preset` validates and merges
 overrides into (`protocol.runconfig`)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 # Shapes and sizes:
-# Shapes follow the LLaMA family: `1B` = Llama-3.2-1B, `8B` = Llama-3-8B, `70B` = Llama-3-70B
+# Shapes follow the LLaMA family: `1B` = Llama-3.2-1B, `8B` = Llama-3-8B
 # (max_seq_len kept at 8192 without RoPE scaling). `150M` is a GPT-2-vocabulary LLaMA-style model;
 # `tiny` trains on two CPU cores in minutes; its SparseLoCo settings (k, α) are tuned with
 # `tessera bench train`. Batch, inner steps and window length of 150M and up come from the
@@ -129,30 +129,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         "outer": {"total_windows": 300},
         "timing": {"blocks_per_window": 1000, "upload_deadline_blocks": 3},
         "consensus": {"manifest_wait_s": 1000.0},
-        "gather_size": 20,
-    },
-    "70B": {
-        "name": "70b",
-        "preset_name": "70B",
-        "model": _model(
-            vocab_size=_LLAMA3_VOCAB,
-            hidden_size=8192,
-            intermediate_size=28672,
-            n_layers=80,
-            n_heads=64,
-            n_kv_heads=8,
-            max_seq_len=8192,
-        ),
-        "tokenizer": "hf://meta-llama/Meta-Llama-3-70B",
-        "dataset": "s3://tessera-data/fineweb-edu/llama3",
-        "seq_len": 2048,
-        "micro_batch_size": 1,
-        "batch_size": 512,
-        "inner_steps": 420,
-        "optimizer": {"lr": 1.5e-4, "min_lr": 1.5e-5, "warmup_steps": 250},
-        "outer": {"total_windows": 71},
-        "timing": {"blocks_per_window": 8500, "upload_deadline_blocks": 5},
-        "consensus": {"fetch_budget_s": 400.0, "manifest_wait_s": 9000.0},
         "gather_size": 20,
     },
 }

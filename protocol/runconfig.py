@@ -357,7 +357,7 @@ class RunConfig(_Frozen):
 
     @classmethod
     def preset(cls, name: str, /, **overrides: Any) -> RunConfig:
-        """A preset (`tiny`, `150M`, `1B`, `8B`, `70B`) with nested dicts merged in as overrides.
+        """A preset (`tiny`, `150M`, `1B`, `8B`) with nested dicts merged in as overrides.
 
         Example: ``RunConfig.preset("tiny", inner_steps=5, optimizer={"lr": 3e-3})``.
         """

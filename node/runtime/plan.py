@@ -143,7 +143,6 @@ REFERENCE: dict[str, Box] = {
     "150M": Box("h100", 1, 1.0),
     "1B": Box("h100", 8, 1.0),
     "8B": Box("h100", 8, 1.0),
-    "70B": Box("h200", 8, 1.0),
 }
 """Each preset's reference machine. ``tiny`` is the CPU test preset: 10 % of the 2-core peak is
 16 GFLOP/s, close to the 18 GFLOP/s `tessera doctor --run tiny` measured on one thread of the

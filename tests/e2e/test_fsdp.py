@@ -43,6 +43,8 @@ from tests.support.multirank import (
     start_miner,
 )
 
+ROOT = Path(__file__).resolve().parents[2]
+
 FSDP2 = ("--sharding", "fsdp2")
 CPU = torch.device("cpu")
 RUN = RunConfig.preset("tiny", inner_steps=4, optimizer={"warmup_steps": 4})
@@ -307,7 +309,8 @@ def test_fsdp2_peer_ends_where_one_rank_ends_and_resumes_after_kill(tmp_path: Pa
 
 def test_memory_plan_puts_8b_on_eight_80gb_gpus_only_with_fsdp2() -> None:
     gpu = 80 * GIB
-    one_b, eight_b, seventy_b = (RunConfig.preset(p) for p in ("1B", "8B", "70B"))
+    one_b, eight_b = RunConfig.preset("1B"), RunConfig.preset("8B")
+    seventy_b = RunConfig.load(ROOT / "lab" / "configs" / "70b.toml")
     # 1B under DDP: one micro-batch's whole logits do not fit beside the state; a chunked loss does
     assert not plan_memory(one_b, 8, "ddp").fits(gpu)
     assert pick_recipe(one_b, 8, "ddp", gpu) == RECIPES[1]
@@ -316,7 +319,8 @@ def test_memory_plan_puts_8b_on_eight_80gb_gpus_only_with_fsdp2() -> None:
     assert not any(plan_memory(eight_b, 8, "ddp", r).fits(gpu) for r in RECIPES)
     assert not plan_memory(eight_b, 8, "fsdp2").fits(gpu)
     assert plan_memory(eight_b, 8, "fsdp2", RECIPES[-1]).fits(gpu)
-    # 70B: the sharded fp32 state alone outgrows eight GPUs; recomputed layers fit from 64
+    # 70B (a lab config, not a preset): the sharded fp32 state alone outgrows eight GPUs;
+    # recomputed layers fit from 64
     fits_70b = [
         n
         for n in (8, 16, 32, 64, 128, 256)

@@ -33,6 +33,8 @@ from protocol.runconfig import RunConfig
 from protocol.stores import FileStore
 from tests.support.servers import iam_user
 
+SEVENTY_B = Path(__file__).resolve().parents[2] / "lab" / "configs" / "70b.toml"
+
 NETUID = 1
 CHECKS = [
     "versions",
@@ -354,7 +356,7 @@ class SlowStore(FileStore):
 
 def test_slow_link_warns_for_a_large_preset(tmp_path: Path) -> None:
     store = SlowStore(tmp_path / "bucket")
-    row = bandwidth_check(store, RunConfig.preset("70B"), 1, downloads=20)
+    row = bandwidth_check(store, RunConfig.load(SEVENTY_B), 1, downloads=20)
     assert row.status is Status.WARN and "faster link" in row.fix
     assert bandwidth_check(store, RunConfig.preset("tiny"), 1, 8).status is Status.OK
     assert store.list() == []  # the probe object is gone

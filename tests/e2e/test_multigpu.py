@@ -143,11 +143,14 @@ def test_two_gloo_ranks_train_compress_and_aggregate_like_one(tmp_path: Path) ->
 
 @pytest.mark.slow
 def test_two_ranks_end_where_one_rank_ends(tmp_path: Path) -> None:
-    # both chains start in 20 s, so both peers, however slow to start (torchrun under load:
-    # over 10 s), have committed their bucket by window 0 and train windows 0 and 1
-    one = setup_peer(tmp_path / "one", 20.0)
-    two = setup_peer(tmp_path / "two", 20.0)
+    # window 0 opens once both peers, however slow to start (torchrun under load: over 10 s),
+    # have committed their bucket (`open_when_up`; at the latest 30 s after the chains start), so
+    # both train windows 0 and 1
+    one = setup_peer(tmp_path / "one", 0.0, start_block=60)
+    two = setup_peer(tmp_path / "two", 0.0, start_block=60)
     procs = [start_miner(one, 1, 2), start_miner(two, 2, 2)]
+    one.open_when_up([PEER])
+    two.open_when_up([PEER])
     for p, local in zip(procs, (one, two), strict=True):
         local.wait({PEER: p}, timeout=150)
     r1, r2 = one.reports(PEER), two.reports(PEER)

@@ -17,9 +17,9 @@ LR = RunConfig.preset("tiny").optimizer.lr
 """The most one AdamW step moves an entry whose gradient is noise (``m/sqrt(v)`` is about ±1)."""
 
 
-def setup_peer(folder: Path, genesis_in_s: float) -> LocalRun:
+def setup_peer(folder: Path, genesis_in_s: float, start_block: int = 0) -> LocalRun:
     """The run under `folder`: a run config and a chain of its own, starting in `genesis_in_s`,
-    with the peer (uid 0) registered."""
+    window 0 at `start_block`, with the peer (uid 0) registered."""
     local = LocalRun(folder)
     local.write_config(
         name="multigpu",
@@ -28,7 +28,7 @@ def setup_peer(folder: Path, genesis_in_s: float) -> LocalRun:
         outer={"ef_freeze_fraction": 0.0},  # error feedback from the first window
         # 16 s windows: a loaded machine still trains, encodes and uploads before the deadline
         timing={"block_time_s": 0.5, "blocks_per_window": 32, "upload_deadline_blocks": 4,
-                "clock_skew_tolerance_s": 0.5},
+                "clock_skew_tolerance_s": 0.5, "start_block": start_block},
     )  # fmt: skip
     local.create_chain(genesis_in_s)
     local.register(PEER)

@@ -77,7 +77,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
             name,
             help=help_text,
             description=help_text,
-            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+            formatter_class=_HelpFormatter,
         )
         if chosen in (None, name):
             module = importlib.import_module(module_path)
@@ -89,6 +89,17 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
             runner: Callable[[argparse.Namespace], int] = module.run
             sp.set_defaults(_run=runner)
     return parser
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's default after its help, unless the help already says what it is or there
+    is none to show (``None``: the option is off or taken from elsewhere, as its help says)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default is None or "default" in text or "%(default)" in text:
+            return text
+        return super()._get_help_string(action)
 
 
 class _Parser(argparse.ArgumentParser):

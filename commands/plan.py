@@ -53,10 +53,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--preset", default=None, help="a preset name or run config file (default: every preset)"
     )
-    parser.add_argument("--gpus", type=positive_int, default=None, help="accelerators in the box")
-    parser.add_argument("--gpu", choices=sorted(HARDWARE), default=None, help="accelerator kind")
-    parser.add_argument("--link-gbps", type=_positive, default=None, help="link, up and down")
-    parser.add_argument("--mfu", type=fraction, default=None, help="model-FLOPs utilisation")
+    parser.add_argument(
+        "--gpus",
+        type=positive_int,
+        default=None,
+        help="accelerators in the box (default: the reference box's)",
+    )
+    parser.add_argument(
+        "--gpu",
+        choices=sorted(HARDWARE),
+        default=None,
+        help="accelerator kind (default: the reference box's)",
+    )
+    parser.add_argument(
+        "--link-gbps",
+        type=_positive,
+        default=None,
+        help="link, up and down, Gbit/s (default: the reference box's)",
+    )
+    parser.add_argument(
+        "--mfu",
+        type=fraction,
+        default=None,
+        help="model-FLOPs utilisation (default: the reference box's)",
+    )
     parser.add_argument(
         "--decode-m-per-s",
         type=_positive,

@@ -16,7 +16,14 @@ def test_every_subcommand_prints_its_help(command: str, capsys: pytest.CaptureFi
     with pytest.raises(SystemExit) as stop:
         main([command, "--help"])
     assert stop.value.code == 0
-    assert f"usage: tessera {command}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"usage: tessera {command}" in out
+    # each option's default is said once, and never as "None" (an option that is off, or one
+    # whose help says where its value comes from)
+    flat = " ".join(out.split())
+    assert "(default: None)" not in flat
+    for option in flat.split(" --")[1:]:
+        assert option.count("(default:") <= 1, option
 
 
 def test_a_roles_help_shows_defaults_and_variables(capsys: pytest.CaptureFixture[str]) -> None:

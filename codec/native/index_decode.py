@@ -15,8 +15,17 @@ rank over C(e, m) subsets) is computed from its slot with integer arithmetic, ex
 table was built, instead of through its 256 KiB slot table; and a leaf's positions are read from
 one flat table of every leaf subset.
 
+How the loops are shaped (each measured on the presets' streams): a renormalisation group of a
+lane (its one or two symbols and its field) is one iteration; a level's symbols are laid out
+step-major once, in one pass, rather than gathered step by step; what only some lanes or nodes
+do (a lone position, a busy child, a leaf) is written unconditionally where the next one goes
+and counted by the condition, or (a leaf's positions) listed and written in a pass of its own,
+instead of behind a branch the processor cannot predict; indices known to be >= 0 are
+unsigned, which spares numba's negative-index code; a leaf's divisions are multiplications.
+
 Malformed input cannot make it read outside the stream or write outside the output: every field
-read is bounds-checked, every symbol comes from its table (so every count it implies is
+read is bounds-checked (a group's reads are clamped to the stream and the group refused once
+over if it ran past the end), every symbol comes from its table (so every count it implies is
 consistent), and what the numpy decoder rejects is rejected here, with the same reasons.
 """
 
@@ -34,6 +43,7 @@ from numba.extending import overload
 from codec.errors import DecodeError
 from codec.index_model import (
     KEY_BITS,
+    MAX_LEAF_BLOCK,
     PRECISION_BITS,
     RECORD_BITS,
     RECORD_MASK,
@@ -48,6 +58,7 @@ from codec.rans import GROUP, STATE_BITS, STATE_LOW
 __all__ = ["MAX_KEPT_SCRATCH_BYTES", "decode_body", "scratch_bytes"]
 
 _SLOT_MASK = (1 << PRECISION_BITS) - 1
+_U = np.uint64  # an index known to be >= 0: no wraparound code
 _KEY_MASK = (1 << KEY_BITS) - 1
 
 OK, TRUNCATED, TAIL, RAW_TRUNCATED, PADDING_BYTES, PADDING_BITS = range(6)
@@ -85,15 +96,14 @@ def decode_body(body: bytes, chunk_size: int, k: int, n: int) -> np.ndarray:
 _THREAD = threading.local()
 MAX_KEPT_SCRATCH_BYTES = 256 << 20
 """Largest working buffer a thread keeps between calls (the 1B preset's largest stream, its
-embedding, needs 215 MiB); a larger one (8B: 430 MiB, 70B: 860 MiB) gets its own, freed when the
-stream is decoded."""
+embedding, needs 200 MiB); a larger one (8B: 400 MiB, 70B: about 800 MiB) gets its own, freed
+when the stream is decoded."""
 
 
 def _sizes(n: int, k: int, dense: int) -> tuple[int, ...]:
     grid = (1 << max(dense, 0)) * n
-    nodes = n * k // 2 + n
-    return (3 * (n * k + 1), grid, grid, grid, grid, 5 * nodes, 5 * nodes, nodes, nodes, nodes,
-            n, n, n)  # fmt: skip
+    nodes = n * k // 2 + n + 1
+    return 2 * (n * k + 1), grid, grid, grid, grid, 6 * nodes, 6 * nodes, nodes, 2 * n, 2 * n, n, n
 
 
 def scratch_bytes(chunk_size: int, k: int, n: int) -> int:
@@ -106,10 +116,10 @@ def _scratch(n: int, k: int, dense: int) -> tuple[np.ndarray, ...]:
     one buffer kept per thread and reused from call to call: fresh pages would cost the kernel
     more time than the decode itself. Sized by what a group of n chunks of k can hold: lone
     positions <= n k, busy nodes of a level <= n k / 2 + n (each holds two positions or more,
-    but for one partial node per chunk), grid cells <= 2**dense n; about 50 bytes per index, kept
-    up to `MAX_KEPT_SCRATCH_BYTES`."""
+    but for one partial node per chunk; one more slot, written but not kept), grid cells <=
+    2**dense n; about 50 bytes per index, kept up to `MAX_KEPT_SCRATCH_BYTES`."""
     sizes = _sizes(n, k, dense)
-    nodes = n * k // 2 + n
+    nodes = n * k // 2 + n + 1
     buf: np.ndarray | None = getattr(_THREAD, "buf", None)
     if buf is None or buf.size < sum(sizes):
         buf = np.empty(sum(sizes), np.int32)
@@ -120,33 +130,42 @@ def _scratch(n: int, k: int, dense: int) -> tuple[np.ndarray, ...]:
     for size in sizes:
         views.append(buf[at : at + size])
         at += size
-    views[0] = views[0].reshape(3, n * k + 1)
-    views[5] = views[5].reshape(5, nodes)
-    views[6] = views[6].reshape(5, nodes)
+    views[0] = views[0].reshape(2, n * k + 1)
+    views[5] = views[5].reshape(6, nodes)
+    views[6] = views[6].reshape(6, nodes)
+    views[8] = views[8].reshape(2, n)
+    views[9] = views[9].reshape(2, n)
     return tuple(views)
 
 
 @lru_cache(maxsize=64)
 def _tables(chunk_size: int, k: int) -> tuple[np.ndarray, ...]:
-    """The arrays the compiled walk reads: `SplitTables`' split and lookup arrays, plus per
-    table the number of subsets of a leaf (0: not a leaf) and where its subsets start in one
-    flat int16 array of every leaf subset, each the m positions of its colex rank."""
+    """The arrays the compiled walk reads: per table its ``info`` (a split's coarse lookup key,
+    or minus the number of subsets of a leaf), `SplitTables`' split and lookup arrays, and where
+    a leaf's subsets start in one flat int16 array of every leaf subset, each the m positions of
+    its colex rank."""
     t: SplitTables = split_tables(chunk_size, k)
-    leaf_count = np.zeros(t.is_leaf.size, np.int64)
+    info = t.coarse_key.copy()
     leaf_at = np.zeros(t.is_leaf.size, np.int64)
+    leaf_mul = np.zeros(t.is_leaf.size, np.int64)
     subsets: list[np.ndarray] = []
     at = 0
     for tid in np.flatnonzero(t.is_leaf).tolist():
         kind, m = divmod(tid, k + 1)  # kind = 2 * level (+ 1 where partial: never a leaf)
         e = 1 << (t.levels - kind // 2)
-        leaf_count[tid] = int(binomials()[e, m])
+        syms = int(binomials()[e, m])
+        info[tid] = -syms
+        # division by syms (< 2**13) as a multiplication, exact for numerators below 2**29
+        # (Granlund and Montgomery): shift 29 + ceil(log2 syms), multiplier rounded up
+        shift = 29 + (syms - 1).bit_length()
+        leaf_mul[tid] = -(-(1 << shift) // syms) << 6 | shift
         leaf_at[tid] = at
         subsets.append(leaf_subsets(e, m).astype(np.int16).reshape(-1))
         at += subsets[-1].size
     leaf_pos = np.concatenate(subsets) if subsets else np.zeros(0, np.int16)
     return (
-        t.sends, t.split_lo, t.value_base, t.coarse_key, t.coarse_record, t.entry_record,
-        leaf_count, leaf_at, leaf_pos,
+        info, t.split_lo, t.sends, t.value_base, t.coarse_record, t.entry_record, leaf_at,
+        leaf_pos, leaf_mul,
     )  # fmt: skip
 
 
@@ -163,9 +182,64 @@ def _bit_length_compiled(x: object) -> Callable[[object], int]:
     return compiled
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _field(pairs: np.ndarray, pos: int, width: int) -> int:
     return (pairs[pos >> 5] >> (pos & 31)) & ((1 << width) - 1)
+
+
+@numba.njit(cache=True, nogil=True)
+def _group(
+    x: np.ndarray, lanes: np.ndarray, start: int, stop: int, two: int, tids: np.ndarray,
+    values: np.ndarray, at0: int, at1: int, pairs: np.ndarray, cursor: int,
+    tables: tuple[np.ndarray, ...],
+) -> int:  # fmt: skip
+    """One renormalisation group of lanes ``lanes[start:stop]``: each decodes one symbol (table
+    ``tids[0, i]``, value into ``values[0, i]``), a second one (``tids[1, i]``) where i < two,
+    then reads its field. The new cursor. (Everything inline: this is where the decoder spends
+    most of its time.)
+
+    A field is at most R bits whatever the stream holds: a state starts a group at 2**R or more
+    and each symbol divides it by at most 2**M (x >> M, times a frequency of 1 or more), so after
+    the group's last symbol (R = GROUP * M) it is still 1 or more. Past the stream's end the
+    word read is clamped to the last one: the caller refuses a cursor past the end once the
+    group is over (until then, states stay in range and symbols in their tables whatever is
+    read)."""
+    info, _, _, value_base, coarse_record, entry_record, _, _, leaf_mul = tables
+    last = pairs.size - 1
+    for i in range(start, stop):
+        r = _U(lanes[_U(i)])
+        xr = x[r]
+        for g in range(1 + (i < two)):
+            at = _U((at1 if g else at0) + i)
+            tid = _U(tids[at])
+            slot = xr & _SLOT_MASK
+            key = info[tid]
+            if key < 0:  # a leaf, uniform over -key subsets: i covers [i T // n, (i + 1) T // n)
+                syms = -key
+                value = (((slot + 1) * syms + _SLOT_MASK) >> PRECISION_BITS) - 1
+                mul = leaf_mul[tid]  # a // syms = a * (mul >> 6) >> (mul & 63), for a <= 2**28
+                cum = ((value << PRECISION_BITS) * (mul >> 6)) >> (mul & 63)
+                freq = ((((value + 1) << PRECISION_BITS) * (mul >> 6)) >> (mul & 63)) - cum
+                d = slot - cum
+            else:
+                rec = coarse_record[_U((key >> KEY_BITS) + (slot >> (key & _KEY_MASK)))]
+                freq = rec >> (2 * RECORD_BITS)
+                d = slot - (rec & RECORD_MASK)
+                if d >= freq:  # the candidate entry lies before the slot's: scan forward
+                    e = value_base[tid] + ((rec >> RECORD_BITS) & RECORD_MASK)
+                    while d >= freq:
+                        e += 1
+                        d -= freq
+                        rec = entry_record[_U(e)]
+                        freq = rec >> (2 * RECORD_BITS)
+                value = (rec >> RECORD_BITS) & RECORD_MASK
+            values[at] = value
+            xr = (xr >> PRECISION_BITS) * freq + d
+        width = STATE_BITS + 1 - _bit_length(xr)
+        word = pairs[_U(min(cursor >> 5, last))]
+        x[r] = (xr << width) | ((word >> (cursor & 31)) & ((1 << width) - 1))
+        cursor += width
+    return cursor
 
 
 @numba.njit(cache=True, nogil=True)
@@ -177,87 +251,51 @@ def _decode(
     cursor = n * STATE_BITS
     for r in range(n):
         x[r] = _field(pairs, r * STATE_BITS, STATE_BITS) | STATE_LOW
-    lone = scratch[0]  # (output slot, block start, raw width) per lone position
+    lone = scratch[0]  # (output slot, block start) per lone position
+    # runs of lone positions: (first, block start (-1: each its own), raw width)
+    runs = np.empty((3, 2 * (1 << max(dense, 0)) + levels + 1), np.int64)
     if dense < 0:  # k == 1 in a power-of-two chunk: every position is raw
         for r in range(n):
-            lone[0, r], lone[1, r], lone[2, r] = r, 0, levels
-        n_lone = n
+            lone[0, r] = r
+        runs[0, 0], runs[1, 0], runs[2, 0] = 0, 0, levels
+        n_lone, n_runs = n, 1
     else:
-        status, cursor, n_lone = _walk(
-            pairs, total_bits, cursor, x, n, k, chunk_size, levels, dense, tables, out, scratch
-        )
+        status, cursor, n_lone, n_runs = _walk(
+            pairs, total_bits, cursor, x, n, k, chunk_size, levels, dense, tables, out, scratch,
+            runs,
+        )  # fmt: skip
         if status != OK:
             return status
-    return _fill_lone(pairs, total_bits, cursor, x, n, out, lone, n_lone)
-
-
-@numba.njit(cache=True, nogil=True)
-def _step(
-    x: np.ndarray, lanes: np.ndarray, count: int, readers: int, tids: np.ndarray,
-    values: np.ndarray, widths: np.ndarray, pairs: np.ndarray, total_bits: int, cursor: int,
-    tables: tuple[np.ndarray, ...],
-) -> int:  # fmt: skip
-    """One rANS step: lanes ``lanes[:count]`` each decode one symbol (table ``tids[i]``, value
-    into ``values[i]``), then lanes from ``readers`` on read their renormalisation field. The
-    new cursor, or -1 when the stream ends first. (Everything inline: this is where the decoder
-    spends most of its time.)
-
-    A field is at most R bits whatever the stream holds: a state starts a group at 2**R or more
-    and each symbol divides it by at most 2**M (x >> M, times a frequency of 1 or more), so after
-    the group's last symbol (R = GROUP * M) it is still 1 or more: no state collapses to 0."""
-    _, _, value_base, coarse_key, coarse_record, entry_record, leaf_count, _, _ = tables
-    for i in range(count):  # lanes are independent here: their loads overlap
-        r = lanes[i]
-        tid = tids[i]
-        xr = x[r]
-        slot = xr & _SLOT_MASK
-        syms = leaf_count[tid]
-        if syms:  # uniform: symbol i covers [i * T // syms, (i + 1) * T // syms)
-            value = (((slot + 1) * syms + _SLOT_MASK) >> PRECISION_BITS) - 1
-            cum = (value << PRECISION_BITS) // syms
-            freq = ((value + 1) << PRECISION_BITS) // syms - cum
-            d = slot - cum
-        else:
-            key = coarse_key[tid]
-            rec = coarse_record[(key >> KEY_BITS) + (slot >> (key & _KEY_MASK))]
-            freq = rec >> (2 * RECORD_BITS)
-            d = slot - (rec & RECORD_MASK)
-            if d >= freq:  # the candidate entry lies before the slot's: scan forward
-                e = value_base[tid] + ((rec >> RECORD_BITS) & RECORD_MASK)
-                while d >= freq:
-                    e += 1
-                    d -= freq
-                    rec = entry_record[e]
-                    freq = rec >> (2 * RECORD_BITS)
-            value = (rec >> RECORD_BITS) & RECORD_MASK
-        values[i] = value
-        xr = (xr >> PRECISION_BITS) * freq + d
-        x[r] = xr
-        widths[i] = STATE_BITS + 1 - _bit_length(xr)
-    # the fields that bring states back into [2**R, 2**(R+1)), lane after lane: only the running
-    # cursor links one lane to the next
-    for i in range(readers, count):
-        width = widths[i]
-        if cursor + width > total_bits:
-            return -1
-        r = lanes[i]
-        x[r] = (x[r] << width) | ((pairs[cursor >> 5] >> (cursor & 31)) & ((1 << width) - 1))
-        cursor += width
-    return cursor
+    return _fill_lone(pairs, total_bits, cursor, x, n, out, lone, n_lone, runs, n_runs)
 
 
 @numba.njit(cache=True, nogil=True)
 def _walk(
     pairs: np.ndarray, total_bits: int, cursor: int, x: np.ndarray, n: int, k: int, chunk_size: int,
     levels: int, dense: int, tables: tuple[np.ndarray, ...], out: np.ndarray, scratch: tuple[np.ndarray, ...],
-) -> tuple[int, int, int]:  # fmt: skip
-    """Every level of every chunk's tree: (status, cursor, number of lone positions)."""
-    sends, split_lo, _, _, _, _, leaf_count, leaf_at, leaf_pos = tables
-    lone, m, dst, child_m, child_dst, nodes, children = scratch[:7]
-    node_tid, node_value, senders, row_tid, row_value, widths = scratch[7:]
-    n_lone = 0
-    lane_count = np.zeros(n, np.int64)
-    # grid levels: cell-major (cells, n) counts and output slots
+    runs: np.ndarray,
+) -> tuple[int, int, int, int]:  # fmt: skip
+    """Every level of every chunk's tree: (status, cursor, number of lone positions, number of
+    their runs)."""
+    info, split_lo, sends, _, _, _, leaf_at, leaf_pos, _ = tables
+    (
+        lone,
+        m,
+        dst,
+        child_m,
+        child_dst,
+        nodes,
+        children,
+        senders,
+        row_tid,
+        row_value,
+        queue,
+        leaves,
+    ) = scratch
+    n_lone = n_runs = 0
+    lone0, lone1 = lone[0], lone[1]
+    # grid levels: cell-major (cells, n) counts and output slots; a group of cells (the stream's
+    # renormalisation group) is one pass over the lanes
     lanes = np.arange(n)
     for r in range(n):
         m[r], dst[r] = k, r * k
@@ -265,107 +303,151 @@ def _walk(
         size = 1 << (levels - level)
         half = size >> 1
         cells = 1 << level
-        width = levels - level - 1
-        for c in range(cells):  # the cell's step for every lane, then its two children
-            eff = min(max(chunk_size - c * size, 0), size)
-            base = (2 * level + (eff != size)) * (k + 1)
-            for r in range(n):
-                mm = m[c * n + r]
-                busy = (1 <= mm < eff) if eff != size else (2 <= mm < size)
-                row_tid[r] = base + mm * busy  # else the certain symbol
-            readers = 0 if c % GROUP == GROUP - 1 or c == cells - 1 else n
-            cursor = _step(
-                x, lanes, n, readers, row_tid, row_value, widths, pairs, total_bits, cursor, tables
-            )
-            if cursor < 0:
-                return TRUNCATED, 0, 0
-            for r in range(n):
-                at = c * n + r
-                tid, d0, left = row_tid[r], dst[at], row_value[r]
-                mm = tid - base  # 0 unless busy
-                if leaf_count[tid]:
-                    subset = leaf_at[tid] + left * mm
-                    for i in range(mm):
-                        out[d0 + i] = c * size + leaf_pos[subset + i]
-                    mm = left = 0
-                child_m[2 * c * n + r] = left
-                child_m[(2 * c + 1) * n + r] = mm - left
-                child_dst[2 * c * n + r] = d0
-                child_dst[(2 * c + 1) * n + r] = d0 + left
-            for cc in range(2 * c, 2 * c + 2):  # lone positions go cell by cell
-                c_eff = min(max(chunk_size - cc * half, 0), half)
+        for c0 in range(0, cells, GROUP):
+            group = min(GROUP, cells - c0)
+            for g in range(group):  # each cell's table: the certain symbol's unless it is busy
+                c = c0 + g
+                eff = min(max(chunk_size - c * size, 0), size)
+                base = (2 * level + (eff != size)) * (k + 1)
+                lo, hi = (1, eff) if eff != size else (2, size)
+                cell, cell_tid = m[c * n : (c + 1) * n], row_tid[g]
                 for r in range(n):
-                    at = cc * n + r
-                    mm = child_m[at]
-                    if mm == 1 and c_eff == half:
-                        lone[0, n_lone], lone[1, n_lone] = child_dst[at], cc * half
-                        lone[2, n_lone] = width
-                        n_lone += 1
-                    elif mm == c_eff and mm > 0:
-                        for i in range(c_eff):
-                            out[child_dst[at] + i] = cc * half + i
+                    mm = cell[_U(r)]
+                    cell_tid[_U(r)] = base + mm * ((mm >= lo) & (mm < hi))
+            # the group's symbols of each lane, then its field: one pass over the lanes
+            two = n if group == 2 else 0
+            cursor = _group(
+                x, lanes, 0, n, two, row_tid.ravel(), row_value.ravel(), 0, n, pairs, cursor,
+                tables,
+            )  # fmt: skip
+            if cursor > total_bits:
+                return TRUNCATED, 0, 0, 0
+            for g in range(group):  # each cell's children, their full blocks, lone positions
+                c = c0 + g
+                base = (2 * level + (min(max(chunk_size - c * size, 0), size) != size)) * (k + 1)
+                width = levels - level - 1
+                start_l, start_r = 2 * c * half, (2 * c + 1) * half
+                eff_l = min(max(chunk_size - start_l, 0), half)
+                eff_r = min(max(chunk_size - start_r, 0), half)
+                queued = 0  # the right children's lone positions follow all the left ones'
+                runs[0, n_runs], runs[1, n_runs], runs[2, n_runs] = n_lone, start_l, width
+                n_runs += 1
+                tids, values = row_tid[g], row_value[g]
+                leafy = size <= MAX_LEAF_BLOCK  # (else no cell is a leaf)
+                n_leaves = 0
+                m_l, m_r = child_m[2 * c * n : (2 * c + 1) * n], child_m[(2 * c + 1) * n :]
+                d_l, d_r = child_dst[2 * c * n : (2 * c + 1) * n], child_dst[(2 * c + 1) * n :]
+                dsts = dst[c * n :]
+                for r in range(n):
+                    ur = _U(r)
+                    tid, d0, left = tids[ur], dsts[ur], values[ur]
+                    mm = tid - base  # 0 unless busy
+                    if leafy:  # a leaf has no children (its positions are written below)
+                        leaf = info[_U(tid)] < 0
+                        leaves[_U(n_leaves)] = r
+                        n_leaves += leaf
+                        mm *= 1 - leaf
+                        left *= 1 - leaf
+                    right = mm - left
+                    m_l[ur], m_r[ur], d_l[ur], d_r[ur] = left, right, d0, d0 + left
+                    # lone: one position in a full-size child (half >= 2 here, so never full)
+                    lone0[_U(n_lone)] = d0
+                    n_lone += (left == 1) & (eff_l == half)
+                    queue[_U(queued)] = d0 + left
+                    queued += (right == 1) & (eff_r == half)
+                    if ((left == eff_l) & (left > 0)) | ((right == eff_r) & (right > 0)):
+                        if left == eff_l and left > 0:
+                            for i in range(left):
+                                out[_U(d0 + i)] = start_l + i
+                        if right == eff_r and right > 0:
+                            for i in range(right):
+                                out[_U(d0 + left + i)] = start_r + i
+                for i in range(n_leaves):  # a leaf's rank names its positions
+                    lane = _U(leaves[_U(i)])
+                    tid, d0 = tids[lane], dsts[lane]
+                    mm = tid - base
+                    subset = leaf_at[_U(tid)] + values[lane] * mm
+                    for p in range(mm):
+                        out[_U(d0 + p)] = c * size + leaf_pos[_U(subset + p)]
+                runs[0, n_runs], runs[1, n_runs], runs[2, n_runs] = n_lone, start_r, width
+                n_runs += 1
+                for i in range(queued):
+                    lone0[n_lone] = queue[i]
+                    n_lone += 1
         m, dst, child_m, child_dst = child_m, child_dst, m, dst
     # the busy cells of the first level below the grid, in (chunk, position) order: counted per
     # chunk, then placed, both passes reading the grid cell by cell as it lies in memory
     size = 1 << (levels - dense)
-    place = lane_count  # first the busy cells per chunk, then where the next one goes
-    place[:] = 0
+    lane_count = np.zeros(n, np.int64)
+    place = np.zeros(n, np.int64)  # first the busy cells per chunk, then where the next one goes
     for c in range(1 << dense):
         eff = min(max(chunk_size - c * size, 0), size)
+        lo, hi = (1, eff) if eff != size else (2, size)
+        cell = m[c * n : (c + 1) * n]
         for r in range(n):
-            mm = m[c * n + r]
-            place[r] += (1 <= mm < eff) if eff != size else (2 <= mm < size)
+            mm = cell[_U(r)]
+            place[_U(r)] += (mm >= lo) & (mm < hi)
     n_nodes = 0
     for r in range(n):
         n_nodes += place[r]
         place[r] = n_nodes - place[r]
+    rows, starts, ms, ranks, tids, values = nodes
     for c in range(1 << dense):
         eff = min(max(chunk_size - c * size, 0), size)
+        lo, hi = (1, eff) if eff != size else (2, size)
+        base = (2 * dense + (eff != size)) * (k + 1)
+        cell, cell_dst = m[c * n : (c + 1) * n], dst[c * n : (c + 1) * n]
         for r in range(n):
-            mm = m[c * n + r]
-            if (1 <= mm < eff) if eff != size else (2 <= mm < size):
-                at = place[r]
-                nodes[0, at], nodes[1, at], nodes[2, at] = r, c * size, eff
-                nodes[3, at], nodes[4, at] = mm, dst[c * n + r] - r * k
-                place[r] += 1
+            mm = cell[_U(r)]
+            if (mm >= lo) & (mm < hi):
+                at = _U(place[_U(r)])
+                place[_U(r)] += 1
+                t = base + mm
+                rows[at], starts[at], ms[at] = r, c * size, mm
+                ranks[at], tids[at] = cell_dst[_U(r)] - r * k, t
+    n_send = 0
+    for i in range(n_nodes):
+        t = _U(tids[_U(i)])
+        values[_U(i)] = split_lo[t]
+        send = sends[t]
+        senders[_U(n_send)] = i
+        n_send += send
+        lane_count[_U(rows[_U(i)])] += send
     # levels below: only the busy nodes, and only those that send a symbol are in a round
+    first = np.empty(n, np.int64)
+    order = np.empty(n, np.int64)
+    counts = np.empty((4, k + 2), np.int64)
     for level in range(dense, levels):
         if n_nodes == 0:
             break
         half = 1 << (levels - level - 1)
-        lane_count[:] = 0
-        n_send = 0
-        for i in range(n_nodes):
-            t = nodes[3, i] + (2 * level + (nodes[2, i] != 2 * half)) * (k + 1)
-            node_tid[i] = t
-            node_value[i] = split_lo[t]
-            if sends[t]:
-                senders[n_send] = i
-                n_send += 1
-                lane_count[nodes[0, i]] += 1
         if n_send:
             cursor = _round(
-                x, n, senders[:n_send], node_tid, node_value, lane_count, row_tid, row_value,
-                widths, pairs, total_bits, cursor, tables,
+                x, n, nodes, senders, lane_count, first, order, counts, children[4], children[5],
+                pairs, total_bits, cursor, tables,
             )  # fmt: skip
-            if cursor < 0:
-                return TRUNCATED, 0, 0
+            if cursor > total_bits:
+                return TRUNCATED, 0, 0, 0
+        # each node's children, and the next level's tables, senders and symbols per lane;
+        # lone positions and busy children are written where the next one goes
+        lane_count[:] = 0
+        n_send = 0
         n_next = 0
+        base = (2 * level + 2) * (k + 1)
         width = levels - level - 1
+        runs[0, n_runs], runs[1, n_runs], runs[2, n_runs] = n_lone, -1, width
+        n_runs += 1
+        rows, starts, ms, ranks, tids, values = nodes
+        c_rows, c_starts, c_ms, c_ranks, c_tids, c_values = children
         for i in range(n_nodes):
-            r, start, eff, mm, rank = (
-                nodes[0, i],
-                nodes[1, i],
-                nodes[2, i],
-                nodes[3, i],
-                nodes[4, i],
-            )
-            j, t = node_value[i], node_tid[i]
-            if leaf_count[t]:
-                subset = leaf_at[t] + j * mm
+            ui = _U(i)
+            r, start, mm, rank, t, j = rows[ui], starts[ui], ms[ui], ranks[ui], tids[ui], values[ui]
+            if info[_U(t)] < 0:
+                subset = leaf_at[_U(t)] + j * mm
                 for p in range(mm):
-                    out[r * k + rank + p] = start + leaf_pos[subset + p]
+                    out[_U(r * k + rank + p)] = start + leaf_pos[_U(subset + p)]
                 continue
+            eff = min(chunk_size - start, 2 * half)
             e0 = min(eff, half)
             for side in range(2):
                 c = mm - j if side else j
@@ -374,82 +456,100 @@ def _walk(
                 c_rank = rank + side * j
                 if c == e and c > 0:
                     for p in range(e):
-                        out[r * k + c_rank + p] = c_start + p
-                elif c == 1 and e == half:
-                    lone[0, n_lone], lone[1, n_lone] = r * k + c_rank, c_start
-                    lone[2, n_lone] = width
-                    n_lone += 1
-                elif 0 < c < e:
-                    children[0, n_next], children[1, n_next], children[2, n_next] = r, c_start, e
-                    children[3, n_next], children[4, n_next] = c, c_rank
-                    n_next += 1
+                        out[_U(r * k + c_rank + p)] = c_start + p
+                single = (c == 1) & (e == half) & (half > 1)  # (else a full block)
+                at = _U(n_lone)
+                lone0[at], lone1[at] = r * k + c_rank, c_start
+                n_lone += single
+                busy = (c > 0) & (c < e) & ~single  # then level + 1 < levels (e >= 2)
+                t = (base + (e != half) * (k + 1) + c) * busy  # table 0: a certain symbol
+                at = _U(n_next)
+                c_rows[at], c_starts[at], c_ms[at] = r, c_start, c
+                c_ranks[at], c_tids[at], c_values[at] = c_rank, t, split_lo[_U(t)]
+                send = sends[_U(t)]
+                senders[_U(n_send)] = n_next
+                n_send += send
+                lane_count[_U(r)] += send
+                n_next += busy
         nodes, children = children, nodes
         n_nodes = n_next
-    return OK, cursor, n_lone
+    return OK, cursor, n_lone, n_runs
 
 
 @numba.njit(cache=True, nogil=True)
 def _round(
-    x: np.ndarray, n: int, senders: np.ndarray, tid: np.ndarray, value: np.ndarray,
-    lane_count: np.ndarray, step_tid: np.ndarray, step_value: np.ndarray, widths: np.ndarray,
-    pairs: np.ndarray, total_bits: int, cursor: int, tables: tuple[np.ndarray, ...],
+    x: np.ndarray, n: int, nodes: np.ndarray, senders: np.ndarray, lane_count: np.ndarray,
+    first: np.ndarray, order: np.ndarray, counts: np.ndarray, step_tid: np.ndarray,
+    step_value: np.ndarray, pairs: np.ndarray, total_bits: int, cursor: int,
+    tables: tuple[np.ndarray, ...],
 ) -> int:  # fmt: skip
     """One level's symbols (nodes ``senders``, in (chunk, position) order, so each lane's are a
     run): step s decodes the s-th symbol of every lane with more than s, busiest lanes first,
-    ties in lane order."""
-    first = np.empty(n, np.int64)
+    ties in lane order; a group of steps is one pass over its lanes. The cursor (past the end
+    of the stream: truncated)."""
+    with_count, busy, at, steps = counts[0], counts[1], counts[2], counts[3]
+    rows, tids, values = nodes[0], nodes[4], nodes[5]
     most = 0
     ahead = 0
     for r in range(n):
         first[r] = ahead
         ahead += lane_count[r]
         most = max(most, lane_count[r])
-    with_count = np.zeros(most + 1, np.int64)
+    with_count[: most + 1] = 0
     for r in range(n):
         with_count[lane_count[r]] += 1
-    busy = np.zeros(most + 1, np.int64)  # busy[s]: lanes with more than s symbols; busy[most] = 0
-    at = np.zeros(most + 1, np.int64)  # where each count's lanes start in the order
+    busy[most] = 0  # busy[s]: lanes with more than s symbols
     ahead = 0
     for c in range(most, -1, -1):
         at[c] = ahead
         ahead += with_count[c]
         if c:
             busy[c - 1] = ahead
-    order = np.empty(n, np.int64)
     for r in range(n):
         order[at[lane_count[r]]] = r
         at[lane_count[r]] += 1
-    for s in range(most):
-        for i in range(busy[s]):
-            step_tid[i] = tid[senders[first[order[i]] + s]]
-        readers = 0 if s % GROUP == GROUP - 1 else busy[s + 1]
-        cursor = _step(
-            x, order, busy[s], readers, step_tid, step_value, widths, pairs, total_bits, cursor,
-            tables,
-        )  # fmt: skip
-        if cursor < 0:
+    ahead = 0
+    for c in range(most):  # where each step starts in step-major order
+        steps[c] = ahead
+        ahead += busy[c]
+    place = lane_count  # (no longer needed) each lane's place in the order
+    for i in range(n):
+        place[order[i]] = i
+    for q in range(ahead):  # the symbols' tables, step-major
+        j = _U(senders[_U(q)])
+        lane = _U(rows[j])
+        step_tid[_U(steps[_U(q - first[lane])] + place[lane])] = tids[j]
+    for s in range(0, most, GROUP):
+        two = busy[s + 1]
+        # lanes whose last symbol is step s read their field after it, before the others end
+        # the group: the stream's field order
+        s0, s1 = steps[s], steps[s + 1] if s + 1 < most else 0
+        cursor = _group(
+            x, order, two, busy[s], 0, step_tid, step_value, s0, s1, pairs, cursor, tables
+        )
+        cursor = _group(x, order, 0, two, two, step_tid, step_value, s0, s1, pairs, cursor, tables)
+        if cursor > total_bits:
             return cursor
-        for i in range(busy[s]):
-            value[senders[first[order[i]] + s]] = step_value[i]
+    for q in range(ahead):  # the values, back to their nodes
+        j = _U(senders[_U(q)])
+        lane = _U(rows[j])
+        values[j] = step_value[_U(steps[_U(q - first[lane])] + place[lane])]
     return cursor
 
 
 @numba.njit(cache=True, nogil=True)
 def _fill_lone(
-    pairs: np.ndarray,
-    total_bits: int,
-    cursor: int,
-    x: np.ndarray,
-    n: int,
-    out: np.ndarray,
-    lone: np.ndarray,
-    n_lone: int,
-) -> int:
+    pairs: np.ndarray, total_bits: int, cursor: int, x: np.ndarray, n: int, out: np.ndarray,
+    lone: np.ndarray, n_lone: int, runs: np.ndarray, n_runs: int,
+) -> int:  # fmt: skip
     """Raw fields of the lone positions: the explicit part from the stream, the rest from the
-    lanes' final states (each carries ``back`` bits), read as one joined bit string."""
+    lanes' final states (each carries ``back`` bits), read as one joined bit string. Lone
+    positions come in runs of one raw width and, but in the levels below the grid, one block
+    start."""
     total = 0
-    for i in range(n_lone):
-        total += lone[2, i]
+    for g in range(n_runs):
+        end = runs[0, g + 1] if g + 1 < n_runs else n_lone
+        total += (end - runs[0, g]) * runs[2, g]
     back = min(STATE_BITS, total // n)
     for r in range(n):
         if (x[r] - STATE_LOW) >> back:
@@ -463,22 +563,25 @@ def _fill_lone(
         return PADDING_BYTES
     if rest and _field(pairs, end, rest):
         return PADDING_BITS
+    # the lanes' tails, packed as the stream is (pairs of 32-bit words)
+    words = np.zeros((n * back + 31) // 32 + 2, np.int64)
+    for r in range(n):
+        p = r * back
+        v = (x[r] - STATE_LOW) << (p & 31)  # < 2**61
+        words[p >> 5] |= v & 0xFFFFFFFF
+        words[(p >> 5) + 1] |= v >> 32
+    tail = words[:-1] | (words[1:] << 32)
     p = 0  # offset in the joined string
-    for i in range(n_lone):
-        width = lone[2, i]
-        raw = 0
-        got = 0
-        while got < width:
-            if p < explicit:
-                take = min(width - got, explicit - p)
-                bits = _field(pairs, cursor + p, take)
-            else:
-                q = p - explicit
-                off = q % back
-                take = min(width - got, back - off)
-                bits = ((x[q // back] - STATE_LOW) >> off) & ((1 << take) - 1)
-            raw |= bits << got
-            got += take
-            p += take
-        out[lone[0, i]] = lone[1, i] + raw
+    for g in range(n_runs):
+        start, width = runs[1, g], runs[2, g]
+        for i in range(runs[0, g], runs[0, g + 1] if g + 1 < n_runs else n_lone):
+            if p + width <= explicit:
+                raw = _field(pairs, cursor + p, width)
+            elif p >= explicit:
+                raw = _field(tail, p - explicit, width)
+            else:  # the one field that straddles the two parts
+                got = explicit - p
+                raw = _field(pairs, cursor + p, got) | (_field(tail, 0, width - got) << got)
+            out[_U(lone[0, _U(i)])] = (lone[1, _U(i)] if start < 0 else start) + raw
+            p += width
     return OK

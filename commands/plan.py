@@ -274,8 +274,9 @@ def _recipe_cell(m: dict[str, Any], strategy: str) -> str:
 
 def _memory_cell(m: dict[str, Any], strategy: str) -> str:
     fit = "fits" if m[strategy]["fits"] else "[red]does not fit[/]"
+    where = "on workers " if strategy == "ddp" else ""
     host = (
-        f"rank 0 host {m[strategy]['host_gib']:,.0f} GiB (exchange on workers "
+        f"rank 0 host {m[strategy]['host_gib']:,.0f} GiB (exchange {where}"
         f"{m[strategy]['exchange_host_gib']:,.0f} GiB)"
     )
     return f"{m[strategy]['total_gib']:,.1f} of {m['gpu_gib']:g} GiB, {fit}; {host}"

@@ -67,7 +67,6 @@ from node.strategy import make_strategy
 from node.strategy.aggregator import Aggregator
 from node.strategy.outer import OuterOptimizer, land_by_step
 from node.window.exchange import encode_signed, put_until
-from node.window.gather import Pieces
 from node.window.history import catch_up_any, history_sources, resync
 from node.window.pooled import PooledExchange
 from protocol.chain.base import Chain
@@ -137,10 +136,10 @@ class Peer:
         )
         _, self.dataset = open_run_dataset(run)
         self.uid = self._registered_uid()
-        # worker processes that decode and sum the gathered updates (`node.window.pooled`)
-        self.pooled = (
-            PooledExchange.start(run, self.spec, exchange_workers) if self.ranks.is_main else None
-        )
+        # worker processes that decode and sum the gathered updates (`node.window.pooled`); FSDP2
+        # ranks each sum their own rows instead (`miner.sharded_mean`)
+        pooled = self.ranks.is_main and not self.ranks.sharded
+        self.pooled = PooledExchange.start(run, self.spec, exchange_workers) if pooled else None
         self.metrics = PeerMetrics(run.timing.blocks_per_window * run.timing.block_time_s)
         self.metrics.identify(self.uid, keypair.ss58_address, run.run_id)
         self.route = Route(  # where rank 0's exchanges go (`miner.flight`)
@@ -371,17 +370,10 @@ class Peer:
         self._origin = new
 
     def _mean(self, flight: Flight) -> dict[str, torch.Tensor]:
-        """The mean of the window's agreed updates (computed on rank 0, sent to all)."""
+        """This rank's mean of the window's agreed updates (rank 0 holds them; `Weights.mean`)."""
         done = flight.result()
-        agreed = done.agreed.updates if done else {}
-        mean = None
-        if self.ranks.is_main:
-            aggregator = self.weights.aggregator
-            if self.pooled is not None:
-                mean = self.pooled.mean(agreed, aggregator.device)
-            if mean is None:
-                mean = aggregator.mean(Pieces(agreed))
-        return self.weights.share(mean)
+        agreed = (done.agreed.updates if done else {}) if self.ranks.is_main else None
+        return self.weights.mean(agreed, self.pooled)
 
     def _forked(self, flight: Flight) -> bool:
         """Whether the landed window agreed on a start other than ours (every rank is told)."""

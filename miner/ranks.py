@@ -113,6 +113,12 @@ class Ranks:
         """Rank 0's value of a small picklable object, on every rank."""
         return obj
 
+    def scatter_object(self, objs: list[Any] | None) -> Any:
+        """Rank 0's ``objs[r]`` on rank ``r`` (picklable; ``objs`` is read on rank 0 only)."""
+        if objs is None:
+            raise ValueError("a single process must give its own object")
+        return objs[0]
+
     def barrier(self) -> None:
         pass
 
@@ -173,6 +179,11 @@ class DistributedRanks(Ranks):
         box = [obj]
         dist.broadcast_object_list(box, src=0)
         return box[0]
+
+    def scatter_object(self, objs: list[Any] | None) -> Any:
+        out: list[Any] = [None]
+        dist.scatter_object_list(out, objs if self.is_main else None, src=0)
+        return out[0]
 
     def barrier(self) -> None:
         dist.barrier()

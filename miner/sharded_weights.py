@@ -11,8 +11,9 @@ accounts for:
   state is more than that (`sparseloco-mask`, `greedylore`) are refused;
 - the pseudo-gradient of a tensor is ``start − θ`` on the shards, gathered whole on every rank
   one tensor at a time and kept by the rank that compresses it (`shard_tensors`);
-- rank 0 builds a window's whole mean in host memory (the strategy's aggregator on the CPU),
-  then each tensor goes to every rank in turn and each keeps its rows;
+- each rank builds its own rows of a window's mean from the updates cut to its band
+  (`miner.sharded_mean`): rank 0 decodes, checks and cuts each update once; a format that clips
+  whole updates (DiLoCo) is summed on rank 0's host instead, each tensor sent to every rank;
 - the fingerprint hashes the whole tensors one at a time as they are gathered;
 - the state file holds whole tensors in torch's own optimizer layout, gathered to rank 0's host
   memory: the same ``state.pt`` as a single process or DDP writes, so a peer resumes on any
@@ -40,6 +41,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from codec.spec import ModelSpec, TensorSpec
 from miner.ranks import Ranks
+from miner.sharded_mean import banded_mean
 from miner.weights import FullState, Replay, T, Tensors, Weights
 from node.model.fingerprint import fingerprint_tensors
 from node.model.llama import CausalLM
@@ -47,6 +49,8 @@ from node.runtime.state import PeerState
 from node.strategy import Strategy
 from node.strategy.aggregator import Aggregator
 from node.strategy.outer import OuterOptimizer
+from node.window.gather import Pieces
+from node.window.pooled import PooledExchange
 
 __all__ = [
     "ShardedWeights",
@@ -119,8 +123,17 @@ class ShardedWeights(Weights):
         the elementwise outer state: `OuterOptimizer.keep_rows`)."""
         return OuterOptimizer(self.strategy.outer.run, self.spec)
 
-    def share(self, mean: Tensors | None) -> Tensors:
-        """Rank 0's whole `mean` (taken over: emptied tensor by tensor) as this rank's rows."""
+    def mean(self, agreed: Mapping[int, Any] | None, pooled: PooledExchange | None) -> Tensors:
+        """This rank's rows of the window's mean. A chunk-clipped format's: built on this rank
+        from the updates cut to its band (`miner.sharded_mean`), no whole tensor anywhere.
+        Another's (DiLoCo's whole-update clip; its updates are whole tensors anyway): summed
+        on rank 0's host, each tensor sent to every rank in turn, each keeping its rows."""
+        if self.strategy.format.clips_chunks:
+            rows = banded_mean(
+                agreed, self.ranks, self.strategy.outer.run, self.spec, self.aggregator
+            )
+            return {n: rows[n].to(self.params[n].device) for n in self._names()}
+        mean = self.aggregator.mean(Pieces(agreed)) if agreed is not None else None
         out = {}
         for name in self._names():
             out[name] = scatter(mean.pop(name) if mean is not None else None, self.params[name])

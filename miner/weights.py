@@ -9,8 +9,9 @@ collectives):
 - `start` — this rank's copy of the window's starting weights (the origin of the pseudo-gradient
   and of the outer step), in the layout `move` and `advance` take;
 - `deltas` — ``start − θ`` of the tensors this rank compresses (whole tensors, on the device);
-- `aggregator` — the strategy's aggregator rank 0 computes a window's mean with, and `share` —
-  rank 0's mean, as this rank holds it for the outer step;
+- `aggregator` — the strategy's aggregator (a history replay's), and `mean` — the window's mean
+  of rank 0's agreed updates, as this rank holds it for the outer step (under FSDP2 each rank
+  builds its own rows, `miner.sharded_mean`);
 - `move` / `advance` — the live weights moved by ``new − old``, or set to the outer step's next
   weights from a start;
 - `fingerprint` — rank 0's fingerprint of the whole model ("" on the other ranks);
@@ -35,6 +36,8 @@ from node.runtime.state import PeerState
 from node.strategy import Strategy
 from node.strategy.aggregator import Aggregator
 from node.strategy.outer import OuterOptimizer
+from node.window.gather import Pieces
+from node.window.pooled import PooledExchange
 
 __all__ = ["FullState", "Weights"]
 
@@ -81,7 +84,15 @@ class Weights:
     def aggregator(self) -> Aggregator:
         return self.strategy.aggregator
 
-    def share(self, mean: Tensors | None) -> Tensors:
+    def mean(self, agreed: Mapping[int, Any] | None, pooled: PooledExchange | None) -> Tensors:
+        """The window's mean of rank 0's `agreed` updates (None on the other ranks) on every
+        rank: rank 0 sums it (on its decode workers where it has them), then sends it."""
+        mean = None
+        if agreed is not None:
+            if pooled is not None:
+                mean = pooled.mean(agreed, self.aggregator.device)
+            if mean is None:
+                mean = self.aggregator.mean(Pieces(agreed))
         return self.ranks.broadcast_aggregate(mean, self.spec, self.strategy.outer.device)
 
     def move(self, new: Mapping[str, torch.Tensor], old: Mapping[str, torch.Tensor]) -> None:

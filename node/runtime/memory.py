@@ -17,20 +17,24 @@ Two moments add to that, and the larger counts (`MemoryPlan.transient`):
   weights and gradients (its weights twice: FSDP2 prefetches the next unit);
 - after them, while the window is exchanged: the pseudo-gradients of the tensors the rank
   compresses (4 B/param / N) and, with ``delay = 0``, the window's mean (4 B/param on every GPU
-  under DDP, its rows, 4 B/param / N, under FSDP2, plus one whole tensor while it is handed out
-  or gathered; rank 0 builds the whole mean in host memory there).
+  under DDP, its rows, 4 B/param / N, under FSDP2, plus one whole tensor while a
+  pseudo-gradient is gathered; each FSDP2 rank builds its own rows on its host,
+  `miner.sharded_mean`).
 
 Rank 0's host memory peaks when it writes ``state.pt`` (`MemoryPlan.host`): the whole weights,
 AdamW moments and outer state (``12 + outer`` B/param) and, while they are serialised, a second
 copy of them (DDP serialises the moments from the GPU, so only the weights are copied to the
-host first). FSDP2's other host copies are smaller: the whole mean (4 B/param), a history replay
-(two copies of the weights and of the outer state).
+host first). FSDP2's other host copies are smaller: a history replay (two copies of the weights
+and of the outer state).
 
 With decode workers (`--exchange-workers`, `codec.pool`) rank 0's host also holds the exchange
 (`MemoryPlan.exchange_host`): the workers' shared float32 sum (4 B/param), every gathered update
 decoded until the sum (3 B per kept entry: int16 position, code, `codec.pool`), its bytes in
 shared memory until decoded (`WIRE_BYTES_PER_ENTRY`), and each worker's index-decoder buffer for
 the largest stream (`codec.native.index_decode.scratch_bytes`; 16 workers, the most `auto` picks).
+FSDP2 ranks use no workers (`exchange_host_sharded`): rank 0 holds the gathered updates on the
+wire and one of them decoded, and each rank its band of the mean (4 B/param / N) and its band's
+chunks of every agreed update (`SPARSE_BYTES_PER_ENTRY` each, 1/N of the entries).
 
 A validator (`plan_validator_memory`) probes on one device, in bf16 autocast over fp32 weights
 (`validator.scoring.LossProbe`): the model and its outer state (``4 + outer`` B/param), and while
@@ -86,6 +90,7 @@ EF_BYTES = 4
 FP32 = 4  # a pseudo-gradient, a mean, a momentum
 SAVED_BYTES = 12  # what state.pt holds per parameter besides the outer state: weights, moments
 DECODED_BYTES_PER_ENTRY = 3  # a decode worker's kept entry: int16 position and its code byte
+SPARSE_BYTES_PER_ENTRY = 9  # a decoded `SparseTensor`'s entry: int64 position and its code byte
 ACTIVATION_BYTES = 75  # per hidden unit, layer and token, kept for the backward pass (measured)
 LOGIT_BYTES = 11  # per vocabulary entry and token of the loss (measured)
 CHECKPOINT_BYTES = 4  # per hidden unit, layer and token with checkpointing: the fp32 layer input
@@ -139,7 +144,7 @@ class MemoryPlan:
     transient: int  # the larger moment besides the activations: see the module docstring
     activations: int  # estimate for one micro-batch
     host: int  # rank 0's host memory while it writes state.pt
-    exchange_host: int = 0  # rank 0's host memory for the exchange with decode workers
+    exchange_host: int = 0  # rank 0's host memory for the exchange (DDP: on decode workers)
     overhead: int = OVERHEAD
 
     @property
@@ -200,7 +205,8 @@ def plan_memory(
         exchange = deltas + mean // gpus + FP32 * tensor
         host = 2 * saved
     transient = max(training, exchange) - activations
-    return MemoryPlan(strategy, gpus, state, transient, activations, host, exchange_host(run))
+    on_host = exchange_host(run) if strategy == "ddp" else exchange_host_sharded(run, gpus)
+    return MemoryPlan(strategy, gpus, state, transient, activations, host, on_host)
 
 
 @dataclass(frozen=True)
@@ -252,6 +258,15 @@ def exchange_host(run: RunConfig) -> int:
     entries = params * run.codec.density  # per update, about: whole chunks dominate
     held = DECODED_BYTES_PER_ENTRY + WIRE_BYTES_PER_ENTRY
     return int(FP32 * params + run.gather_size * entries * held + decoder_buffers(run))
+
+
+def exchange_host_sharded(run: RunConfig, gpus: int) -> int:
+    """Rank 0's host bytes of an FSDP2 exchange on `gpus` ranks (see the module docstring)."""
+    params = run.param_count()
+    entries = params * run.codec.density
+    wire = run.gather_size * entries * WIRE_BYTES_PER_ENTRY
+    band = run.gather_size * entries * SPARSE_BYTES_PER_ENTRY / gpus + FP32 * params / gpus
+    return int(wire + entries * SPARSE_BYTES_PER_ENTRY + band)
 
 
 def decoder_buffers(run: RunConfig) -> int:

@@ -68,9 +68,7 @@ class Aggregator:
         norms: list[float] = []
         chunks: list[dict[str, list[torch.Tensor]]] = []
         for key in keys:
-            peer = self._by_name(updates[key])
-            for piece in peer.values():
-                fmt.validate(piece)
+            peer = self.checked(updates[key])
             if fmt.clips_chunks:
                 chunks.append({name: fmt.chunk_norms(piece) for name, piece in peer.items()})
             else:
@@ -81,6 +79,13 @@ class Aggregator:
         else:
             self._sum_clipped(sums, keys, updates, norms)
         return self._finish_mean(sums)
+
+    def checked(self, update: Update) -> dict[str, Any]:
+        """An update's pieces by tensor name, each validated (`DecodeError` otherwise)."""
+        peer = self._by_name(update)
+        for piece in peer.values():
+            self.format.validate(piece)
+        return peer
 
     def _sum_clipped(
         self,

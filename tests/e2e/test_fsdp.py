@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TypedDict, cast
+from typing import Any, TypedDict, cast
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from codec.aggregate import aggregate
 from codec.compress import Compressor, SparseTensor
@@ -22,7 +25,7 @@ from codec.spec import ModelSpec
 from miner.fsdp import ShardedRanks
 from miner.multigpu import peer_weights
 from miner.ranks import Ranks, shard_tensors
-from miner.sharded_weights import full_tensors, load_full
+from miner.sharded_weights import ShardedWeights, full_tensors, load_full, scatter
 from miner.train import make_optimizer, train_window
 from miner.weights import FullState, Weights
 from node.model.llama import build_model
@@ -151,6 +154,39 @@ def _fixed(spec: ModelSpec, seed: int, scale: float) -> dict[str, torch.Tensor]:
     return {t.name: torch.randn(t.shape, generator=gen) * scale for t in spec.tensors}
 
 
+@dataclass
+class _Landed:
+    """An agreed update as a flight hands it over: its pieces, decoded when asked for."""
+
+    tensors: list[SparseTensor]
+
+
+def _landed(spec: ModelSpec, seed: int) -> dict[int, _Landed]:
+    """Three peers' real updates of the window, their norms far apart (the median clips)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for uid, scale in enumerate((1e-2, 2e-2, 4e-1)):
+        compressor = Compressor(spec, OUTER.codec)
+        out[uid] = _Landed(
+            [
+                compressor.compress(t.name, torch.randn(t.shape, generator=gen) * scale, 0.9)
+                for t in spec.tensors
+            ]
+        )
+    return out
+
+
+def _rows(weights: Weights, whole: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+    """This rank's rows of rank 0's `whole` tensors (a single process: `whole` itself)."""
+    if not isinstance(weights, ShardedWeights):
+        assert whole is not None
+        return whole
+    return {
+        t.name: scatter(whole[t.name] if whole is not None else None, weights.params[t.name])
+        for t in weights.spec.tensors
+    }
+
+
 def _as_saved(full: FullState | None) -> PeerState:
     model, optimizer, outer = (full.model, full.optimizer, full.outer) if full else ({}, {}, {})
     return PeerState(OUTER.run_id, 0, model, optimizer, {}, "", outer)
@@ -182,13 +218,13 @@ def _weight_ops(ranks: Ranks, saved: PeerState | None) -> dict[str, object]:
 
     out: dict[str, object] = {"state0": state()}
     origin = weights.start()
-    bump = weights.share(_fixed(spec, 3, 1e-3) if main else None)
+    bump = _rows(weights, _fixed(spec, 3, 1e-3) if main else None)
     weights.move(bump, {n: torch.zeros_like(b) for n, b in bump.items()})
     out["deltas"] = weights.deltas(origin)
-    weights.strategy.outer.receive(weights.share(_fixed(spec, 4, 1e-2) if main else None))
+    weights.strategy.outer.receive(weights.mean(_landed(spec, 4) if main else None, None))
     weights.advance(origin)
     out["fp1"], out["state1"] = weights.fingerprint(), state()
-    weights.strategy.outer.receive(weights.share(_fixed(spec, 5, 1e-2) if main else None))
+    weights.strategy.outer.receive(weights.mean(_landed(spec, 5) if main else None, None))
     out["state2"] = state()
 
     def advance(model: torch.nn.Module, _aggregator: Aggregator, outer: OuterOptimizer) -> int:
@@ -245,6 +281,58 @@ def test_sharded_weights_do_what_whole_tensors_do_bit_for_bit(tmp_path: Path) ->
     assert r1["fp1"] == "" and r1["state1"] is None and r1["replayed"] == 7
     # a restart of the sharded peer from its state is that state, bit for bit
     assert r0["reloaded"][0] == r0["fp1"] and same(r0["reloaded"][1], r0["state1"])
+
+
+class _Made(TorchDispatchMode):
+    """Records the shape of every tensor an operation makes while it is active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: set[tuple[int, ...]] = set()
+
+    def __torch_dispatch__(
+        self,
+        func: Callable[..., Any],
+        types: Sequence[type],
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, list | tuple) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.shapes.add(tuple(t.shape))
+        return out
+
+
+def _mean_rank(rank: int, tmp: Path) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp / 'pg'}", rank=rank, world_size=2)
+    ranks = ShardedRanks(rank, 2, CPU)
+    weights, spec = _peer_weights(ranks)
+    agreed = _landed(spec, 6) if ranks.is_main else None
+    with _Made() as made:
+        rows = weights.mean(agreed, None)
+    torch.save({"rows": rows, "made": made.shapes}, tmp / f"{rank}.pt")
+    ranks.close()
+
+
+def test_each_rank_builds_only_its_rows_of_the_mean(tmp_path: Path) -> None:
+    """Rank 0 decodes and cuts the agreed updates, each rank sums its band: together the rows
+    are the whole mean bit for bit, and no rank made a tensor of the whole shape of any weight
+    larger than a band (a weight of a few tiles of rows is one band)."""
+    mp.spawn(_mean_rank, args=(tmp_path,), nprocs=2, join=True)
+    r0, r1 = (torch.load(tmp_path / f"{r}.pt", weights_only=False) for r in range(2))
+    spec = ModelSpec.from_module(build_model(OUTER.model, OUTER.seed))
+    whole = make_strategy(OUTER, spec).aggregator.mean(
+        {u: x.tensors for u, x in _landed(spec, 6).items()}
+    )
+    tile = OUTER.codec.tile
+    large = {tuple(t.shape) for t in spec.tensors if len(t.shape) == 2 and t.shape[0] > 4 * tile}
+    assert large  # the embedding and the MLP's weights: bands of their rows on each rank
+    for t in spec.tensors:
+        assert torch.equal(torch.cat([r0["rows"][t.name], r1["rows"][t.name]]), whole[t.name])
+    for r in (r0, r1):
+        assert not large & r["made"], large & r["made"]
 
 
 def test_sharded_weights_refuse_a_strategy_with_whole_tensor_outer_state() -> None:

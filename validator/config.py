@@ -52,7 +52,12 @@ class ValidatorConfig(BaseModel):
     admit_min_effect: float = Field(
         1e-5, description="own-data effect (relative loss) an update needs to be applied"
     )
-    max_scored: int = Field(0, ge=0, description="peers scored per window (0: all)")
+    max_scored: int | None = Field(
+        None,
+        ge=0,
+        description="peers scored per window after the agreement, the applied ones first (0: "
+        "all; default: twice the run's gather size, whatever the number of registered hotkeys)",
+    )
     probe_state: ProbeState = Field(
         "auto",
         description="where the probe's copies of the weights and the window's mean live: beside "
@@ -84,3 +89,8 @@ class ValidatorConfig(BaseModel):
         if self.own_z_full <= self.own_z_low:
             raise ValueError("own_z_full must exceed own_z_low")
         return self
+
+    def scored_per_window(self, gather_size: int) -> int:
+        """The most peers scored after a window's agreement (0: all) for a run of `gather_size`:
+        a validator's probes are bounded by the run, not by how many hotkeys registered."""
+        return 2 * gather_size if self.max_scored is None else self.max_scored

@@ -207,6 +207,16 @@ def pick_scored(
     return ordered if limit <= 0 else ordered[:limit]
 
 
+def scored_after_agreement(draw: Sequence[int], applied: Collection[int], cap: int) -> list[int]:
+    """The updates scored after a window's agreement, in order: the `applied` ones, then the
+    others, each part in the window's `draw` (`pick_scored`), at most `cap` of them (0: all).
+    The count is the run's bound (`ValidatorConfig.scored_per_window`), whatever the number of
+    registered hotkeys; the draw changes every window, so every peer is scored in turn."""
+    chosen = set(applied)
+    order = sorted(draw, key=lambda u: u not in chosen)  # stable: each part in draw order
+    return order if cap <= 0 else order[:cap]
+
+
 class LossProbe:
     """Scores updates of one window against the model at the start of that window.
 

@@ -24,7 +24,14 @@ from validator.classify import PeerCheck
 from validator.config import ValidatorConfig
 from validator.ratings import Book
 from validator.reveal import SampleReveal
-from validator.scoring import REUSE_SPREAD, LossProbe, LossScore, pick_scored, reference_norm
+from validator.scoring import (
+    REUSE_SPREAD,
+    LossProbe,
+    LossScore,
+    pick_scored,
+    reference_norm,
+    scored_after_agreement,
+)
 
 log = logging.getLogger(f"tessera.{__name__}")
 
@@ -64,9 +71,10 @@ class WindowScorer:
         launch = previous is not None and book.launching(hotkeys)
         candidates = [u for u, c in checks.items() if c.verdict in SCORABLE and u in self.fetched]
         # the accepted first, in an order drawn each window; the lead's evidence takes all the
-        # selected ones in that order, the scores after the agreement at most `max_scored`
+        # selected ones in that order, the scores after the agreement the applied ones and then
+        # the others, at most `cap` in all
         self.draw = pick_scored(run.run_id, window, candidates, 0, set(self.accepted))
-        self.order = self.draw[: cfg.max_scored] if cfg.max_scored > 0 else self.draw
+        self.cap = cfg.scored_per_window(run.gather_size)
         norms = {u: checks[u].norm for u in self.accepted}
         begun = time.monotonic()
         self.probe = LossProbe(
@@ -94,7 +102,8 @@ class WindowScorer:
         seconds), those whose probe at their own norm stands for it (`REUSE_SPREAD`) always."""
         norms = {u: self.checks[u].norm for u in applied if u in self.checks}
         target = reference_norm({u: n for u, n in norms.items() if n is not None})
-        order = [u for u in self.order if self.checks[u].verdict in SCORABLE]
+        scorable = [u for u in self.draw if self.checks[u].verdict in SCORABLE]
+        order = scored_after_agreement(scorable, applied, self.cap)
         out: dict[int, LossScore] = {}
         late = 0
         for uid in order:

@@ -58,8 +58,9 @@ from codec.rans import GROUP, STATE_BITS, STATE_LOW
 __all__ = ["MAX_KEPT_SCRATCH_BYTES", "decode_body", "scratch_bytes"]
 
 _SLOT_MASK = (1 << PRECISION_BITS) - 1
-_U = np.uint64  # an index known to be >= 0: no wraparound code
 _KEY_MASK = (1 << KEY_BITS) - 1
+_U = np.uint64  # an index known to be >= 0: numba then leaves out its negative-index code
+_PAD = 16  # int32s between arrays and rows of a grid: none a multiple of 4 KiB from another
 
 OK, TRUNCATED, TAIL, RAW_TRUNCATED, PADDING_BYTES, PADDING_BITS = range(6)
 _ERRORS = {
@@ -101,14 +102,16 @@ when the stream is decoded."""
 
 
 def _sizes(n: int, k: int, dense: int) -> tuple[int, ...]:
-    grid = (1 << max(dense, 0)) * n
+    grid = (1 << max(dense, 0)) * (n + _PAD)
     nodes = n * k // 2 + n + 1
-    return 2 * (n * k + 1), grid, grid, grid, grid, 6 * nodes, 6 * nodes, nodes, 2 * n, 2 * n, n, n
+    return (2 * (n * k + 1), grid, grid, grid, grid, 6 * nodes, 6 * nodes, nodes,
+            2 * (n + _PAD), 2 * (n + _PAD), n, n)  # fmt: skip
 
 
 def scratch_bytes(chunk_size: int, k: int, n: int) -> int:
     """Bytes of the working buffer the walk needs for a stream of n chunks of k in chunk_size."""
-    return 4 * sum(_sizes(n, k, dense_depth(k, split_tables(chunk_size, k).levels)))
+    sizes = _sizes(n, k, dense_depth(k, split_tables(chunk_size, k).levels))
+    return 4 * (sum(sizes) + _PAD * len(sizes))
 
 
 def _scratch(n: int, k: int, dense: int) -> tuple[np.ndarray, ...]:
@@ -121,20 +124,20 @@ def _scratch(n: int, k: int, dense: int) -> tuple[np.ndarray, ...]:
     sizes = _sizes(n, k, dense)
     nodes = n * k // 2 + n + 1
     buf: np.ndarray | None = getattr(_THREAD, "buf", None)
-    if buf is None or buf.size < sum(sizes):
-        buf = np.empty(sum(sizes), np.int32)
+    if buf is None or buf.size < sum(sizes) + _PAD * len(sizes):
+        buf = np.empty(sum(sizes) + _PAD * len(sizes), np.int32)
         if buf.nbytes <= MAX_KEPT_SCRATCH_BYTES:
             _THREAD.buf = buf
     views = []
     at = 0
     for size in sizes:
         views.append(buf[at : at + size])
-        at += size
+        at += size + _PAD
     views[0] = views[0].reshape(2, n * k + 1)
     views[5] = views[5].reshape(6, nodes)
     views[6] = views[6].reshape(6, nodes)
-    views[8] = views[8].reshape(2, n)
-    views[9] = views[9].reshape(2, n)
+    views[8] = views[8].reshape(2, n + _PAD)
+    views[9] = views[9].reshape(2, n + _PAD)
     return tuple(views)
 
 
@@ -182,7 +185,7 @@ def _bit_length_compiled(x: object) -> Callable[[object], int]:
     return compiled
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(cache=True, nogil=True)
 def _field(pairs: np.ndarray, pos: int, width: int) -> int:
     return (pairs[pos >> 5] >> (pos & 31)) & ((1 << width) - 1)
 
@@ -193,10 +196,10 @@ def _group(
     values: np.ndarray, at0: int, at1: int, pairs: np.ndarray, cursor: int,
     tables: tuple[np.ndarray, ...],
 ) -> int:  # fmt: skip
-    """One renormalisation group of lanes ``lanes[start:stop]``: each decodes one symbol (table
-    ``tids[0, i]``, value into ``values[0, i]``), a second one (``tids[1, i]``) where i < two,
-    then reads its field. The new cursor. (Everything inline: this is where the decoder spends
-    most of its time.)
+    """One renormalisation group of lanes ``lanes[start:stop]``: the i-th decodes one symbol
+    (table ``tids[at0 + i]``, value into ``values[at0 + i]``), a second one (``tids[at1 + i]``)
+    where i < two, then reads its field. The new cursor. (Everything inline: this is where the
+    decoder spends most of its time.)
 
     A field is at most R bits whatever the stream holds: a state starts a group at 2**R or more
     and each symbol divides it by at most 2**M (x >> M, times a frequency of 1 or more), so after
@@ -297,6 +300,7 @@ def _walk(
     # grid levels: cell-major (cells, n) counts and output slots; a group of cells (the stream's
     # renormalisation group) is one pass over the lanes
     lanes = np.arange(n)
+    ns = n + _PAD  # a grid row's stride
     for r in range(n):
         m[r], dst[r] = k, r * k
     for level in range(dense):
@@ -310,14 +314,14 @@ def _walk(
                 eff = min(max(chunk_size - c * size, 0), size)
                 base = (2 * level + (eff != size)) * (k + 1)
                 lo, hi = (1, eff) if eff != size else (2, size)
-                cell, cell_tid = m[c * n : (c + 1) * n], row_tid[g]
+                cell, cell_tid = m[c * ns : c * ns + n], row_tid[g]
                 for r in range(n):
                     mm = cell[_U(r)]
                     cell_tid[_U(r)] = base + mm * ((mm >= lo) & (mm < hi))
             # the group's symbols of each lane, then its field: one pass over the lanes
             two = n if group == 2 else 0
             cursor = _group(
-                x, lanes, 0, n, two, row_tid.ravel(), row_value.ravel(), 0, n, pairs, cursor,
+                x, lanes, 0, n, two, row_tid.ravel(), row_value.ravel(), 0, ns, pairs, cursor,
                 tables,
             )  # fmt: skip
             if cursor > total_bits:
@@ -335,9 +339,9 @@ def _walk(
                 tids, values = row_tid[g], row_value[g]
                 leafy = size <= MAX_LEAF_BLOCK  # (else no cell is a leaf)
                 n_leaves = 0
-                m_l, m_r = child_m[2 * c * n : (2 * c + 1) * n], child_m[(2 * c + 1) * n :]
-                d_l, d_r = child_dst[2 * c * n : (2 * c + 1) * n], child_dst[(2 * c + 1) * n :]
-                dsts = dst[c * n :]
+                m_l, m_r = child_m[2 * c * ns :], child_m[(2 * c + 1) * ns :]
+                d_l, d_r = child_dst[2 * c * ns :], child_dst[(2 * c + 1) * ns :]
+                dsts = dst[c * ns :]
                 for r in range(n):
                     ur = _U(r)
                     tid, d0, left = tids[ur], dsts[ur], values[ur]
@@ -383,7 +387,7 @@ def _walk(
     for c in range(1 << dense):
         eff = min(max(chunk_size - c * size, 0), size)
         lo, hi = (1, eff) if eff != size else (2, size)
-        cell = m[c * n : (c + 1) * n]
+        cell = m[c * ns : c * ns + n]
         for r in range(n):
             mm = cell[_U(r)]
             place[_U(r)] += (mm >= lo) & (mm < hi)
@@ -396,7 +400,7 @@ def _walk(
         eff = min(max(chunk_size - c * size, 0), size)
         lo, hi = (1, eff) if eff != size else (2, size)
         base = (2 * dense + (eff != size)) * (k + 1)
-        cell, cell_dst = m[c * n : (c + 1) * n], dst[c * n : (c + 1) * n]
+        cell, cell_dst = m[c * ns : c * ns + n], dst[c * ns : c * ns + n]
         for r in range(n):
             mm = cell[_U(r)]
             if (mm >= lo) & (mm < hi):
@@ -412,7 +416,7 @@ def _walk(
         send = sends[t]
         senders[_U(n_send)] = i
         n_send += send
-        lane_count[_U(rows[_U(i)])] += send
+        lane_count[_U(rows[_U(i)])] = n_send  # (see `_round`)
     # levels below: only the busy nodes, and only those that send a symbol are in a round
     first = np.empty(n, np.int64)
     order = np.empty(n, np.int64)
@@ -469,7 +473,7 @@ def _walk(
                 send = sends[_U(t)]
                 senders[_U(n_send)] = n_next
                 n_send += send
-                lane_count[_U(r)] += send
+                lane_count[_U(r)] = n_send  # (see `_round`)
                 n_next += busy
         nodes, children = children, nodes
         n_nodes = n_next
@@ -491,10 +495,13 @@ def _round(
     rows, tids, values = nodes[0], nodes[4], nodes[5]
     most = 0
     ahead = 0
-    for r in range(n):
+    for r in range(n):  # lane_count holds where each lane's symbols end (but stale where it
+        # has none: less than the previous lane's end): written in the walk without a load
+        end = max(lane_count[r], ahead)
         first[r] = ahead
-        ahead += lane_count[r]
-        most = max(most, lane_count[r])
+        lane_count[r] = end - ahead
+        most = max(most, end - ahead)
+        ahead = end
     with_count[: most + 1] = 0
     for r in range(n):
         with_count[lane_count[r]] += 1

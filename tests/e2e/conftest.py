@@ -7,7 +7,7 @@ Their wall time follows the simulated chain's clock, not the CPU, so which worke
 decides when the phase ends: in file order one worker took both simulations and the validator
 test, the other stopped early, and the phase took 11 min 28 s. Listed here
 (durations from a quiet suite run): the two simulations on one worker, one after the other (never
-both at once on two cores), then the two-rank peer, about 510 s; the rest on the other worker,
+both at once on two cores), then the two-rank peer, about 500 s; the rest on the other worker,
 about 430 s. (Each half must hold four tests: the split is by count. With the two-rank peer in the
 second half, the first half's fourth test was the two-peer test; the other worker took it and
 the live view's test, whose session fixture then waited 93 s for the simulation's lock.)
@@ -23,7 +23,7 @@ BALANCED = (
     "test_sim.py::test_simulation_with_every_adversary",  # 160 s
     # reads the run above from the same worker, at once
     "test_sim.py::test_prometheus_scrapes_the_simulation_and_every_dashboard_query_has_series",
-    "test_multigpu.py::test_two_ranks_end_where_one_rank_ends",  # 74 s
+    "test_multigpu.py::test_two_ranks_end_where_one_rank_ends",  # 65 s
     # the second half
     "test_peers_e2e.py::test_two_peers_stay_identical_learn_and_resume_after_kill",  # 156 s
     "test_validator_e2e.py::test_validator_weights_honest_peers_only",  # 97 s

@@ -2,9 +2,8 @@
 # Set up the environment and run the tests: lint, format check, type check, then the whole suite.
 #
 # With no arguments, four things share the two cores: at the lowest priority, the type check
-# (mypy) and the unit tests (tests/unit, and the in-process tests of tests/e2e; three
-# pytest-xdist workers, so that a core is rarely idle while two of them wait on a server or a
-# clock), in the CPU time the others leave; at normal priority, first the tests that time a
+# (mypy) and the unit tests (tests/unit, and the in-process tests of tests/e2e; two pytest-xdist
+# workers), in the CPU time the others leave; at normal priority, first the tests that time a
 # deadline against the wall clock (tests/deadlines, on four workers: they mostly wait; niced,
 # their loopback servers starve; beside the end-to-end runs, they take the CPU those need), then
 # the end-to-end tests (marked `slow`, in tests/e2e: real peers and validators on a ticking chain
@@ -38,7 +37,7 @@ if [ "$#" -gt 0 ]; then
 fi
 nice -n 19 mypy &
 types=$!
-nice -n 19 python -m pytest -q -p no:cacheprovider --durations=10 -n 3 \
+nice -n 19 python -m pytest -q -p no:cacheprovider --durations=10 -n 2 \
     --dist worksteal -m "not slow" tests/unit tests/e2e &
 rest=$!
 deadlines=0

@@ -26,3 +26,7 @@ uv pip install -q -c scripts/constraints.txt -e '.[dev]' || {
     echo "uv could not install the project: pip installs it"
     python -m pip install -q -c scripts/constraints.txt -e '.[dev]'
 }
+# the codec's CPU loops compiled once and cached (about 15 s; a second or two once cached), so
+# that the processes that start next (a simulation's nodes, the test workers) load them instead
+# of each compiling them at once
+python -m codec.native

@@ -7,5 +7,6 @@ small passes, each one compiled pass here, with the same bytes in and the same t
   float32 tensor (aggregation, densify, the error-feedback write-back on the CPU).
 
 Compiled functions are cached on disk (numba's ``cache=True``: next to the sources, or in the
-user's cache directory where those are read-only), so a process pays the compile once.
+user's cache directory where those are read-only), so a process pays the compile once;
+``python -m codec.native`` (run by `scripts/setup.sh`) compiles them before many processes start.
 """

@@ -26,7 +26,14 @@ from rich.table import Table
 
 from commands.arg_types import fraction, positive_int
 from commands.node_args import exchange_workers
-from node.runtime.memory import GIB, pick_recipe, plan_memory, plan_validator_memory, step_time
+from node.runtime.memory import (
+    GIB,
+    pick_recipe,
+    pick_sharding,
+    plan_memory,
+    plan_validator_memory,
+    step_time,
+)
 from node.runtime.plan import (
     CPU_PROBE_FORWARD_MFU,
     HARDWARE,
@@ -148,9 +155,12 @@ def figures(run: RunConfig, box: Box, p: Plan) -> dict[str, Any]:
 
 def memory(run: RunConfig, box: Box, gpu_gib: float | None) -> dict[str, Any]:
     """Memory per GPU of one peer under DDP and FSDP2 on the box's GPUs, with the fastest
-    training recipe that fits (the smallest where none does)."""
+    training recipe that fits (the smallest where none does); ``sharding`` is what a miner
+    picks there (``--sharding auto``) and ``fits`` whether the peer then fits."""
     gib = gpu_gib if gpu_gib is not None else box.hardware.memory_gib
-    out: dict[str, Any] = {"gpus": box.devices, "gpu_gib": gib}
+    gpu = None if box.gpu == "cpu" else int(gib * GIB)
+    picked = pick_sharding("auto", run, box.devices, gpu) if box.devices > 1 else "ddp"
+    out: dict[str, Any] = {"gpus": box.devices, "gpu_gib": gib, "sharding": picked}
     for strategy in ("ddp", "fsdp2"):
         recipe = pick_recipe(run, box.devices, strategy, int(gib * GIB))
         m = plan_memory(run, box.devices, strategy, recipe)
@@ -162,6 +172,7 @@ def memory(run: RunConfig, box: Box, gpu_gib: float | None) -> dict[str, Any]:
             "host_gib": m.host / GIB, "exchange_host_gib": m.exchange_host / GIB,
             "fits": m.fits(int(gib * GIB)),
         }  # fmt: skip
+    out["fits"] = out[picked]["fits"]
     return out
 
 

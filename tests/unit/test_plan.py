@@ -11,6 +11,7 @@ import torch
 from codec.compress import Compressor
 from codec.spec import ModelSpec
 from commands.cli import main
+from commands.plan import memory
 from node.model.llama import build_model
 from node.model.shapes import model_spec
 from node.runtime.memory import PLAIN, RECIPES, STEP_TIME
@@ -39,6 +40,15 @@ def test_shipped_presets_keep_their_reference_box_busy(name: str) -> None:
         f"{name}: compute {p.compute_s:.0f} s + exchange {p.exchange_s:.0f} s > {p.window_s} s"
     )
     assert p.budgets_fit, f"{name}: download {p.download_s:.0f} s, decode {p.decode_s:.0f} s"
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_every_preset_fits_its_box_with_the_sharding_a_miner_picks(name: str) -> None:
+    """What `tessera plan --json` reports as ``memory.fits``: the peer, DDP or FSDP2 as
+    ``--sharding auto`` picks on its reference box, fits that box's GPUs."""
+    got = memory(RunConfig.preset(name), REFERENCE[name], None)
+    assert got["fits"] and got[got["sharding"]]["fits"], got
+    assert got["sharding"] == ("fsdp2" if name == "8B" else "ddp")  # 8B: DDP fits no 80 GiB GPU
 
 
 @pytest.mark.parametrize("name", CPU_PRESETS)

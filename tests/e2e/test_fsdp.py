@@ -349,10 +349,11 @@ def test_sharded_weights_refuse_a_strategy_with_whole_tensor_outer_state() -> No
 
 @pytest.mark.slow
 def test_fsdp2_peer_ends_where_one_rank_ends_and_resumes_after_kill(tmp_path: Path) -> None:
-    # both chains start in 20 s: both peers, however slow torchrun is to start, have committed
-    # their bucket by window 0 and train windows 0 and 1 alike
-    one = setup_peer(tmp_path / "one", 20.0)
-    two = setup_peer(tmp_path / "two", 20.0)
+    # both chains start in 30 s: both peers, however slow torchrun is to start on a loaded
+    # machine (over 20 s beside other tests), have committed their bucket by window 0 and train
+    # windows 0 and 1 alike
+    one = setup_peer(tmp_path / "one", 30.0)
+    two = setup_peer(tmp_path / "two", 30.0)
     single, sharded = start_miner(one, 1, 2), start_miner(two, 2, 3, *FSDP2)
     run_id = RunConfig.load(one.run_file).run_id
     deadline = time.monotonic() + 150

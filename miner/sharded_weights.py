@@ -132,6 +132,12 @@ class ShardedWeights(Weights):
             rows = banded_mean(
                 agreed, self.ranks, self.strategy.outer.run, self.spec, self.aggregator
             )
+            local = self._local()
+            for n in self._names():  # FSDP2 cuts the first dimension as `shard_rows` says
+                if rows[n].shape != local[n].shape:
+                    raise RuntimeError(
+                        f"{n}: rows {tuple(rows[n].shape)} != shard {local[n].shape}"
+                    )
             return {n: rows[n].to(self.params[n].device) for n in self._names()}
         mean = self.aggregator.mean(Pieces(agreed)) if agreed is not None else None
         out = {}

@@ -28,7 +28,5 @@ uv pip install -q -c scripts/constraints.txt -e '.[dev]' || {
 }
 # the codec's CPU loops compiled once and cached (about 15 s; a second or two once cached), so
 # that the processes that start next (a simulation's nodes, the test workers) load them instead
-# of each compiling them at once (scripts/test.sh does it itself, beside the type check)
-if [ "${TESSERA_SETUP_COMPILE:-1}" != 0 ]; then
-    python -m codec.native
-fi
+# of each compiling them at once
+python -m codec.native

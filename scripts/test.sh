@@ -12,7 +12,7 @@
 # Arguments run one pytest with them (e.g. `bash scripts/test.sh -k consensus`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TESSERA_SETUP_COMPILE=0 . scripts/setup.sh
+. scripts/setup.sh
 # one thread per test process and node: many processes share two cores, and torch's extra
 # threads on these small models only spin (the simulation's DDP baseline: 44 CPU-s on two
 # threads, 22 on one)
@@ -29,19 +29,14 @@ apt_install() {  # PACKAGE [APT FLAGS]: when its command is missing, as root, wi
 }
 apt_install chromium
 apt_install prometheus --no-install-recommends
+ruff check .
+ruff format --check .
 if [ "$#" -gt 0 ]; then
-    ruff check .
-    ruff format --check .
     mypy
     exec python -m pytest -q "$@"
 fi
-# the type check from the start, beside the codec's loops compiled once (before the test
-# processes start: each would compile them) and the lint
 nice -n 19 mypy &
 types=$!
-python -m codec.native
-ruff check .
-ruff format --check .
 nice -n 19 python -m pytest -q -p no:cacheprovider --durations=10 -n 2 \
     --dist worksteal -m "not slow" tests/unit tests/e2e &
 rest=$!

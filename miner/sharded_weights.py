@@ -49,7 +49,6 @@ from node.runtime.state import PeerState
 from node.strategy import Strategy
 from node.strategy.aggregator import Aggregator
 from node.strategy.outer import OuterOptimizer
-from node.window.gather import Pieces
 from node.window.pooled import PooledExchange
 
 __all__ = [
@@ -139,7 +138,7 @@ class ShardedWeights(Weights):
                         f"{n}: rows {tuple(rows[n].shape)} != shard {local[n].shape}"
                     )
             return {n: rows[n].to(self.params[n].device) for n in self._names()}
-        mean = self.aggregator.mean(Pieces(agreed)) if agreed is not None else None
+        mean = self._whole_mean(agreed, pooled)
         out = {}
         for name in self._names():
             out[name] = scatter(mean.pop(name) if mean is not None else None, self.params[name])

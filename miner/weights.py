@@ -86,14 +86,19 @@ class Weights:
 
     def mean(self, agreed: Mapping[int, Any] | None, pooled: PooledExchange | None) -> Tensors:
         """The window's mean of rank 0's `agreed` updates (None on the other ranks) on every
-        rank: rank 0 sums it (on its decode workers where it has them), then sends it."""
-        mean = None
-        if agreed is not None:
-            if pooled is not None:
-                mean = pooled.mean(agreed, self.aggregator.device)
-            if mean is None:
-                mean = self.aggregator.mean(Pieces(agreed))
+        rank: rank 0 sums it, then sends it."""
+        mean = self._whole_mean(agreed, pooled)
         return self.ranks.broadcast_aggregate(mean, self.spec, self.strategy.outer.device)
+
+    def _whole_mean(
+        self, agreed: Mapping[int, Any] | None, pooled: PooledExchange | None
+    ) -> Tensors | None:
+        """Rank 0's whole mean of its `agreed` updates (on its decode workers where it has them);
+        None on the other ranks."""
+        if agreed is None:
+            return None
+        mean = pooled.mean(agreed, self.aggregator.device) if pooled is not None else None
+        return mean if mean is not None else self.aggregator.mean(Pieces(agreed))
 
     def move(self, new: Mapping[str, torch.Tensor], old: Mapping[str, torch.Tensor]) -> None:
         with torch.no_grad():

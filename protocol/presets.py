@@ -10,12 +10,16 @@ from typing import Any
 # (max_seq_len kept at 8192 without RoPE scaling). `150M` is a GPT-2-vocabulary LLaMA-style model;
 # `tiny` trains on two CPU cores in minutes; its SparseLoCo settings (k, α) are tuned with
 # `tessera bench train`. Batch, inner steps and window length of 150M and up come from the
-# throughput model (`node.runtime.plan`, `tessera plan --suggest`): training fills over 90 % of
-# each window on the preset's reference box (at the MFU measured on one H100, with the training
-# recipe the box's memory allows) while upload, gather and decode fit in the rest;
-# `manifest_wait_s` and `fetch_budget_s` cover the decode and download there. Warmup keeps the
-# earlier presets' warmup tokens; `total_windows` keeps their wall-clock length. The larger
-# presets' codec follows the SparseLoCo paper (docs/training.md).
+# throughput model (`node.runtime.plan`, `tessera plan`): training fills over 90 % of each window
+# on the preset's reference box (at the MFU measured on one H100, with the training recipe the
+# box's memory allows) while upload, gather, decode and the lead's probes fit in the rest. 1B and
+# 8B train H = 100 inner steps a window (the SparseLoCo paper tests H <= 250, and its loss grows
+# with H); 1B takes a larger batch to keep its exchange, mostly the gather's grace, under a tenth
+# of the window. `fetch_budget_s` covers the download, and the manifest wait the decode and the
+# probes of the probation slots' updates even when the fetch takes its whole budget; the lead
+# probes established peers in the time left. Warmup keeps the earlier presets' warmup steps;
+# `total_windows` keeps their tokens. The larger presets' codec follows the SparseLoCo paper
+# (docs/training.md).
 
 _LLAMA3_VOCAB = 128256
 
@@ -99,12 +103,12 @@ PRESETS: dict[str, dict[str, Any]] = {
         "dataset": "s3://tessera-data/fineweb-edu/llama3",
         "seq_len": 2048,
         "micro_batch_size": 8,
-        "batch_size": 512,
-        "inner_steps": 611,
+        "batch_size": 1088,
+        "inner_steps": 100,
         "optimizer": {"lr": 6e-4, "min_lr": 6e-5, "warmup_steps": 250},
-        "outer": {"total_windows": 556},
-        "timing": {"blocks_per_window": 180, "upload_deadline_blocks": 3},
-        "consensus": {"manifest_wait_s": 180.0},
+        "outer": {"total_windows": 1599},
+        "timing": {"blocks_per_window": 63, "upload_deadline_blocks": 3},
+        "consensus": {"fetch_budget_s": 20.0, "manifest_wait_s": 30.0},
         "gather_size": 20,
     },
     "8B": {
@@ -124,11 +128,11 @@ PRESETS: dict[str, dict[str, Any]] = {
         "seq_len": 2048,
         "micro_batch_size": 4,
         "batch_size": 512,
-        "inner_steps": 434,
+        "inner_steps": 100,
         "optimizer": {"lr": 3e-4, "min_lr": 3e-5, "warmup_steps": 500},
-        "outer": {"total_windows": 300},
-        "timing": {"blocks_per_window": 1000, "upload_deadline_blocks": 3},
-        "consensus": {"manifest_wait_s": 1000.0},
+        "outer": {"total_windows": 1302},
+        "timing": {"blocks_per_window": 231, "upload_deadline_blocks": 3},
+        "consensus": {"manifest_wait_s": 180.0},
         "gather_size": 20,
     },
 }

@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from node.window.consensus import MIN_PUBLISH_RESERVE_S
 from validator.checks import norm_outliers
 from validator.scoring import LossScore
 
@@ -90,12 +91,6 @@ def admit(
         admitted.discard(uid)
         refused[uid] = detail
     return Admission(frozenset(admitted), refused, scored, time.monotonic() - start)
-
-
-MIN_PUBLISH_RESERVE_S = 2.0
-"""The least time kept to publish: the decision's few requests (the aggregate, the manifest, a
-read of the chain's block), and the overrun of the last probe (probing stops once the longest
-probe so far no longer fits, and on a loaded machine the next can take a second longer)."""
 
 
 def publish_reserve(

@@ -10,19 +10,27 @@ everything in sequence)::
     gather wait = the gather grace after the deadline    (`WindowSchedule.gather_grace_blocks`)
     download = G · U / link                              G: run.gather_size
     decode  = G · E / exchange rate                      E: entries of one update
-    probes  = G · 4.03 · 2 · P · 64 · seq_len / (peak · 34 %)   the lead's probes of the
-              selected updates before its manifest, on one GPU in bf16 (`tessera bench probe`)
+    probe   = 4.03 · 2 · P · 64 · seq_len / (peak · 34 %)  one probe of one update by the lead,
+              on one GPU in bf16 (`tessera bench probe`)
+    probes  = min(G · probe, lead's time − download − decode − publish reserve)
+              the lead's probes before its manifest: it probes the selected updates (the
+              newcomers' first) until its last block to publish (the gather block plus the
+              fetch budget and the manifest wait, less the publish margin), and applies the
+              established peers' updates it had no time for unprobed (`validator.admission`)
     exchange = comm + probes                             training's end to the agreed step
     busy    = compute / window;  fits when compute + exchange <= window
-    budgets: download <= consensus.fetch_budget_s, decode + probes <= consensus.manifest_wait_s
+    budgets: download <= fetch_budget_s, and the lead's time after the whole fetch budget and
+             the decode holds the probes of the probation slots' updates (a newcomer is applied
+             only once a probe shows it trains)
 
 A peer starts training window ``w`` once it has gathered ``w − 1`` and the lead's manifest has
 said which updates it applies (at the gather point of ``w − 1`` plus download, decode and the
 lead's probes), and must have uploaded ``w`` by the deadline of ``w``, one window later: hence
 ``compute + exchange <= window``. With ``outer.delay = 1`` (docs/training.md) the exchange of
 ``w − 1`` runs while ``w`` trains, from the deadline of ``w − 1`` on, and must land by `LAND_BY`
-of the inner steps or the peer waits there: it fits when that wait and the training end by the
-deadline of ``w``.
+of the inner steps or the peer waits there: it fits when training, that wait and the upload
+fit in one window (a peer that starts ``w`` at the deadline of ``w − 1``, the latest it can,
+waits ``exchange − upload − LAND_BY · compute`` at most).
 
 Stated figures (each a constant below): peak bf16 dense FLOP/s from the vendors' datasheets, the
 MFU (33 % on GPUs with activations kept: measured at 1B on one H100, assumed at every size), the
@@ -51,6 +59,8 @@ from node.runtime.memory import GIB, PLAIN, MemoryOptions, pick_recipe, pick_sha
 from node.strategy import make_format, make_strategy
 from node.strategy.format import Meta
 from node.strategy.outer import LAND_BY
+from node.window.consensus import MIN_PUBLISH_RESERVE_S, last_publish_block
+from node.window.selection import probation_slots
 from protocol.runconfig import RunConfig
 from protocol.windows import WindowSchedule
 
@@ -185,6 +195,8 @@ class Plan:
     recipe: MemoryOptions = PLAIN
     probes_s: float = 0.0  # the lead's probes of the selected updates, before its manifest
     deadline_s: float = 0.0  # the upload deadline after the window's end
+    newcomer_probes_s: float = 0.0  # the probes of the probation slots' updates alone
+    lead_s: float = 0.0  # the gather block to the lead's last block to publish
 
     @property
     def comm_s(self) -> float:
@@ -213,21 +225,25 @@ class Plan:
     @property
     def budgets_fit(self) -> bool:
         """The run's consensus bounds leave room for the exchange: the gather's download fits its
-        budget, and the wait for the lead's manifest covers decoding and probing the selected
-        updates (the lead does both before it publishes)."""
-        return (
-            self.download_s <= self.fetch_budget_s
-            and self.decode_s + self.probes_s <= self.manifest_wait_s
-        )
+        budget, and the lead's time after the fetch budget (a selected peer sending at the least
+        rate holds the fetch that long) and the decode holds the probes of the probation slots'
+        updates, which only a probe lets into the mean."""
+        after_fetch = self.lead_s - self.fetch_budget_s - self.decode_s - MIN_PUBLISH_RESERVE_S
+        return self.download_s <= self.fetch_budget_s and self.newcomer_probes_s <= after_fetch
+
+    @property
+    def probe_budget_s(self) -> float:
+        """The lead's time to probe before its manifest: from the gather block to its last
+        block to publish, less the download, the decode and the least publish reserve."""
+        return self.lead_s - self.download_s - self.decode_s - MIN_PUBLISH_RESERVE_S
 
     @property
     def fits_overlapped(self) -> bool:
-        """With ``outer.delay = 1``: the last window's exchange, from its deadline, lands by
-        `LAND_BY` of the inner steps or the peer waits for it there, and training still ends in
-        time to upload by this window's deadline."""
-        landed = self.deadline_s + self.exchange_s - self.upload_s
-        end = max(self.compute_s, landed + (1 - LAND_BY) * self.compute_s)
-        return end + self.upload_s <= self.window_s + self.deadline_s
+        """With ``outer.delay = 1``: the last window's exchange lands by `LAND_BY` of the inner
+        steps or the peer waits for it there, and training, that wait and the upload fit in one
+        window (the peer starts training at the last window's deadline, the latest it can)."""
+        wait = max(0.0, self.exchange_s - self.upload_s - LAND_BY * self.compute_s)
+        return self.compute_s + wait + self.upload_s <= self.window_s
 
 
 def entries(run: RunConfig, spec: ModelSpec) -> int:
@@ -357,6 +373,11 @@ def plan(
     update = update_size(run)
     link = box.link_gbps * 1e9 / 8  # bytes per second
     schedule = WindowSchedule.from_run(run)
+    download_s = run.gather_size * update.bytes / link
+    decode_s = run.gather_size * update.entries / decode_rate
+    probe_s = probe_seconds(run, box)
+    lead_s = (last_publish_block(run, 0) - schedule.gather_block(0)) * run.timing.block_time_s
+    budget = lead_s - download_s - decode_s - MIN_PUBLISH_RESERVE_S
     return Plan(
         params=params,
         tokens=tokens,
@@ -366,12 +387,14 @@ def plan(
         update=update,
         upload_s=update.bytes / link,
         grace_s=schedule.gather_grace_blocks * run.timing.block_time_s,
-        download_s=run.gather_size * update.bytes / link,
-        decode_s=run.gather_size * update.entries / decode_rate,
+        download_s=download_s,
+        decode_s=decode_s,
         fetch_budget_s=run.consensus.fetch_budget_s,
         manifest_wait_s=run.consensus.manifest_wait_s,
         recipe=recipe,
-        probes_s=run.gather_size * probe_seconds(run, box),
+        probes_s=max(0.0, min(run.gather_size * probe_s, budget)),
+        newcomer_probes_s=probation_slots(run) * probe_s,
+        lead_s=lead_s,
         deadline_s=run.timing.upload_deadline_blocks * run.timing.block_time_s,
     )
 

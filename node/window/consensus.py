@@ -142,6 +142,12 @@ def rank_deciders(
 PUBLISH_MARGIN_S = 2.0
 """How long (at least one block) before the cutoff block the lead stops starting a manifest PUT."""
 
+MIN_PUBLISH_RESERVE_S = 2.0
+"""The least time the lead keeps to publish after its probes (`validator.admission`): the
+decision's few requests (the aggregate, the manifest, a read of the chain's block), and the
+overrun of the last probe (probing stops once the longest probe so far no longer fits, and on a
+loaded machine the next can take a second longer)."""
+
 MANIFEST_SETTLE_S = 2.0
 """How long after the latest store time that counts a node waits before its last read: a
 manifest its store dated on time is visible by then (an HTTP date is cut to the whole second, and

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from validator.admission import MIN_PUBLISH_RESERVE_S, publish_reserve
+from node.window.consensus import MIN_PUBLISH_RESERVE_S
+from validator.admission import publish_reserve
 
 
 def test_after_a_publish_the_lead_keeps_twice_what_it_took() -> None:

@@ -13,7 +13,9 @@ depends on which worker owns it nor on when its updates arrived: the result is
 `codec.aggregate.aggregate` (``clip_to_median=True``) bit for bit.
 
 Tensors are dealt to workers largest first onto the least loaded (by kept entries), so the
-workers' shares of the decode and scatter are even. Every worker runs one torch thread; workers
+workers' shares of the decode and scatter are even. What concerns a whole update is done once:
+one worker in turn checks its payload digest (any worker's error rejects the update), and each
+unpacks the value codes of its own tensors only. Every worker runs one torch thread; workers
 come from a fork server that imported this module once (`_workers_context`).
 """
 
@@ -99,8 +101,9 @@ class AggregatePool:
         self._rejected = None
         shared = torch.empty(len(data), dtype=torch.uint8).share_memory_()
         shared.numpy()[:] = np.frombuffer(data, dtype=np.uint8)  # one copy, read by every worker
-        for conn in self._conns:
-            conn.send(("add", uid, shared))
+        checker = len(self._uids) % len(self._conns)  # the payload digest: one worker, in turn
+        for w, conn in enumerate(self._conns):
+            conn.send(("add", uid, shared, w == checker))
 
     def rejected(self) -> dict[int, DecodeError]:
         """The updates added this window that do not decode, and why (waits for the decodes)."""
@@ -185,10 +188,12 @@ def _serve(
         msg = conn.recv()
         try:
             if msg[0] == "add":
-                _, uid, shared = msg
+                _, uid, shared, check_digest = msg
                 try:
                     view = memoryview(shared.numpy())
-                    decoded = decode_update(view, spec, params, max_bytes, only=only)
+                    decoded = decode_update(
+                        view, spec, params, max_bytes, only=only, check_digest=check_digest
+                    )
                     pieces[uid] = [
                         _compact(t, params) for t in decoded.tensors if isinstance(t, SparseTensor)
                     ]

@@ -146,13 +146,26 @@ def _pack_codes(codes: torch.Tensor, bits: int) -> bytes:
     return out.tobytes()
 
 
-def _unpack_codes(data: bytes, count: int, bits: int) -> torch.Tensor:
-    b = np.frombuffer(data, dtype=np.uint8)
-    mask = np.uint8((1 << bits) - 1)
-    q = np.stack([(b >> np.uint8(bits * j)) & mask for j in range(8 // bits)], axis=1).reshape(-1)
-    if (q[count:] != 0).any():
-        raise DecodeError("non-zero padding after the value codes")
-    return torch.from_numpy(q[:count].copy())
+class _Codes:
+    """The packed value codes of an update (``count`` codes of ``bits`` bits, low bits first),
+    unpacked a range at a time: a worker that decodes a share of the tensors unpacks only
+    theirs. The padding after the last code is checked at once (it must be zero)."""
+
+    def __init__(self, data: bytes, count: int, bits: int) -> None:
+        self.packed = np.frombuffer(data, dtype=np.uint8)
+        self.count, self.bits, self.per_byte = count, bits, 8 // bits
+        used = count % self.per_byte
+        if used and self.packed.size and int(self.packed[-1]) >> (bits * used):
+            raise DecodeError("non-zero padding after the value codes")
+
+    def take(self, start: int, n: int) -> torch.Tensor:
+        """Codes ``start`` to ``start + n`` (uint8)."""
+        first, last = start // self.per_byte, -(-(start + n) // self.per_byte)
+        b = self.packed[first:last]
+        mask = np.uint8((1 << self.bits) - 1)
+        q = np.stack([(b >> np.uint8(self.bits * j)) & mask for j in range(self.per_byte)], 1)
+        at = start - first * self.per_byte
+        return torch.from_numpy(np.ascontiguousarray(q.reshape(-1)[at : at + n]))
 
 
 def encode_update(
@@ -315,6 +328,7 @@ def decode_update(
     fmt: WireFormat = SPARSE,
     shared_k: int = 0,
     only: Collection[str] | None = None,
+    check_digest: bool = True,
 ) -> DecodedUpdate:
     """Decode untrusted bytes in container ``fmt`` into one piece per tensor of `expected_spec`
     (`SparseTensor`, or `MaskedTensor` for ``MASKED`` with ``shared_k`` shared values per full
@@ -322,7 +336,8 @@ def decode_update(
     codec and container. A masked update's support is checked later, by whoever holds it.
     With ``only``, just the named tensors are decoded and returned (the header, digest and
     section lengths are checked all the same): workers that own a share of the tensors each
-    decode their share (`codec.pool`).
+    decode their share (`codec.pool`). ``check_digest=False`` leaves out the payload digest, for
+    a worker whose pool has another worker check it on the same bytes.
     """
     header, payload = read_header(data, max_bytes, fmt.frame, len(expected_spec.tensors))
     _check_against(header, expected_spec, expected_params)
@@ -330,7 +345,7 @@ def decode_update(
         raise DecodeError(f"{header.shared_k} shared values per chunk, the run sends {shared_k}")
     if fmt.masked != bool(header.support_digest) or len(header.support_digest) not in (0, 32):
         raise DecodeError("support digest missing, misplaced or malformed")
-    if payload_digest(payload) != header.digest:
+    if check_digest and payload_digest(payload) != header.digest:
         raise DecodeError("payload digest mismatch")
     layouts = [ChunkLayout.for_shape(t.shape, expected_params) for t in expected_spec.tensors]
     shared = [shared_counts(lay, expected_params, header.shared_k) for lay in layouts]
@@ -354,7 +369,7 @@ def decode_update(
         codes_raw = _unzstd(codes_raw, packed_len)
     if len(codes_raw) != packed_len:
         raise DecodeError(f"value codes are {len(codes_raw)} bytes, expected {packed_len}")
-    codes = _unpack_codes(codes_raw, n_values, header.value_bits)
+    codes = _Codes(codes_raw, n_values, header.value_bits)
     scales = torch.frombuffer(bytearray(payload[pos : pos + n_chunks]), dtype=torch.uint8)
     pos += n_chunks
     books = np.frombuffer(bytes(payload[pos:]), dtype="<f4").astype(np.float32)
@@ -400,7 +415,7 @@ def _assemble(
     payload: memoryview,
     layouts: list[ChunkLayout],
     shared: list[list[int]],
-    codes: torch.Tensor,
+    codes: _Codes,
     scales: torch.Tensor,
     books: np.ndarray,
     only: Collection[str] | None = None,
@@ -427,7 +442,7 @@ def _assemble(
             groups.append(
                 SparseGroup(
                     idx=idx,
-                    codes=codes[vpos : vpos + n].reshape(g.n_chunks, g.k + s),
+                    codes=codes.take(vpos, n).reshape(g.n_chunks, g.k + s),
                     scales=scales[cpos : cpos + g.n_chunks],
                 )
             )

@@ -90,12 +90,14 @@ def test_a_malformed_update_is_reported_and_left_out(pools: dict) -> None:
     bad[-40] ^= 0x10  # inside the payload: its digest no longer matches
     datas[4] = bytes(bad)
     want = _want({u: d for u, d in datas.items() if u != 4})
-    for pool in pools.values():
-        got = _mean(pool, datas, list(datas))
-        assert list(got["rejected"]) == [4]
-        assert "digest" in str(got["rejected"][4])
-        for name in want:
-            assert torch.equal(got["mean"][name], want[name]), name
+    good = [u for u in datas if u != 4]
+    for pool in pools.values():  # one worker checks each digest: whichever, it is refused
+        for at in range(len(datas)):
+            got = _mean(pool, datas, [*good[:at], 4, *good[at:]])
+            assert list(got["rejected"]) == [4]
+            assert "digest" in str(got["rejected"][4])
+            for name in want:
+                assert torch.equal(got["mean"][name], want[name]), name
 
 
 def test_a_window_starts_from_zero_and_uids_are_not_added_twice(pools: dict) -> None:

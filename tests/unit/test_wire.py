@@ -10,10 +10,12 @@ import msgpack
 import numpy as np
 import pytest
 import torch
+import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from codec import wire
+from codec.chunking import ChunkLayout
 from codec.compress import Compressor, SparseTensor
 from codec.errors import DecodeError
 from codec.spec import CodecParams, ModelSpec
@@ -189,6 +191,34 @@ def test_adversarial_corpus_raises_decode_error_cheaply() -> None:
                 wire.decode_update(data, SPEC, PARAMS)
 
         assert peak_allocation(refuse) < (1 << 20) + 32 * len(data), name
+
+
+def test_value_codes_padded_with_ones_are_refused() -> None:
+    """The bits after the last 2-bit code are zero; an update that sets them, with its digest
+    and lengths fixed, is refused (a node that unpacks only some tensors' codes checks them
+    too)."""
+    spec, params = ModelSpec.from_shapes({"w": (40, 24), "b": (3,)}), CodecParams(tile=8, k=5)
+    count = sum(ChunkLayout.for_shape(t.shape, params).n_values for t in spec.tensors)
+    assert count % 4, "the last byte of 2-bit codes must hold padding"
+    good = wire.encode_update(compress_random(spec, params, 8), params, spec)
+    header, payload = _parts(good)
+    idx, codes, rest = _sections(header, payload)
+    packed = bytearray(zstandard.ZstdDecompressor().decompress(codes) if header["codes_zstd"]
+                       else codes)  # fmt: skip
+    packed[-1] |= (0xFF << (2 * (count % 4))) & 0xFF  # a code past the last one
+    squeezed = zstandard.ZstdCompressor().compress(bytes(packed))
+    body = idx + (squeezed if header["codes_zstd"] else bytes(packed)) + rest
+    changed = {
+        **header,
+        "payload_bytes": len(body),
+        "codes_bytes": len(body) - len(idx) - len(rest),
+    }
+    with pytest.raises(DecodeError, match="non-zero padding after the value codes"):
+        wire.decode_update(tampering.reframe(wire.FRAME, changed, body), spec, params)
+    for name in ("w", "b"):
+        with pytest.raises(DecodeError, match="non-zero padding"):
+            wire.decode_update(tampering.reframe(wire.FRAME, changed, body), spec, params,
+                               only={name}, check_digest=False)  # fmt: skip
 
 
 def test_the_encoder_refuses_pieces_that_do_not_match_its_spec() -> None:

@@ -95,19 +95,24 @@ def admit(
 
 def publish_reserve(
     left: float, last_publish_s: float | None, publish_bytes: int, fetched_bytes: int,
-    fetch_s: float,
+    fetch_s: float, write_rate: float | None = None,
 ) -> float:  # fmt: skip
     """Seconds the lead keeps, of the `left` before its last block to publish, for publishing
     its decision after the admission probes: twice what publishing took last time, at least
     `MIN_PUBLISH_RESERVE_S`. Before it ever published: twice the time `publish_bytes` (the
-    applied updates' bodies, which the aggregate puts once) take at the rate this window's fetch
+    applied updates' bodies, which the aggregate puts once) take at the `write_rate` measured on
+    our own bucket (`node.runtime.preflight.write_rate`), else at the rate this window's fetch
     reached, at least that floor, never more than half the time left. The fetch rate counts the
-    time spent waiting for slow peers too, so it understates the link and the reserve errs long;
-    a crowd of slow uploads can push it only up to that half."""
+    time spent waiting for slow peers and decoding too, so it understates the link and the
+    reserve errs long (at launch, a reserve of half the time left cost honest updates their
+    probe); a crowd of slow uploads can push it only up to that half."""
     if last_publish_s is not None:
         return min(left, max(MIN_PUBLISH_RESERVE_S, 2.0 * last_publish_s))
     half = 0.5 * left
-    if fetched_bytes <= 0 or fetch_s <= 0:
+    if write_rate is not None and write_rate > 0:
+        transfer = publish_bytes / write_rate
+    elif fetched_bytes > 0 and fetch_s > 0:
+        transfer = publish_bytes * fetch_s / fetched_bytes
+    else:
         return half
-    transfer = publish_bytes * fetch_s / fetched_bytes
     return min(half, max(MIN_PUBLISH_RESERVE_S, 2.0 * transfer))

@@ -39,6 +39,7 @@ from node.model.fingerprint import fingerprint
 from node.model.llama import build_model
 from node.runtime.clock import ChainClock
 from node.runtime.logs import fields
+from node.runtime.preflight import write_rate
 from node.runtime.report_log import REPORTS, append_line
 from node.runtime.retention import prune_own_bucket
 from node.strategy import make_strategy
@@ -140,6 +141,7 @@ class Validator:
         self._reveal: SampleReveal | None = None  # the secret of the window being scored
         self._wrap_up_s: float | None = None  # the last window's work after scoring
         self._publish_s: float | None = None  # the last decision's publishing, as the lead
+        self._write_rate: float | None = None  # our bucket's, measured before the first publish
         self._fetch_s = 0.0  # how long this window's fetch took
         # the last outer step (on the host) and the weights it reached, while no two peers earn
         self._last_step: tuple[str, dict[str, torch.Tensor]] | None = None
@@ -331,8 +333,10 @@ class Validator:
         passed = [u for u in roster.selected if u in checks and checks[u].ok]
         sizes = {u: up.body.size for u, up in uploads.items() if up.body}
         applied = sum(sizes.get(u, 0) for u in passed)
+        if self._publish_s is None and self._write_rate is None:
+            self._write_rate = write_rate(self.store)  # once, for the first publish
         reserve = publish_reserve(
-            left, self._publish_s, applied, sum(sizes.values()), self._fetch_s
+            left, self._publish_s, applied, sum(sizes.values()), self._fetch_s, self._write_rate
         )
         until = time.monotonic() + left - reserve
         established = self.book.earning({u: checks[u].hotkey for u in passed})

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import errno
+import os
 import shutil
 import socket
+import time
 from pathlib import Path
 
 from codec.errors import TesseraError
 from protocol.stores import AccessDenied, ObjectStore, StoreError, StoreUnavailable
 
 PROBE_KEY = "tessera-probe/write-check"
+RATE_KEY = "tessera-probe/write-rate"
+RATE_PROBE_BYTES = 4 << 20
 MIN_FREE_BYTES = 1 << 30
 
 
@@ -37,6 +41,21 @@ def check_bucket(store: ObjectStore) -> None:
         ) from exc
     except StoreError as exc:
         raise PreflightError(f"our bucket {store.location} is not usable: {exc}") from exc
+
+
+def write_rate(store: ObjectStore, size: int = RATE_PROBE_BYTES) -> float | None:
+    """Bytes per second one put of ``size`` random bytes to our own bucket reached, its
+    round trip included (so it errs slow), the object deleted after; None when the store
+    refused. A lead's first publish is sized with it (`validator.admission.publish_reserve`)."""
+    data = os.urandom(size)
+    try:
+        begun = time.monotonic()
+        store.put(RATE_KEY, data)
+        seconds = time.monotonic() - begun
+        store.delete(RATE_KEY)
+    except StoreError:
+        return None
+    return size / max(seconds, 1e-6)
 
 
 def check_disk(directory: Path, needed: int = MIN_FREE_BYTES) -> None:

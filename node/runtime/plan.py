@@ -193,10 +193,16 @@ class Plan:
     fetch_budget_s: float
     manifest_wait_s: float
     recipe: MemoryOptions = PLAIN
-    probes_s: float = 0.0  # the lead's probes of the selected updates, before its manifest
+    every_probe_s: float = 0.0  # the lead's probes of every selected update
     deadline_s: float = 0.0  # the upload deadline after the window's end
     newcomer_probes_s: float = 0.0  # the probes of the probation slots' updates alone
     lead_s: float = 0.0  # the gather block to the lead's last block to publish
+
+    @property
+    def probes_s(self) -> float:
+        """The lead's probes before its manifest: of every selected update, or as many as its
+        time holds (`probe_budget_s`)."""
+        return max(0.0, min(self.every_probe_s, self.probe_budget_s))
 
     @property
     def comm_s(self) -> float:
@@ -377,7 +383,6 @@ def plan(
     decode_s = run.gather_size * update.entries / decode_rate
     probe_s = probe_seconds(run, box)
     lead_s = (last_publish_block(run, 0) - schedule.gather_block(0)) * run.timing.block_time_s
-    budget = lead_s - download_s - decode_s - MIN_PUBLISH_RESERVE_S
     return Plan(
         params=params,
         tokens=tokens,
@@ -392,7 +397,7 @@ def plan(
         fetch_budget_s=run.consensus.fetch_budget_s,
         manifest_wait_s=run.consensus.manifest_wait_s,
         recipe=recipe,
-        probes_s=max(0.0, min(run.gather_size * probe_s, budget)),
+        every_probe_s=run.gather_size * probe_s,
         newcomer_probes_s=probation_slots(run) * probe_s,
         lead_s=lead_s,
         deadline_s=run.timing.upload_deadline_blocks * run.timing.block_time_s,

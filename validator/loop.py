@@ -345,7 +345,8 @@ class Validator:
         order = sorted(drawn, key=lambda u: u in established)
         norms = {u: checks[u].norm or 0.0 for u in passed}
         admission = admit(
-            order, scorer.own_norm_score if scorer else lambda _: None, norms, established, until,
+            order, (lambda u: scorer.own_norm_score(u, until)) if scorer else lambda _: None,
+            norms, established, until,
             self.cfg.admit_z, self.cfg.admit_min_effect, self.cfg.norm_ratio,
             scorer.setup_s if scorer else 0.0,
         )  # fmt: skip

@@ -59,7 +59,7 @@ from __future__ import annotations
 import hashlib
 import math
 import statistics
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -256,6 +256,7 @@ class LossProbe:
     ) -> None:
         self.model, self.run, self.dataset, self.window = model, run, dataset, window
         self.reveal, self.cfg, self.device = reveal, cfg, device
+        self.stop: Callable[[], bool] | None = None  # asked before each forward pass
         self.keep = probe_keep(cfg.probe_state, run, device)  # the copies below live there
         # the validator's own strategy's format: a shared-support one needs the window's support
         self.format = fmt or make_format(run, ModelSpec.from_module(model))
@@ -278,7 +279,7 @@ class LossProbe:
         self._own_gains: dict[int, tuple[np.ndarray, np.ndarray | None, np.ndarray | None]] = {}
 
     def _rows(self, batch: torch.Tensor) -> np.ndarray:
-        return row_losses(self.model, batch, self.run.micro_batch_size, self.device)
+        return row_losses(self.model, batch, self.run.micro_batch_size, self.device, stop=self.stop)
 
     @staticmethod
     def _gain(before: np.ndarray, after: np.ndarray) -> np.ndarray:

@@ -15,6 +15,7 @@ from dataclasses import replace
 import torch
 
 from node.data.dataset import Dataset
+from node.model.losses import OutOfTime
 from node.strategy.format import UpdateFormat
 from node.window.gather import Pieces
 from protocol.runconfig import RunConfig
@@ -85,11 +86,19 @@ class WindowScorer:
         self.setup_s = time.monotonic() - begun
         self.evidence: dict[int, LossScore | None] = {}  # probed at their own norm
 
-    def own_norm_score(self, uid: int) -> LossScore | None:
-        """`uid`'s update probed at its own norm (taken once); None when that failed."""
+    def own_norm_score(self, uid: int, until: float = math.inf) -> LossScore | None:
+        """`uid`'s update probed at its own norm (taken once); None when that failed, or when
+        `until` (monotonic seconds) passed before the probe's last forward pass (then it is
+        stopped there, the model restored, and nothing kept: a later call probes again)."""
         if uid not in self.evidence:
             norm = self.checks[uid].norm or 0.0
-            self.evidence[uid] = self._probe(uid, norm)
+            self.probe.stop = lambda: time.monotonic() > until
+            try:
+                self.evidence[uid] = self._probe(uid, norm)
+            except OutOfTime:
+                return None
+            finally:
+                self.probe.stop = None
         return self.evidence[uid]
 
     def admission_order(self, selected: Collection[int]) -> list[int]:
@@ -123,7 +132,7 @@ class WindowScorer:
         try:  # one decoded update at a time (the probe's reference shares it)
             at = norm if target is None else target
             return self.probe.score(uid, self.fetched[uid], norm, at)
-        except SpoolError:
+        except (SpoolError, OutOfTime):
             raise  # ours, not the peer's
         except Exception:  # one bad peer never stops the window
             log.exception("window %d: scoring uid %d failed", self.window, uid)

@@ -144,9 +144,9 @@ PUBLISH_MARGIN_S = 2.0
 
 MIN_PUBLISH_RESERVE_S = 2.0
 """The least time the lead keeps to publish after its probes (`validator.admission`): the
-decision's few requests (the aggregate, the manifest, a read of the chain's block), and the
-overrun of the last probe (probing stops once the longest probe so far no longer fits, and on a
-loaded machine the next can take a second longer)."""
+decision's few requests (the aggregate, the manifest, a read of the chain's block). A probe
+still running when that time begins is stopped before its next forward pass
+(`validator.window_scores.WindowScorer.own_norm_score`)."""
 
 MANIFEST_SETTLE_S = 2.0
 """How long after the latest store time that counts a node waits before its last read: a

@@ -22,7 +22,7 @@ from codec.aggregate import update_norm
 from codec.compress import SparseTensor
 from lab.sim.forgeries import noise_update, zero_update
 from node.data.sampling import eval_slots
-from node.model.losses import row_losses
+from node.model.losses import OutOfTime, row_losses
 from node.strategy import make_strategy
 from protocol.runconfig import RunConfig
 from tests.support.honest_updates import HonestWorld
@@ -175,3 +175,33 @@ def test_an_effect_within_float_rounding_is_no_evidence() -> None:
     got = admit([1, 2, 3], shown.get, norms, set(), math.inf, 1.5, 1e-5, 10.0)
     assert got.admitted == {2}
     assert "effect" in got.refused[1] and "z 1.00" in got.refused[3]
+
+
+def test_a_probe_past_the_leads_time_stops_before_its_next_forward_pass(world: World) -> None:
+    """The lead's probes end when its time to publish begins: a probe still running then is
+    stopped before its next forward pass (whatever the machine's load made it take), the model
+    is restored bit for bit, and nothing of it is kept, so the same probe later scores in full."""
+    secret = hashlib.blake2b(b"admission stop", digest_size=32).digest()
+    reveal = reveal_for(world.dataset, RUN.run_id, 0, secret, CFG.n_random, CFG.n_own)
+    norms = {u: update_norm(x) for u, x in world.updates.items()}
+    probe = LossProbe(world.model, RUN, world.dataset, 0, reveal, world.updates, norms, CFG, CPU)
+    start = {k: p.detach().clone() for k, p in world.model.named_parameters()}
+    uid = HONEST[0]
+    asked = 0
+
+    def stop() -> bool:  # the time runs out after two forward passes of the probe
+        nonlocal asked
+        asked += 1
+        return asked > 2
+
+    probe.stop = stop
+    with pytest.raises(OutOfTime):
+        probe.score(uid, world.updates[uid], norms[uid], norms[uid])
+    assert asked == 3  # stopped before the third micro-batch, not after the probe
+    for k, p in world.model.named_parameters():
+        assert torch.equal(p, start[k]), k
+    probe.stop = None
+    whole = probe.score(uid, world.updates[uid], norms[uid], norms[uid])
+    fresh = LossProbe(world.model, RUN, world.dataset, 0, reveal, world.updates, norms, CFG, CPU)
+    again = fresh.score(uid, world.updates[uid], norms[uid], norms[uid])
+    assert whole.own.z == again.own.z and whole.loss_after_own == again.loss_after_own

@@ -162,6 +162,9 @@ def test_scoring_stops_when_its_time_is_up(tmp_path: Path) -> None:
     assert scorer is not None
     assert set(scorer.rest(time.monotonic() + 600, [2, 3])) == {2, 3}
     assert scorer.rest(time.monotonic() - 1, [2, 3]) == {}
+    # the lead's probe past its time: stopped, and nothing kept (a later probe runs in full)
+    assert scorer.own_norm_score(2, until=time.monotonic() - 1) is None
+    assert 2 not in scorer.evidence
     # the lead's probe of an update at its own norm stands for its score at T when the norms
     # agree (here T is its own): no forward pass, so it is scored however late
     assert scorer.own_norm_score(2) is not None

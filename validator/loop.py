@@ -141,7 +141,7 @@ class Validator:
         self._reveal: SampleReveal | None = None  # the secret of the window being scored
         self._wrap_up_s: float | None = None  # the last window's work after scoring
         self._publish_s: float | None = None  # the last decision's publishing, as the lead
-        self._write_rate: float | None = None  # our bucket's, measured before the first publish
+        self._write_rate: float | None = None  # our bucket's, measured as the windows start
         self._fetch_s = 0.0  # how long this window's fetch took
         # the last outer step (on the host) and the weights it reached, while no two peers earn
         self._last_step: tuple[str, dict[str, torch.Tensor]] | None = None
@@ -192,6 +192,8 @@ class Validator:
         """Process `windows` windows in order from the saved position (never skipping one: the
         model must replay every aggregate; windows already past are fetched without waiting)."""
         reports = []
+        if self._write_rate is None:  # our bucket's, for a first publish: before any window
+            self._write_rate = write_rate(self.store)
         for _ in range(windows):
             begun = time.monotonic()
             try:
@@ -333,8 +335,6 @@ class Validator:
         passed = [u for u in roster.selected if u in checks and checks[u].ok]
         sizes = {u: up.body.size for u, up in uploads.items() if up.body}
         applied = sum(sizes.get(u, 0) for u in passed)
-        if self._publish_s is None and self._write_rate is None:
-            self._write_rate = write_rate(self.store)  # once, for the first publish
         reserve = publish_reserve(
             left, self._publish_s, applied, sum(sizes.values()), self._fetch_s, self._write_rate
         )

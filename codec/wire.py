@@ -153,7 +153,7 @@ class _Codes:
 
     def __init__(self, data: bytes, count: int, bits: int) -> None:
         self.packed = np.frombuffer(data, dtype=np.uint8)
-        self.count, self.bits, self.per_byte = count, bits, 8 // bits
+        self.bits, self.per_byte = bits, 8 // bits
         used = count % self.per_byte
         if used and self.packed.size and int(self.packed[-1]) >> (bits * used):
             raise DecodeError("non-zero padding after the value codes")

@@ -41,6 +41,7 @@ from node.runtime.clock import ChainClock
 from node.runtime.logs import fields
 from node.runtime.preflight import write_rate
 from node.runtime.report_log import REPORTS, append_line
+from node.runtime.resilient_chain import chain_was_down
 from node.runtime.retention import prune_own_bucket
 from node.strategy import make_strategy
 from node.strategy.format import Decoded
@@ -172,7 +173,9 @@ class Validator:
             losses = scorer.rest(until, sorted(agreed.updates)) if scorer else {}
             scored = time.monotonic()
             if rated:
-                self.book.update(_outcomes(checks, losses, agreed.updates))
+                if down := chain_was_down(self.chain, *self.clock.window_span_s(window)):
+                    log.warning("window %d: the chain failed us in it: lateness excused", window)
+                self.book.update(_outcomes(checks, losses, agreed.updates), chain_was_down=down)
             sketches = [c.sketch for c in checks.values() if c.sketch is not None]
             self.history.add(window, [*sketches, self._aggregate_sketch(window, agreed, checks)])
             start_fp = self.fingerprint

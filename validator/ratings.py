@@ -19,7 +19,9 @@ State per peer (`PeerRecord`, reset when a uid changes hotkey):
   missing/unreachable 0.5, late 0.5, invalid/malformed/non-finite/norm outlier 1, copy/replay 1)
   sets ``p <- min(1, p + c)``; a clean window sets ``p <- ρ p`` (ρ = ``penalty_decay``, 0.5). One
   missed window halves the score, two in a row zero it; after that every clean window halves p,
-  so a peer that behaves again is back above 90 % of its score after four windows;
+  so a peer that behaves again is back above 90 % of its score after four windows. A late or
+  missing verdict in a window in which the chain failed the validator leaves p as it was
+  (`EXCUSABLE`);
 * rating ``(μ, σ)``: OpenSkill Plackett–Luce over the window's ``s`` ranking (peers whose update
   passed every check; skipped with < 2 peers), reported as ``ordinal = μ - 3σ``. It is
   information only (see below).
@@ -144,6 +146,12 @@ class WindowOutcome(BaseModel):
     applied: bool = False  # in the window's applied set
 
 
+EXCUSABLE = frozenset({Verdict.LATE, Verdict.MISSING})
+"""Verdicts that a chain outage while the window ran excuses: every honest node reads the clock
+and waits for the decision before it from the chain, so an outage makes honest peers late or
+absent (a late or absent update earns nothing in that window either way)."""
+
+
 def severity(verdict: Verdict, cfg: ValidatorConfig) -> float:
     return {
         Verdict.OK: 0.0,
@@ -184,7 +192,9 @@ class Book:
         self.cfg = cfg
         self.records: dict[int, PeerRecord] = dict(records or {})
 
-    def update(self, outcomes: Mapping[int, WindowOutcome]) -> None:
+    def update(self, outcomes: Mapping[int, WindowOutcome], chain_was_down: bool = False) -> None:
+        """One window's outcomes into the records; `chain_was_down`: the chain failed us while
+        the window ran, so its `EXCUSABLE` verdicts leave the penalty as it was."""
         r = self.cfg.ema_rate
         scores = {
             uid: o.score
@@ -204,9 +214,10 @@ class Book:
             if rec is None or rec.hotkey != o.hotkey:  # new peer, or a recycled uid
                 rec = self.records[uid] = PeerRecord(hotkey=o.hotkey)
             sev = severity(o.verdict, self.cfg)
-            rec.penalty = (
-                min(1.0, rec.penalty + sev) if sev > 0 else rec.penalty * (self.cfg.penalty_decay)
-            )
+            if not (chain_was_down and o.verdict in EXCUSABLE):
+                rec.penalty = (
+                    min(1.0, rec.penalty + sev) if sev > 0 else rec.penalty * self.cfg.penalty_decay
+                )
             if o.in_sync is not None:
                 rec.sync_ema = _ema(rec.sync_ema, 1.0 if o.in_sync else 0.0, r)
             if o.score is not None and o.own_z is not None and math.isfinite(o.score):

@@ -38,6 +38,14 @@ class ChainClock:
             self.timing.block_time_s,
         )
 
+    def window_span_s(self, window: int) -> tuple[float, float]:
+        """When the window opens and when it is gathered, in epoch seconds (from the deadline's
+        timestamp, `deadline_s`, a block time per block either side)."""
+        deadline, step = self.deadline_s(window), self.timing.block_time_s
+        before = self.schedule.deadline_block(window) - self.schedule.first_block(window)
+        after = self.schedule.gather_block(window) - self.schedule.deadline_block(window)
+        return deadline - before * step, deadline + after * step
+
     def seconds_until(self, block: int) -> float:
         """Seconds from now until `block` starts, estimated from the head block's timestamp
         (negative once it has)."""

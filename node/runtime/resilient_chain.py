@@ -8,6 +8,10 @@ seconds, a third of a block) until `give_up_after_s` has passed since the call b
 with the time it tried. Every other error (not registered, invalid weights, a pruned block, ...)
 propagates at once. Calls are made one at a time (a lock around each attempt): a peer's exchange
 thread (`miner.flight`) and its training thread share one client, which may not be thread-safe.
+
+Every failed attempt is remembered (`Outages`): a validator asks `chain_was_down` whether the
+chain failed it while a window ran, and then holds no lateness or absence against the peers
+(an outage delays every honest node's reads of the clock and of the decision before it).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -26,6 +31,29 @@ log = logging.getLogger(f"tessera.{__name__}")
 
 GIVE_UP_AFTER_S = 600.0
 """How long one call rides out an outage before it fails (ten minutes)."""
+
+
+OUTAGES_KEPT = 64
+"""How many separate outages a node remembers (the oldest are forgotten)."""
+
+
+class Outages:
+    """The spans of wall-clock time (Unix seconds) in which chain calls failed: failures less
+    than `join_s` apart are one outage."""
+
+    def __init__(self, join_s: float) -> None:
+        self._join_s = join_s
+        self._spans: deque[list[float]] = deque(maxlen=OUTAGES_KEPT)
+
+    def failed_at(self, when: float) -> None:
+        if self._spans and when - self._spans[-1][1] <= self._join_s:
+            self._spans[-1][1] = max(self._spans[-1][1], when)
+        else:
+            self._spans.append([when, when])
+
+    def overlaps(self, start: float, end: float) -> bool:
+        """Whether a call failed between `start` and `end` (or an outage spans them)."""
+        return any(first <= end and last >= start for first, last in self._spans)
 
 
 class ResilientChain:
@@ -41,6 +69,8 @@ class ResilientChain:
         self._inner, self._give_up = inner, give_up_after_s
         self._waits = RetryPolicy(base_delay=base_delay, max_delay=max_delay)
         self._lock = threading.Lock()
+        # failed attempts: a retry waits at most max_delay, so failures further apart are two
+        self.outages = Outages(join_s=2 * max_delay)
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._inner, name)
@@ -61,6 +91,8 @@ class ResilientChain:
                 with self._lock:
                     return fn()
             except (ChainUnavailable, BlockNotFinal) as exc:
+                if isinstance(exc, ChainUnavailable):
+                    self.outages.failed_at(time.time())
                 waited = time.monotonic() - begun
                 wait = self._waits.delay(attempt)
                 if waited + wait > self._give_up:
@@ -70,6 +102,12 @@ class ResilientChain:
                     ) from exc
                 log.warning("chain %s failed (%s); retry %d in %.1fs", what, exc, attempt, wait)
                 time.sleep(wait)
+
+
+def chain_was_down(chain: Chain, start: float, end: float) -> bool:
+    """Whether `chain` (a `ResilientChain`; any other chain keeps no record) failed a call
+    between the Unix times `start` and `end`."""
+    return isinstance(chain, ResilientChain) and chain.outages.overlaps(start, end)
 
 
 def resilient(chain: Chain) -> Chain:

@@ -177,8 +177,8 @@ def test_simulation_with_ordinary_faults_on_an_s3_server(
     validator killed mid-decision and restarted at once, then killed again and down for two
     windows, while the standby validator decides; a peer killed mid-training and restarted; then
     the chain unreachable for 45 s: every honest model and both validators' stay identical after
-    every window, training goes on while the lead is down, honest peers are paid, and every
-    process exits 0."""
+    every window, training goes on while the lead is down, honest peers are paid (the lateness
+    the stall causes is excused), and every process exits 0."""
     with disable_iam_authentication():
         write = iam_user(s3_server, "simtest-*", ["s3:*"])
         read = iam_user(s3_server, "simtest-*", ["s3:GetObject", "s3:ListBucket"])
@@ -220,8 +220,12 @@ def test_simulation_with_ordinary_faults_on_an_s3_server(
     # no window after the outage undoes the training before it
     later = [loss for w, loss in synced.items() if w >= 2 and loss is not None]
     assert max(later) < 1.05 * synced[1], synced
-    for name in ("validator", "validator1", "peer0", "peer1"):  # each rode out the stall
-        assert "is down (an outage" in (out / "logs" / f"{name}.log").read_text(), name
+    # each validator rode out the stall (a peer busy training through it may make no chain call),
+    # and held no lateness it caused against the peers
+    for name in ("validator", "validator1"):
+        text = (out / "logs" / f"{name}.log").read_text()
+        assert "is down (an outage" in text and "lateness excused" in text, name
+    assert any("is down (an outage" in (out / "logs" / f"{p}.log").read_text() for p in uids)
 
 
 def _log_tails(out: Path, lines: int = 25) -> str:

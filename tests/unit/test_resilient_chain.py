@@ -53,6 +53,9 @@ class StoppedClock:
     def monotonic(self) -> float:
         return self.now
 
+    def time(self) -> float:
+        return 1_000_000.0 + self.now
+
     def sleep(self, seconds: float) -> None:
         self.now += seconds
 
@@ -68,6 +71,30 @@ def test_persistent_outage_raises_once_the_deadline_passes(
         chain.block()
     assert 0.3 - 0.02 < clock.now <= 0.3  # waits up to the deadline, never past it
     assert flaky.calls > 3
+
+
+def test_the_spans_in_which_the_chain_failed_are_remembered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two outages a minute apart are two spans; a call that succeeds leaves no mark, and a
+    window that ran wholly between or after them saw no outage."""
+    clock = StoppedClock()
+    monkeypatch.setattr(resilient_chain, "time", clock)
+    flaky = Flaky(down=5)
+    chain = ResilientChain(flaky, base_delay=0.5, max_delay=1.0)  # type: ignore[arg-type]
+    assert chain.block() == 42
+    first_end = clock.time()
+    clock.now += 60.0
+    assert chain.block() == 42  # up: nothing recorded
+    flaky.calls, flaky.down = 0, 3
+    second = clock.time()
+    assert chain.block() == 42
+    start = 1_000_000.0
+    assert resilient_chain.chain_was_down(chain, start - 5, start)  # type: ignore[arg-type]
+    assert not resilient_chain.chain_was_down(chain, first_end + 1, second - 1)  # type: ignore[arg-type]
+    assert resilient_chain.chain_was_down(chain, second, second + 100)  # type: ignore[arg-type]
+    assert not resilient_chain.chain_was_down(chain, clock.time() + 1, clock.time() + 100)  # type: ignore[arg-type]
+    assert not resilient_chain.chain_was_down(Flaky(down=0), 0, 2e9)  # type: ignore[arg-type]  # no record
 
 
 def test_a_block_not_final_yet_is_asked_again() -> None:

@@ -293,6 +293,27 @@ def test_penalty_decays_so_a_peer_recovers() -> None:
     assert book.records[0].hotkey == "new" and book.records[0].penalty == 0.0
 
 
+def test_a_chain_outage_excuses_lateness_and_absence_but_no_offence() -> None:
+    """Two late windows in a row zero a peer's pay, unless the chain failed the validator while
+    they ran: then late and missing leave the penalty as it was (neither added to nor decayed),
+    while a copy in the same window is held against the peer as ever."""
+    cfg = ValidatorConfig()
+    late = {0: WindowOutcome(hotkey="a", verdict=Verdict.LATE), 1: _ok("b", 0.01)}
+    strict, lenient = Book(cfg), Book(cfg)
+    for book, down in ((strict, False), (lenient, True)):
+        book.update({0: _ok("a", 0.02), 1: _ok("b", 0.01)})
+        book.update(late, chain_was_down=down)
+        book.update({**late, 2: WindowOutcome(hotkey="c", verdict=Verdict.COPY)}, down)
+        book.update(
+            {0: WindowOutcome(hotkey="a", verdict=Verdict.MISSING), 1: _ok("b", 0.01)}, down
+        )
+    assert strict.records[0].penalty == 1.0 and strict.final_scores()[0] == 0.0
+    assert lenient.records[0].penalty == 0.0 and lenient.final_scores()[0] > 0.0
+    assert lenient.records[2].penalty == strict.records[2].penalty == cfg.penalty_copy
+    lenient.update({0: WindowOutcome(hotkey="a", verdict=Verdict.LATE), 1: _ok("b", 0.01)})
+    assert lenient.records[0].penalty == cfg.penalty_late  # the chain up again: held against it
+
+
 def test_weights_normalise_and_land_on_the_local_chain(tmp_path: Path, keys: list) -> None:
     assert normalise({0: 2.0, 1: 0.0, 2: 6.0, 9: 1.0}, {0, 1, 2}) == {0: 0.25, 2: 0.75}
     assert normalise({0: 0.0}, {0}) == {}

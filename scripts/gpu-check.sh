@@ -5,7 +5,8 @@
 #
 #   bash scripts/gpu-check.sh [OUT_DIR]
 #
-# Needs torch with CUDA and triton; the tests run without the suite's conftest (no S3 server).
+# Needs torch with CUDA and triton, and the project's own dependencies (on a machine without
+# a package index, install their wheels first); the tests run without the suite's conftest.
 set -uo pipefail
 out=${1:-runs/gpu-check}
 mkdir -p "$out"
@@ -18,7 +19,10 @@ status=0
 "$py" -m pytest -q -rs -p no:cacheprovider --noconftest tests/unit/test_cuda_codec.py 2>&1 \
   | tee "$out/cuda_tests.txt" || status=1
 # GPU_BENCHES: the benches to run, separated by ';' (each a `tessera bench` command line)
-IFS=';' read -ra benches <<< "${GPU_BENCHES:-codec;exchange --preset 1B --peers 8}"
+# (the paper-regime training: twelve methods at once on the one GPU, about 26.5 M tokens each)
+paper="train --preset lab/configs/paper-regime.toml --replicas 8 --windows 27 --tune"
+paper+=" --strategies sparseloco:k=128 sparseloco:k=64 --jobs 12 --out $out/train"
+IFS=';' read -ra benches <<< "${GPU_BENCHES:-codec;exchange --preset 1B --peers 8;$paper}"
 for bench in "${benches[@]}"; do
   read -ra words <<< "$bench"
   name=${words[0]}

@@ -108,22 +108,31 @@ class WindowScorer:
     def rest(self, until: float, applied: Sequence[int]) -> dict[int, LossScore]:
         """Every update still scorable (after the norm verdicts) scored at ``T``, the lower
         median norm of the `applied` ones: those that need a probe until `until` (monotonic
-        seconds), those whose probe at their own norm stands for it (`REUSE_SPREAD`) always."""
+        seconds; a probe still running then stops before its next forward pass), those whose
+        probe at their own norm stands for it (`REUSE_SPREAD`) always."""
         norms = {u: self.checks[u].norm for u in applied if u in self.checks}
         target = reference_norm({u: n for u, n in norms.items() if n is not None})
         scorable = [u for u in self.draw if self.checks[u].verdict in SCORABLE]
         order = scored_after_agreement(scorable, applied, self.cap)
         out: dict[int, LossScore] = {}
         late = 0
-        for uid in order:
-            norm = self.checks[uid].norm or 0.0
-            own = self.evidence.get(uid)
-            if own is not None and target > 0 and abs(norm / target - 1) <= REUSE_SPREAD:
-                out[uid] = replace(own, target_norm=target)  # no forward pass: taken even late
-            elif time.monotonic() > until:
-                late += 1
-            elif (score := self._probe(uid, norm, target)) is not None:
-                out[uid] = score
+        self.probe.stop = lambda: time.monotonic() > until  # a probe running then stops too
+        try:
+            for uid in order:
+                norm = self.checks[uid].norm or 0.0
+                own = self.evidence.get(uid)
+                if own is not None and target > 0 and abs(norm / target - 1) <= REUSE_SPREAD:
+                    out[uid] = replace(own, target_norm=target)  # no forward pass: even late
+                    continue
+                try:
+                    if time.monotonic() > until:
+                        raise OutOfTime
+                    if (score := self._probe(uid, norm, target)) is not None:
+                        out[uid] = score
+                except OutOfTime:
+                    late += 1
+        finally:
+            self.probe.stop = None
         if late:
             log.warning("window %d: out of time, %d peers left unscored", self.window, late)
         return out

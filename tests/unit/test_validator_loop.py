@@ -3,12 +3,14 @@ published history instead of starting from the initial weights; its scoring keep
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -40,6 +42,7 @@ from protocol.stores import open_store
 from protocol.stores.spool import Sink, SpoolError
 from tests.support.chain_clock import Clock
 from tests.support.small_disk import small_tmpfs
+from validator import window_scores
 from validator.checks import Verdict
 from validator.classify import PeerCheck, check_window, measure
 from validator.fetching import SPOOL, Upload
@@ -149,7 +152,7 @@ def _scorable(v: Validator, spool: Path) -> dict[int, PeerCheck]:
     return checks
 
 
-def test_scoring_stops_when_its_time_is_up(tmp_path: Path) -> None:
+def test_scoring_stops_when_its_time_is_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Scoring a window never delays the next window's agreement: it stops at the next gather
     block, leaving the rest unscored (in an order drawn per window, not always the same uids).
     Our spool losing a scored update is our fault: scoring raises `SpoolError` rather than
@@ -162,6 +165,14 @@ def test_scoring_stops_when_its_time_is_up(tmp_path: Path) -> None:
     assert scorer is not None
     assert set(scorer.rest(time.monotonic() + 600, [2, 3])) == {2, 3}
     assert scorer.rest(time.monotonic() - 1, [2, 3]) == {}
+    # a probe still running when the time is up stops before its next forward pass, the model
+    # as it was: a clock that ticks once per look, the time up after five looks
+    before = fingerprint(v.model)
+    ticks = itertools.count()
+    monkeypatch.setattr(window_scores, "time", SimpleNamespace(monotonic=lambda: next(ticks)))
+    assert scorer.rest(5.0, [2, 3]) == {}
+    assert 2 < next(ticks) < 10 and fingerprint(v.model) == before
+    monkeypatch.undo()
     # the lead's probe past its time: stopped, and nothing kept (a later probe runs in full)
     assert scorer.own_norm_score(2, until=time.monotonic() - 1) is None
     assert 2 not in scorer.evidence

@@ -61,7 +61,7 @@ from node.runtime.phases import Phases
 from node.runtime.preflight import explain_os_error
 from node.runtime.progress import tracked
 from node.runtime.report_log import REPORTS, append_line
-from node.runtime.retention import prune_own_bucket
+from node.runtime.retention import BackgroundPruner
 from node.runtime.state import PeerState, load_error_feedback, load_state, save_ef_shard, save_state
 from node.strategy import make_strategy
 from node.strategy.aggregator import Aggregator
@@ -142,6 +142,7 @@ class Peer:
         self.pooled = PooledExchange.start(run, self.spec, exchange_workers) if pooled else None
         self.metrics = PeerMetrics(run.timing.blocks_per_window * run.timing.block_time_s)
         self.metrics.identify(self.uid, keypair.ss58_address, run.run_id)
+        self.pruner = BackgroundPruner(store, run, self.uid, keypair.ss58_address)
         self.route = Route(  # where rank 0's exchanges go (`miner.flight`)
             run, self.spec, chain, self.clock, store, self.uid, keypair.ss58_address, local_root,
             self.pooled, log,
@@ -193,9 +194,7 @@ class Peer:
                 continue
             self._record(reports[-1])
             append_line(self.state_dir / REPORTS, json.dumps(dataclasses.asdict(reports[-1])))
-            prune_own_bucket(
-                self.store, self.cfg, self.uid, self.keypair.ss58_address, reports[-1].window
-            )
+            self.pruner.start(reports[-1].window)  # never in the next window's way
             log.info(
                 "window %d: loss %.4f, %.0f tok/s, %d B up in %.2fs, gathered %s, fingerprint %s; "
                 "exchange: %s; done in %.1f s, window %d opens in %.0f s",
@@ -213,6 +212,7 @@ class Peer:
         if self.exchange.state is IN_THE_AIR:  # land the last one: the saved state holds its mean
             self._land_and_hold()
             self._save(self.next_window, self.weights.fingerprint())
+        self.pruner.wait()
         return reports
 
     def catch_up(self, window: int) -> None:

@@ -42,7 +42,7 @@ from node.runtime.logs import fields
 from node.runtime.preflight import write_rate
 from node.runtime.report_log import REPORTS, append_line
 from node.runtime.resilient_chain import chain_was_down
-from node.runtime.retention import prune_own_bucket
+from node.runtime.retention import BackgroundPruner
 from node.strategy import make_strategy
 from node.strategy.format import Decoded
 from node.window.buckets import PeerBucket
@@ -139,6 +139,7 @@ class Validator:
         if uid is None:
             raise NotRegistered(keypair.ss58_address, chain.netuid, "register it as a validator")
         self.uid = uid
+        self.pruner = BackgroundPruner(store, run, uid, keypair.ss58_address)
         self._reveal: SampleReveal | None = None  # the secret of the window being scored
         self._wrap_up_s: float | None = None  # the last window's work after scoring
         self._publish_s: float | None = None  # the last decision's publishing, as the lead
@@ -206,6 +207,7 @@ class Validator:
                 continue
             reports.append(report)
             self._record(report, time.monotonic() - begun)
+        self.pruner.wait()
         return reports
 
     def _record(self, report: ScoreReport, seconds: float) -> None:
@@ -213,7 +215,7 @@ class Validator:
         took = {"window": seconds, "after scoring": self._wrap_up_s or 0.0}
         self.metrics.record(report, took)
         append_line(self.state_dir / REPORTS, report.model_dump_json())
-        prune_own_bucket(self.store, self.run, self.uid, self.keypair.ss58_address, report.window)
+        self.pruner.start(report.window)  # never in the next window's way
         log.info(
             "window %d: aggregated %s, weights %s (%s)", report.window, report.aggregated,
             {u: round(w, 3) for u, w in report.weights.items()}, report.weights_status,

@@ -8,7 +8,9 @@ of each span of ``checkpoint_every_kept`` windows while younger than ``checkpoin
 `prune_own_bucket` applies it after each window, on every provider, by deleting: one listing of
 our run's window objects (``{run_id}/w``, paginated by the store, at most `LIST_LIMIT` entries)
 and at most `MAX_DELETES` deletions, oldest first, so a backlog drains over a few windows and a
-prune never takes long. Only names that parse (`protocol.naming`) and carry our uid and hotkey are
+prune never takes long. Nodes prune through `BackgroundPruner`, off the window's critical path: a
+store that answers slowly (throttling, retries) never delays the next window's training or
+decision, and a prune still running when the next is due is not doubled. Only names that parse (`protocol.naming`) and carry our uid and hotkey are
 touched: never another run's objects, never anything we do not recognise, and only ever our own
 bucket (the store opened with our write key).
 
@@ -23,6 +25,7 @@ cannot tell a checkpoint that must be kept from one that may go.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -117,6 +120,30 @@ def prune_own_bucket(
     if done:
         log.info("window %d: deleted %d old objects of ours (%d kept)", now, done, len(ours) - done)
     return Pruned(deleted=done, kept=len(ours) - done, pending=len(victims) - done)
+
+
+class BackgroundPruner:
+    """`prune_own_bucket` of one node's bucket in a thread of its own, one prune at a time."""
+
+    def __init__(self, store: ObjectStore, run: RunConfig, uid: int, hotkey: str) -> None:
+        self._args = (store, run, uid, hotkey)
+        self._thread: threading.Thread | None = None
+
+    def start(self, now: int) -> bool:
+        """Prune after window `now` in the background; False (nothing started) while the last
+        prune still runs: the next window's prune takes up what it leaves."""
+        if self._thread is not None and self._thread.is_alive():
+            return False
+        self._thread = threading.Thread(
+            target=prune_own_bucket, args=(*self._args, now), name="prune", daemon=True
+        )
+        self._thread.start()
+        return True
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Until the prune in progress, if any, has ended (or `timeout` seconds)."""
+        if self._thread is not None:
+            self._thread.join(timeout)
 
 
 def apply_lifecycle(store: ObjectStore) -> bool:

@@ -4,6 +4,7 @@ lifecycle rules are merged in where the provider has them, and local report logs
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from moto.core.authorization import disable_iam_authentication
 from node.runtime.report_log import append_line, log_files, read_json_lines
 from node.runtime.retention import (
     LIFECYCLE_RULES,
+    BackgroundPruner,
     apply_lifecycle,
     doomed,
     our_objects,
@@ -23,7 +25,7 @@ from node.runtime.retention import (
 from protocol.credentials import WriteCredentials
 from protocol.naming import ObjectKey, ObjectKind, object_key, parse_key
 from protocol.runconfig import RetentionConfig, RunConfig, RunConfigError
-from protocol.stores import FileStore, ObjectStore, S3Store
+from protocol.stores import FileStore, ObjectStore, S3Store, StoreError
 from tests.support.servers import TEST_ACCESS_KEY_ID, TEST_SECRET, iam_user
 
 RUN = RunConfig.preset("tiny", retention={"windows": 8, "checkpoint_every_kept": 25,
@@ -141,6 +143,39 @@ def test_a_failing_bucket_never_fails_the_window(tmp_path: Path) -> None:
         writer.put(_key(w, ObjectKind.UPDATE).render(), b"x")
     assert prune_own_bucket(store, RUN, UID, HOTKEY, now=11) is None  # logged, not raised
     assert len(our_objects(writer, RUN, UID, HOTKEY)) == 12
+
+
+class StalledStore(FileStore):
+    """A bucket whose listing answers only once the test lets it (a throttled provider)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.go, self.listings = threading.Event(), 0
+
+    def list(self, prefix: str = "", **kw: Any) -> list:
+        self.listings += 1
+        if not self.go.wait(30):  # a guard: the test releases it long before
+            raise StoreError("the test never released the listing")
+        return super().list(prefix, **kw)
+
+
+def test_a_stalled_bucket_never_holds_up_the_next_window(tmp_path: Path) -> None:
+    """A node prunes in the background: `start` returns while the bucket has not answered (the
+    next window trains meanwhile), a prune due while the last one still runs is skipped, and
+    once the bucket answers the old objects go."""
+    store = StalledStore(tmp_path / "bucket")
+    for w in range(20):
+        store.put(_key(w, ObjectKind.UPDATE).render(), b"x")
+    pruner = BackgroundPruner(store, RUN, UID, HOTKEY)
+    assert pruner.start(19)  # returns with the listing still stalled
+    assert not pruner.start(20)  # one prune at a time
+    assert len(our_objects(FileStore(tmp_path / "bucket"), RUN, UID, HOTKEY)) == 20
+    store.go.set()
+    pruner.wait()
+    assert store.listings == 1
+    assert min(k.window for k in our_objects(store, RUN, UID, HOTKEY)) == 12
+    assert pruner.start(21)  # the next window's prune runs again
+    pruner.wait()
 
 
 # -- lifecycle rules -------------------------------------------------------------------------------

@@ -20,8 +20,8 @@ State per peer (`PeerRecord`, reset when a uid changes hotkey):
   sets ``p <- min(1, p + c)``; a clean window sets ``p <- ρ p`` (ρ = ``penalty_decay``, 0.5). One
   missed window halves the score, two in a row zero it; after that every clean window halves p,
   so a peer that behaves again is back above 90 % of its score after four windows. A late or
-  missing verdict in a window in which the chain failed the validator leaves p as it was
-  (`EXCUSABLE`);
+  missing verdict in a window in which the validator saw the chain down leaves p as it was
+  (`EXCUSABLE`, `node.runtime.resilient_chain.chain_was_down`);
 * rating ``(μ, σ)``: OpenSkill Plackett–Luce over the window's ``s`` ranking (peers whose update
   passed every check; skipped with < 2 peers), reported as ``ordinal = μ - 3σ``. It is
   information only (see below).

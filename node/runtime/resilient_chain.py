@@ -10,7 +10,7 @@ propagates at once. Calls are made one at a time (a lock around each attempt): a
 thread (`miner.flight`) and its training thread share one client, which may not be thread-safe.
 
 Every failed attempt is remembered (`Outages`): a validator asks `chain_was_down` whether the
-chain failed it while a window ran, and then holds no lateness or absence against the peers
+chain was down (calls failing for `MIN_OUTAGE_S` or more) while a window ran, and then holds no lateness or absence against the peers
 (an outage delays every honest node's reads of the clock and of the decision before it).
 """
 
@@ -35,6 +35,9 @@ GIVE_UP_AFTER_S = 600.0
 
 OUTAGES_KEPT = 64
 """How many separate outages a node remembers (the oldest are forgotten)."""
+MIN_OUTAGE_S = 5.0
+"""The shortest span of failed calls that counts as the chain being down (`chain_was_down`): a
+blip that one retry rode out makes nobody late."""
 
 
 class Outages:
@@ -51,9 +54,13 @@ class Outages:
         else:
             self._spans.append([when, when])
 
-    def overlaps(self, start: float, end: float) -> bool:
-        """Whether a call failed between `start` and `end` (or an outage spans them)."""
-        return any(first <= end and last >= start for first, last in self._spans)
+    def overlaps(self, start: float, end: float, at_least_s: float = 0.0) -> bool:
+        """Whether an outage of at least `at_least_s` (its first failure to its last) had a
+        failure between `start` and `end`, or spans them."""
+        return any(
+            first <= end and last >= start and last - first >= at_least_s
+            for first, last in self._spans
+        )
 
 
 class ResilientChain:
@@ -105,9 +112,9 @@ class ResilientChain:
 
 
 def chain_was_down(chain: Chain, start: float, end: float) -> bool:
-    """Whether `chain` (a `ResilientChain`; any other chain keeps no record) failed a call
-    between the Unix times `start` and `end`."""
-    return isinstance(chain, ResilientChain) and chain.outages.overlaps(start, end)
+    """Whether `chain` (a `ResilientChain`; any other chain keeps no record) was down, its calls
+    failing for `MIN_OUTAGE_S` or more, between the Unix times `start` and `end`."""
+    return isinstance(chain, ResilientChain) and chain.outages.overlaps(start, end, MIN_OUTAGE_S)
 
 
 def resilient(chain: Chain) -> Chain:

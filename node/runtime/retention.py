@@ -122,6 +122,10 @@ def prune_own_bucket(
     return Pruned(deleted=done, kept=len(ours) - done, pending=len(victims) - done)
 
 
+LAST_PRUNE_WAIT_S = 60.0
+"""How long a node that stops waits for its last prune (what it leaves, the next start prunes)."""
+
+
 class BackgroundPruner:
     """`prune_own_bucket` of one node's bucket in a thread of its own, one prune at a time."""
 
@@ -140,8 +144,9 @@ class BackgroundPruner:
         self._thread.start()
         return True
 
-    def wait(self, timeout: float | None = None) -> None:
-        """Until the prune in progress, if any, has ended (or `timeout` seconds)."""
+    def wait(self, timeout: float = LAST_PRUNE_WAIT_S) -> None:
+        """Until the prune in progress, if any, has ended, or `timeout` seconds (a store that
+        hangs never keeps a node from stopping: the thread is a daemon)."""
         if self._thread is not None:
             self._thread.join(timeout)
 

@@ -89,12 +89,29 @@ def test_the_spans_in_which_the_chain_failed_are_remembered(
     flaky.calls, flaky.down = 0, 3
     second = clock.time()
     assert chain.block() == 42
-    start = 1_000_000.0
-    assert resilient_chain.chain_was_down(chain, start - 5, start)  # type: ignore[arg-type]
-    assert not resilient_chain.chain_was_down(chain, first_end + 1, second - 1)  # type: ignore[arg-type]
-    assert resilient_chain.chain_was_down(chain, second, second + 100)  # type: ignore[arg-type]
-    assert not resilient_chain.chain_was_down(chain, clock.time() + 1, clock.time() + 100)  # type: ignore[arg-type]
-    assert not resilient_chain.chain_was_down(Flaky(down=0), 0, 2e9)  # type: ignore[arg-type]  # no record
+    start, spans = 1_000_000.0, chain.outages
+    assert spans.overlaps(start - 5, start)
+    assert not spans.overlaps(first_end + 1, second - 1)
+    assert spans.overlaps(second, second + 100)
+    assert not spans.overlaps(clock.time() + 1, clock.time() + 100)
+
+
+def test_only_an_outage_of_some_seconds_counts_as_the_chain_down() -> None:
+    """Failures less than `join_s` apart are one outage, from the first to the last; a blip that
+    one retry rode out is not the chain down (`MIN_OUTAGE_S`), and a chain that keeps no record
+    was never down."""
+    outages = resilient_chain.Outages(join_s=8.0)
+    for t in (100.0, 103.0, 106.5):  # one outage of 6.5 s
+        outages.failed_at(t)
+    outages.failed_at(200.0)  # a blip, 93.5 s later
+    chain = ResilientChain(Flaky(down=0))  # type: ignore[arg-type]
+    chain.outages = outages
+    down = resilient_chain.chain_was_down
+    assert down(chain, 90.0, 101.0) and down(chain, 104.0, 105.0)  # type: ignore[arg-type]
+    assert not down(chain, 107.0, 199.0)  # type: ignore[arg-type]
+    assert not down(chain, 150.0, 250.0)  # type: ignore[arg-type]  # the blip alone
+    assert outages.overlaps(150.0, 250.0)  # it was recorded all the same
+    assert not down(Flaky(down=0), 0.0, 2e9)  # type: ignore[arg-type]
 
 
 def test_a_block_not_final_yet_is_asked_again() -> None:

@@ -185,6 +185,18 @@ class _Stalled:
         return getattr(self._chain, name)
 
 
+def test_a_windows_span_runs_from_its_first_block_to_its_gather_block(tmp_path: Path) -> None:
+    """The span in which a validator asks whether the chain failed it (`ChainClock.window_span_s`):
+    from the timestamp of the window's first block to that of its gather block."""
+    clock, chain, run = _window_at_block_30(tmp_path)
+    times = ChainClock(chain, run)
+    clock.at(times.gather_block(0) + 3)
+    start, end = times.window_span_s(0)
+    assert start == pytest.approx(chain.block_timestamp(30).timestamp())
+    assert end == pytest.approx(chain.block_timestamp(times.gather_block(0)).timestamp())
+    assert end - start == pytest.approx((times.gather_block(0) - 30) * BLOCK_TIME)
+
+
 def test_a_stall_before_the_deadline_moves_the_deadline_with_it(tmp_path: Path) -> None:
     """The chain stops for 60 s inside window 0 (after block 35): its deadline block (42) comes
     60 s later, and an upload stored in those 60 s is on time. Once the deadline block exists

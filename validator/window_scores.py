@@ -9,7 +9,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 
 import torch
@@ -92,14 +93,22 @@ class WindowScorer:
         stopped there, the model restored, and nothing kept: a later call probes again)."""
         if uid not in self.evidence:
             norm = self.checks[uid].norm or 0.0
-            self.probe.stop = lambda: time.monotonic() > until
             try:
-                self.evidence[uid] = self._probe(uid, norm)
+                with self._stopping_at(until):
+                    self.evidence[uid] = self._probe(uid, norm)
             except OutOfTime:
                 return None
-            finally:
-                self.probe.stop = None
         return self.evidence[uid]
+
+    @contextmanager
+    def _stopping_at(self, until: float) -> Iterator[None]:
+        """The probe's forward passes stop (`OutOfTime`) once `until` (monotonic seconds) has
+        passed."""
+        self.probe.stop = lambda: time.monotonic() > until
+        try:
+            yield
+        finally:
+            self.probe.stop = None
 
     def admission_order(self, selected: Collection[int]) -> list[int]:
         """The selected updates that passed every check, in scoring order."""
@@ -116,23 +125,23 @@ class WindowScorer:
         order = scored_after_agreement(scorable, applied, self.cap)
         out: dict[int, LossScore] = {}
         late = 0
-        self.probe.stop = lambda: time.monotonic() > until  # a probe running then stops too
-        try:
-            for uid in order:
-                norm = self.checks[uid].norm or 0.0
-                own = self.evidence.get(uid)
-                if own is not None and target > 0 and abs(norm / target - 1) <= REUSE_SPREAD:
-                    out[uid] = replace(own, target_norm=target)  # no forward pass: even late
-                    continue
-                try:
-                    if time.monotonic() > until:
-                        raise OutOfTime
-                    if (score := self._probe(uid, norm, target)) is not None:
-                        out[uid] = score
-                except OutOfTime:
-                    late += 1
-        finally:
-            self.probe.stop = None
+        for uid in order:
+            norm = self.checks[uid].norm or 0.0
+            own = self.evidence.get(uid)
+            if own is not None and target > 0 and abs(norm / target - 1) <= REUSE_SPREAD:
+                out[uid] = replace(own, target_norm=target)  # no forward pass: taken even late
+                continue
+            if time.monotonic() > until:
+                late += 1
+                continue
+            try:
+                with self._stopping_at(until):  # a probe still running then stops too
+                    score = self._probe(uid, norm, target)
+            except OutOfTime:
+                late += 1
+                continue
+            if score is not None:
+                out[uid] = score
         if late:
             log.warning("window %d: out of time, %d peers left unscored", self.window, late)
         return out

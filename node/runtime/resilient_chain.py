@@ -10,8 +10,9 @@ propagates at once. Calls are made one at a time (a lock around each attempt): a
 thread (`miner.flight`) and its training thread share one client, which may not be thread-safe.
 
 Every failed attempt is remembered (`Outages`): a validator asks `chain_was_down` whether the
-chain was down (calls failing for `MIN_OUTAGE_S` or more) while a window ran, and then holds no lateness or absence against the peers
-(an outage delays every honest node's reads of the clock and of the decision before it).
+chain was down (calls failing for `MIN_OUTAGE_S` or more) while a window ran, and then holds no
+lateness or absence against the peers (an outage delays every honest node's reads of the clock
+and of the decision before it).
 """
 
 from __future__ import annotations

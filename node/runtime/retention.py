@@ -10,9 +10,9 @@ our run's window objects (``{run_id}/w``, paginated by the store, at most `LIST_
 and at most `MAX_DELETES` deletions, oldest first, so a backlog drains over a few windows and a
 prune never takes long. Nodes prune through `BackgroundPruner`, off the window's critical path: a
 store that answers slowly (throttling, retries) never delays the next window's training or
-decision, and a prune still running when the next is due is not doubled. Only names that parse (`protocol.naming`) and carry our uid and hotkey are
-touched: never another run's objects, never anything we do not recognise, and only ever our own
-bucket (the store opened with our write key).
+decision, and a prune still running when the next is due is not doubled. Only names that parse
+(`protocol.naming`) and carry our uid and hotkey are touched: never another run's objects, never
+anything we do not recognise, and only ever our own bucket (the store opened with our write key).
 
 `apply_lifecycle` adds, where the provider supports S3 lifecycle rules (R2, S3, MinIO), what a
 deletion cannot do: abort multipart uploads left incomplete for a day (a crashed checkpoint upload

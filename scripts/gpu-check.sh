@@ -6,12 +6,19 @@
 #   bash scripts/gpu-check.sh [OUT_DIR]
 #
 # Needs torch with CUDA and triton, and the project's own dependencies (on a machine without
-# a package index, install their wheels first); the tests run without the suite's conftest.
+# a package index, their wheels in WHEELS=folder); the tests run without the suite's conftest.
 set -uo pipefail
 out=${1:-runs/gpu-check}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 py=${PYTHON:-python3}
+# WHEELS: a folder of wheels installed first into a folder of their own, for a GPU machine with
+# no package index (the project's dependencies its image lacks, downloaded for its Python)
+if [ -n "${WHEELS:-}" ]; then
+  site=$(mktemp -d)
+  "$py" -m pip install -q --no-index --no-deps --target "$site" "$WHEELS"/*.whl || exit 1
+  export PYTHONPATH="$site:$PYTHONPATH"
+fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 "$py" -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' \
   | tee -a "$out/gpu.txt"

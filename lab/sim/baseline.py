@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import multiprocessing
 import os
@@ -44,22 +43,17 @@ def _heldout(world: World) -> torch.Tensor:
 class BaselineInBackground:
     """`ddp_losses` over the run's planned windows, trained while the simulation runs: in a
     process of the lowest priority on one thread, so that it takes only the CPU the members
-    leave and the report is ready as soon as the run ends. Once the run is over the process is
-    put back at normal priority where this process may do that (as root): on a machine kept
-    busy by other work it would otherwise get almost nothing. A window past the plan (a member
+    leave and the report is ready as soon as the run ends. A window past the plan (a member
     that started late) has it trained again, whole, once the run is over."""
 
     def __init__(self, world: World, windows: int) -> None:
         self.world = world
         context = multiprocessing.get_context("spawn")  # no fork of a process with threads
         self._pool = ProcessPoolExecutor(1, mp_context=context, initializer=_background)
-        self.pid = self._pool.submit(os.getpid).result()  # the one worker's
         self._planned = self._pool.submit(ddp_losses, world, list(range(windows)))
 
     def losses(self, windows: list[int]) -> dict[int, float]:
-        """The baseline's held-out loss after each of `windows` (the run is over)."""
-        with contextlib.suppress(OSError):  # not ours to raise: it goes on at the lowest
-            os.setpriority(os.PRIO_PROCESS, self.pid, 0)
+        """The baseline's held-out loss after each of `windows`."""
         planned = self._planned.result()
         if any(w not in planned for w in windows):
             planned = ddp_losses(self.world, windows)

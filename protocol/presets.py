@@ -15,9 +15,9 @@ from typing import Any
 # box's memory allows) while upload, gather, decode and the lead's probes fit in the rest. 1B and
 # 8B train H = 100 inner steps a window (the SparseLoCo paper tests H <= 250, and its loss grows
 # with H); 1B takes a larger batch to keep its exchange (the gather's grace and the lead's
-# probes) under a tenth of the window. `fetch_budget_s` covers the download, and the manifest wait the decode and the
-# probes of the probation slots' updates even when the fetch takes its whole budget; the lead
-# probes established peers in the time left. Warmup keeps the earlier presets' warmup steps;
+# probes) under a tenth of the window. `fetch_budget_s` covers the download, and the manifest
+# wait the decode and the probes of the probation slots' updates even when the fetch takes its
+# whole budget; the lead probes established peers in the time left. Warmup keeps the earlier presets' warmup steps;
 # `total_windows` keeps their tokens. The larger presets' codec follows the SparseLoCo paper
 # (docs/training.md).
 

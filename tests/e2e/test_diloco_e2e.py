@@ -17,6 +17,11 @@ WINDOWS = 5
 (with no decision it would wait for a manifest until the cutoff block, fetch budget plus
 manifest wait: 90 s, before it ends)."""
 START_BLOCK = 70  # at the latest: window 0 opens once every process is up (`open_when_up`)
+BLOCKS_PER_WINDOW = 40
+"""20 s windows: with delay 1 a peer waits for the previous window's manifest after its first
+inner step, and the lead's first decision (probe set up, two updates probed) takes up to 11 s
+beside the other end-to-end runs on two cores; in 15 s windows the peers then missed window 1's
+deadline."""
 
 
 @pytest.mark.slow
@@ -30,7 +35,7 @@ def test_diloco_peers_validator_and_a_latecomer_stay_identical(tmp_path: Path) -
         name="diloco-e2e", strategy="diloco", inner_steps=2,
         optimizer={"warmup_steps": 2},
         outer={"optimizer": "nesterov", "alpha": 0.7, "delay": delay},
-        timing={"block_time_s": 0.5, "blocks_per_window": 30, "upload_deadline_blocks": 8,
+        timing={"block_time_s": 0.5, "blocks_per_window": BLOCKS_PER_WINDOW, "upload_deadline_blocks": 8,
                 "clock_skew_tolerance_s": 0.5, "start_block": START_BLOCK},
     )  # fmt: skip
     local.create_chain()

@@ -16,6 +16,7 @@ import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
+from codec.aggregate import clip_factors
 from codec.spec import ModelSpec
 from node.strategy import make_format
 from node.strategy.format import Decoded, UpdateFormat
@@ -29,6 +30,7 @@ from validator.copies import (
     Sketch,
     SketchHistory,
     Stamp,
+    aggregate_sketch,
     best_matches,
     explain_window,
     sketch,
@@ -167,3 +169,30 @@ def _copies_and_replays(
             c.verdict, c.detail = Verdict.COPY, e.window.detail()
         elif e.history.share >= cfg.replay_threshold:
             c.verdict, c.detail = Verdict.REPLAY, e.history.detail()
+
+
+def applied_sketch(
+    window: int, applied: Mapping[int, Decoded], checks: Mapping[int, PeerCheck], spec: ModelSpec,
+    run: RunConfig, cfg: ValidatorConfig, salt: int, fmt: UpdateFormat,
+) -> Sketch:  # fmt: skip
+    """The sketch of the mean a window applies (what a recycler would re-upload), with each
+    update scaled by its whole-update clip factor: the mean clips sparse updates chunk by chunk,
+    which rescales chunks by a few per cent and leaves positions and signs, all a recycler's copy
+    is matched on (the sketches keep no per-chunk norms)."""
+    uids = sorted(applied)
+    members, norms = [], []
+    for u in uids:
+        up, check = applied[u], checks.get(u)
+        if check and check.sketch and check.norm is not None and check.sketch.digest == up.digest:
+            members.append(check.sketch)  # our own copy: already measured
+            norms.append(check.norm)
+            continue
+        tensors = up.tensors  # the lead's copy: measured here, once
+        members.append(
+            sketch(
+                u, window, up.digest, tensors, spec, run.codec, cfg.sketch_size, salt, fmt.entries
+            )
+        )
+        norms.append(fmt.norm(tensors))
+    factors = clip_factors(norms)
+    return aggregate_sketch(window, members, [f / len(uids) for f in factors])

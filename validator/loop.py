@@ -1,7 +1,8 @@
 """The validator: one `run_window` per window, top to bottom (the maths: docs/incentives.md).
 
-1. wait for the window's gather point (deadline + skew tolerance, exactly when peers gather) and
-   read the window's roster from its pinned chain snapshot (`node.window.consensus`);
+1. read the window's roster from its pinned chain snapshot (`node.window.consensus`) and, while
+   waiting for its gather point (deadline + skew tolerance, exactly when peers gather), take the
+   probe's passes that need no update (`probe_start`);
 2. fetch every peer's update and fingerprint under the run's hard budget (`fetching`) and
    classify them (`classify`: missing / late / invalid / malformed / copy / replay / sync);
 3. agree on the window's set (`agreement`): the lead validator probes the selected updates that
@@ -31,7 +32,6 @@ from pathlib import Path
 import torch
 from substrateinterface import Keypair
 
-from codec.aggregate import clip_factors
 from codec.errors import TesseraError
 from codec.spec import ModelSpec
 from node.data.batches import open_run_dataset
@@ -50,17 +50,12 @@ from node.window.consensus import (
     Agreement,
     Roster,
     last_publish_block,
+    roster_block,
     wait_for_manifest,
     window_roster,
 )
 from node.window.gather import Pieces
-from node.window.history import (
-    Source,
-    catch_up_any,
-    history_sources,
-    publish_checkpoint,
-    resync,
-)
+from node.window.history import Source, catch_up_any, history_sources, publish_checkpoint, resync
 from node.window.pooled import mean_of_stored, open_pool
 from protocol.chain.base import Chain
 from protocol.chain.errors import BlockPruned, NotRegistered
@@ -70,24 +65,30 @@ from protocol.stores import ObjectStore, StoreError
 from protocol.stores.spool import SpoolError
 from validator.admission import Admission, admit, publish_reserve
 from validator.agreement import Decider, adopt, follow, mark_equivocations, propose, publish_history
-from validator.classify import Measured, PeerCheck, check_window, mark_norm_outliers, measure
+from validator.classify import (
+    Measured,
+    PeerCheck,
+    applied_sketch,
+    check_window,
+    mark_norm_outliers,
+    measure,
+)
 from validator.config import ValidatorConfig
-from validator.copies import Sketch, SketchHistory, aggregate_sketch, sketch
+from validator.copies import SketchHistory
 from validator.fetching import Upload, clear_spool, fetch_uploads, window_spool
 from validator.metrics import ValidatorMetrics
+from validator.probe_start import ProbeStart
 from validator.probe_state import probe_keep
-from validator.ratings import Book, WindowOutcome
+from validator.ratings import Book, window_outcomes
 from validator.reports import ScoreReport, WindowResult, build_report
 from validator.reveal import (
     COMMIT_AHEAD,
     SampleReveal,
     commit_key,
     new_reveal_key,
-    reveal_for,
     signed_commit,
-    window_secret,
+    window_reveal,
 )
-from validator.scoring import LossScore
 from validator.state import ValidatorState, load_state, save_state
 from validator.weights import normalise, set_weights
 from validator.window_scores import SCORABLE, WindowScorer
@@ -107,6 +108,11 @@ class ValidatorError(TesseraError, RuntimeError):
 WRAP_UP_MARGIN = 2.0
 """How much slower than last time the work after scoring (outer step, weights, publishing, state)
 may turn out: scoring stops that much before the next gather block."""
+
+
+EARLY_ROSTER_BLOCKS = 3
+"""How far the chain must be past a window's roster block for the roster to be read before the
+gather (a block is final, so readable, about two blocks after it)."""
 
 
 class Validator:
@@ -155,9 +161,10 @@ class Validator:
     # -- the window --------------------------------------------------------------------------
 
     def run_window(self, window: int) -> ScoreReport:
+        early, start = self._before_gather(window)  # the roster and the probe's start, if live
         self.clock.wait_for_block(self.clock.gather_block(window))
         live = window >= self.current_window() - 1  # else a window long past: catching up
-        roster = window_roster(self.chain, self.run, window, self.local_root)
+        roster = early or window_roster(self.chain, self.run, window, self.local_root)
         hotkeys, buckets, no_bucket = _members(roster)
         with window_spool(self.state_dir, window) as spool:  # the updates' bytes, until stepped
             uploads = self._fetch(window, list(buckets.values()), spool, roster.selected)
@@ -167,8 +174,10 @@ class Validator:
                 window, hotkeys, uploads, no_bucket, self.fingerprint if window > 0 else None,
                 self.history, self.run, self.spec, self.cfg, self.salt, self.strategy.format,
             )  # fmt: skip
-            scorer = self._scorer(window, checks) if live and rated else None
+            scorer = self._scorer(window, checks, start) if live and rated else None
             agreed = self._agree(window, roster, uploads, checks, spool, scorer)
+            if agreed.forked and scorer is not None:  # resynced: probe the model we now hold
+                scorer = self._scorer(window, checks, start)
             mark_norm_outliers(checks, sorted(agreed.updates), self.cfg.norm_ratio)
             until = self._scoring_deadline(window)
             losses = scorer.rest(until, sorted(agreed.updates)) if scorer else {}
@@ -176,9 +185,15 @@ class Validator:
             if rated:
                 if down := chain_was_down(self.chain, *self.clock.window_span_s(window)):
                     log.warning("window %d: the chain failed us in it: lateness excused", window)
-                self.book.update(_outcomes(checks, losses, agreed.updates), chain_was_down=down)
+                self.book.update(
+                    window_outcomes(checks, losses, agreed.updates), chain_was_down=down
+                )
             sketches = [c.sketch for c in checks.values() if c.sketch is not None]
-            self.history.add(window, [*sketches, self._aggregate_sketch(window, agreed, checks)])
+            sketches.append(applied_sketch(
+                window, agreed.updates, checks, self.spec, self.run, self.cfg, self.salt,
+                self.strategy.format,
+            ))  # fmt: skip
+            self.history.add(window, sketches)
             start_fp = self.fingerprint
             self._outer_step(agreed, keep=self.book.launching(hotkeys))
         weights = normalise(self.book.final_scores(), set(hotkeys))
@@ -301,27 +316,56 @@ class Validator:
         log.warning("window %d: forked from the lead validator: resyncing", window)
         others = self._other_sources()
         s = self.strategy
-        if not resync(self.model, s.aggregator, s.outer, others, window, lead_fingerprint):
-            log.error(
-                "window %d: still forked from the lead validator (no published history "
-                "rebuilds its model); retrying at the next window", window,
-            )  # fmt: skip
+        if resync(self.model, s.aggregator, s.outer, others, window, lead_fingerprint):
+            self.fingerprint = fingerprint(self.model)
+            return
+        log.error(
+            "window %d: still forked from the lead validator (no published history rebuilds "
+            "its model); retrying at the next window", window,
+        )  # fmt: skip
 
-    def _scorer(self, window: int, checks: Mapping[int, PeerCheck]) -> WindowScorer | None:
-        """The window's probe on the samples of its secret (`validator.reveal`); None when no
-        update can be scored."""
+    def _before_gather(self, window: int) -> tuple[Roster | None, ProbeStart | None]:
+        """While we wait for a live window's gather block, once its roster block is final: the
+        roster, and the probe's passes at the window's start for its selected peers
+        (`validator.probe_start`), until the gather block."""
+        settled = roster_block(self.run, window) + EARLY_ROSTER_BLOCKS
+        left = self.clock.seconds_until(self.clock.gather_block(window))
+        if window < self.current_window() - 1 or self.chain.block() < settled or left <= 0:
+            return None, None
+        roster = window_roster(self.chain, self.run, window, self.local_root)
+        start = ProbeStart(
+            self.model, self.run, self.dataset, window, window_reveal(self.reveal_key, self.dataset, self.run, window, self.cfg), self.cfg,
+            self.device, self.strategy.format, self.fingerprint,
+        )  # fmt: skip
+        if self.book.launching({u: roster.hotkey(u) or "" for u in roster.selected}):
+            start.use_previous(self._previous_step())
+        until = time.monotonic() + left
+        done = start.prepare(roster.selected, lambda: time.monotonic() > until)
+        log.info(
+            "window %d: the probe's passes at the start taken before the gather for %d of %d "
+            "selected peers", window, done, len(roster.selected),
+        )  # fmt: skip
+        return roster, start
+
+    def _previous_step(self) -> dict[str, torch.Tensor] | None:
+        """The step that led to our weights, kept while no two peers earn (the launch covariate)."""
+        last = self._last_step
+        return last[1] if last is not None and last[0] == self.fingerprint else None
+
+    def _scorer(
+        self, window: int, checks: Mapping[int, PeerCheck], start: ProbeStart | None = None
+    ) -> WindowScorer | None:
+        """The window's probe on the samples of its secret (`validator.reveal`), on the passes
+        `start` took before the gather while our weights are still the ones it took them on;
+        None when no update can be scored."""
         self._reveal = None
         if not any(c.verdict in SCORABLE for c in checks.values()):
             return None
-        secret = window_secret(self.reveal_key, self.run.run_id, window)
-        self._reveal = reveal_for(
-            self.dataset, self.run.run_id, window, secret, self.cfg.n_random, self.cfg.n_own
-        )
-        last = self._last_step  # the covariate at launch, if it led to these weights
-        previous = last[1] if last is not None and last[0] == self.fingerprint else None
+        self._reveal = window_reveal(self.reveal_key, self.dataset, self.run, window, self.cfg)
+        start = start if start is not None and start.fingerprint == self.fingerprint else None
         return WindowScorer(
             self.model, self.run, self.dataset, window, self._reveal, checks, self.book,
-            self.cfg, self.device, self.strategy.format, previous,
+            self.cfg, self.device, self.strategy.format, self._previous_step(), start,
         )  # fmt: skip
 
     def _admit(
@@ -353,7 +397,7 @@ class Validator:
             order, (lambda u: scorer.own_norm_score(u, until)) if scorer else lambda _: None,
             norms, established, until,
             self.cfg.admit_z, self.cfg.admit_min_effect, self.cfg.norm_ratio,
-            scorer.setup_s if scorer else 0.0,
+            scorer.first_estimate_s if scorer else 0.0,
         )  # fmt: skip
         for uid, why in sorted(admission.refused.items()):
             log.info("window %d: uid %d not applied: %s", window, uid, why)
@@ -364,35 +408,6 @@ class Validator:
             scorer.setup_s if scorer else 0.0, sorted(admission.admitted),
         )  # fmt: skip
         return admission
-
-    def _aggregate_sketch(
-        self, window: int, agreed: Agreement, checks: Mapping[int, PeerCheck]
-    ) -> Sketch:
-        """The sketch of the mean this window applies (what a recycler would re-upload), with
-        each update scaled by its whole-update clip factor: the mean clips sparse updates chunk
-        by chunk, which rescales chunks by a few per cent and leaves positions and signs, all a
-        recycler's copy is matched on (the sketches keep no per-chunk norms)."""
-        uids = sorted(agreed.updates)
-        members, norms = [], []
-        for u in uids:
-            up, check = agreed.updates[u], checks.get(u)
-            if (
-                check
-                and check.sketch
-                and check.norm is not None
-                and check.sketch.digest == up.digest
-            ):
-                members.append(check.sketch)  # our own copy: already measured
-                norms.append(check.norm)
-                continue
-            tensors = up.tensors  # the lead's copy: measured here, once
-            members.append(sketch(
-                u, window, up.digest, tensors, self.spec, self.run.codec,
-                self.cfg.sketch_size, self.salt, self.strategy.format.entries,
-            ))  # fmt: skip
-            norms.append(self.strategy.format.norm(tensors))
-        factors = clip_factors(norms)
-        return aggregate_sketch(window, members, [f / len(uids) for f in factors])
 
     def _scoring_deadline(self, window: int) -> float:
         """When scoring `window` must stop (monotonic seconds): before the next window's gather
@@ -573,23 +588,6 @@ class Validator:
             self._publish_commits(range(max(self.next_window, now - 1), now + COMMIT_AHEAD + 1))
         except StoreError as exc:
             log.error("publishing the sample commitments failed: %s", exc)
-
-
-def _outcomes(
-    checks: Mapping[int, PeerCheck], losses: Mapping[int, LossScore], applied: Collection[int]
-) -> dict[int, WindowOutcome]:
-    return {
-        uid: WindowOutcome(
-            hotkey=c.hotkey,
-            verdict=c.verdict,
-            in_sync=c.in_sync,
-            score=losses[uid].score if uid in losses else None,
-            own_z=losses[uid].own.z if uid in losses else None,
-            own_effect=losses[uid].own.diff if uid in losses else None,
-            applied=uid in applied,
-        )
-        for uid, c in checks.items()
-    }
 
 
 def _members(roster: Roster) -> tuple[dict[int, str], dict, dict[int, str]]:

@@ -89,12 +89,17 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Collection, Mapping
+from typing import TYPE_CHECKING
 
 from openskill.models import PlackettLuce
 from pydantic import BaseModel, ConfigDict
 
 from validator.checks import Verdict
 from validator.config import ValidatorConfig
+
+if TYPE_CHECKING:  # the checks' and the probe's results, read here
+    from validator.classify import PeerCheck
+    from validator.scoring import LossScore
 
 MODEL = PlackettLuce()
 MU0, SIGMA0 = MODEL.mu, MODEL.sigma
@@ -144,6 +149,24 @@ class WindowOutcome(BaseModel):
     own_z: float | None = None  # the window's own-data statistic, when scored
     own_effect: float | None = None  # the window's own-data effect, when scored
     applied: bool = False  # in the window's applied set
+
+
+def window_outcomes(
+    checks: Mapping[int, PeerCheck], losses: Mapping[int, LossScore], applied: Collection[int]
+) -> dict[int, WindowOutcome]:
+    """Each checked peer's outcome of the window: its verdict, its score where it was scored."""
+    return {
+        uid: WindowOutcome(
+            hotkey=c.hotkey,
+            verdict=c.verdict,
+            in_sync=c.in_sync,
+            score=losses[uid].score if uid in losses else None,
+            own_z=losses[uid].own.z if uid in losses else None,
+            own_effect=losses[uid].own.diff if uid in losses else None,
+            applied=uid in applied,
+        )
+        for uid, c in checks.items()
+    }
 
 
 EXCUSABLE = frozenset({Verdict.LATE, Verdict.MISSING})

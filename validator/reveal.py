@@ -39,6 +39,7 @@ from node.data.sampling import SlotPermutation, assigned_slots, eval_slots, samp
 from protocol.keys import AddressError, ss58_to_public_key
 from protocol.naming import run_prefix
 from protocol.runconfig import RunConfig
+from validator.config import ValidatorConfig
 
 COMMIT_AHEAD = 2
 """Commitments are published this many windows ahead of the window being scored."""
@@ -192,3 +193,11 @@ def verify_commit_record(record: CommitRecord) -> None:
         ok = False
     if ok is not True:
         raise RevealError(f"window {record.window}: commitment signature does not verify")
+
+
+def window_reveal(
+    reveal_key: bytes, dataset: Dataset, run: RunConfig, window: int, cfg: ValidatorConfig
+) -> SampleReveal:
+    """The reveal of our secret of `window`: the samples we score it on."""
+    secret = window_secret(reveal_key, run.run_id, window)
+    return reveal_for(dataset, run.run_id, window, secret, cfg.n_random, cfg.n_own)

@@ -65,18 +65,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from codec.compress import SparseTensor
-from codec.spec import ModelSpec
 from node.data.dataset import Dataset
-from node.model.losses import row_losses
-from node.strategy import make_format
 from node.strategy.format import UpdateFormat
 from protocol.runconfig import RunConfig
 from validator.config import ValidatorConfig
-from validator.probe_state import copy_to, probe_keep, zeros_on
-from validator.reveal import SampleReveal, own_slots
-
-Update = Sequence[SparseTensor]
+from validator.probe_start import ProbeStart, Update
+from validator.probe_state import zeros_on
+from validator.reveal import SampleReveal
 
 
 @dataclass(frozen=True)
@@ -238,6 +233,9 @@ class LossProbe:
     it, and no update of this window, however many hotkeys sent them, has a share in it: a crowd
     that dilutes the consensus (tiny updates set its step's length, their norms' median, to
     theirs: its gain is float rounding) leaves this one whole.
+
+    `start` is the window's start as taken before the gather (`validator.probe_start`): the
+    passes it holds are not run again.
     """
 
     def __init__(
@@ -253,13 +251,12 @@ class LossProbe:
         device: torch.device,
         fmt: UpdateFormat | None = None,
         previous: Mapping[str, torch.Tensor] | None = None,
+        start: ProbeStart | None = None,
     ) -> None:
-        self.model, self.run, self.dataset, self.window = model, run, dataset, window
-        self.reveal, self.cfg, self.device = reveal, cfg, device
-        self.stop: Callable[[], bool] | None = None  # asked before each forward pass
-        self.keep = probe_keep(cfg.probe_state, run, device)  # the copies below live there
-        # the validator's own strategy's format: a shared-support one needs the window's support
-        self.format = fmt or make_format(run, ModelSpec.from_module(model))
+        # the window's start (`validator.probe_start`), taken before the gather where given
+        self.base = start or ProbeStart(model, run, dataset, window, reveal, cfg, device, fmt)
+        self.base.use_previous(previous)
+        self.model, self.run, self.cfg = model, run, cfg
         self.eta = cfg.score_scale * run.outer.alpha
         self.members = [
             u for u in sorted(reference) if u in norms and math.isfinite(norms[u]) and norms[u] > 0
@@ -267,30 +264,35 @@ class LossProbe:
         # the consensus direction's members at their lower median norm
         self.target = reference_norm({u: norms[u] for u in self.members})
         self.reference, self.norms = reference, norms
-        self.start = {k: copy_to(p, self.keep) for k, p in model.named_parameters()}
-        model.eval()
-        self.random = dataset.read_slots(np.asarray(reveal.random_slots, dtype=np.int64))
-        self.before_random = self._rows(self.random)
         self.ref = self._consensus(reference, norms)
-        self.prev = None if previous is None else self._last(previous)
-        # each covariate step's per-sample gains on the random samples (None: no such step)
-        self.ref_random = self._step_gain(self.ref, self.before_random, self.random)
-        self.prev_random = self._step_gain(self.prev, self.before_random, self.random)
-        self._own_gains: dict[int, tuple[np.ndarray, np.ndarray | None, np.ndarray | None]] = {}
+        # the consensus step's per-sample gains on the random samples (None: no such step)
+        self.ref_random = self.base.step_gain(self.ref, self.before_random, self.random)
+        self._ref_own: dict[int, np.ndarray | None] = {}
 
-    def _rows(self, batch: torch.Tensor) -> np.ndarray:
-        return row_losses(self.model, batch, self.run.micro_batch_size, self.device, stop=self.stop)
+    @property
+    def stop(self) -> Callable[[], bool] | None:
+        """Asked before each forward pass: True stops the probe (`OutOfTime`)."""
+        return self.base.stop
 
-    @staticmethod
-    def _gain(before: np.ndarray, after: np.ndarray) -> np.ndarray:
-        return (before - after) / before.mean() if before.size else before
+    @stop.setter
+    def stop(self, stop: Callable[[], bool] | None) -> None:
+        self.base.stop = stop
 
-    def _step_gain(
-        self, step: dict[str, torch.Tensor] | None, before: np.ndarray, batch: torch.Tensor
-    ) -> np.ndarray | None:
-        """Per-sample gains of `batch` (losses `before` at the start) under a covariate's `step`
-        (None when there is no such step)."""
-        return None if step is None else self._gain(before, self._stepped(step, [batch])[0])
+    @property
+    def random(self) -> torch.Tensor:
+        return self.base.random
+
+    @property
+    def before_random(self) -> np.ndarray:
+        return self.base.random_losses()
+
+    @property
+    def start(self) -> dict[str, torch.Tensor]:
+        return self.base.start
+
+    @property
+    def prev(self) -> dict[str, torch.Tensor] | None:
+        return self.base.prev
 
     def _factor(self, norm: float, target: float) -> float:
         """The step multiplier that brings an update of `norm` to ``η target``."""
@@ -304,48 +306,21 @@ class LossProbe:
         if not self.members:
             return None
         params = dict(self.model.named_parameters())
-        ref = {k: zeros_on(p, self.keep) for k, p in params.items()}
+        keep, fmt = self.base.keep, self.base.format
+        ref = {k: zeros_on(p, keep) for k, p in params.items()}
         for uid in self.members:  # one decoded update at a time (`Pieces`)
             f = self._factor(norms[uid], self.target) / len(self.members)
             for piece in reference[uid]:
                 out, beside = ref[piece.name], params[piece.name]
                 if out.device == beside.device:
-                    self.format.add_into(out, piece, f)
+                    fmt.add_into(out, piece, f)
                     continue
                 # kept on the host: the piece's part built beside the model, then added there
                 # (0 + x, then out + x: the same sum as adding into out directly)
                 part = torch.zeros_like(beside)
-                self.format.add_into(part, piece, f)
+                fmt.add_into(part, piece, f)
                 out.add_(part.to(out.device))
         return ref
-
-    def _last(self, previous: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The previous window's outer step at ``score_scale`` of its length."""
-        params = dict(self.model.named_parameters())
-        return {
-            k: previous[k].to(device=self.keep, dtype=p.dtype) * self.cfg.score_scale
-            for k, p in params.items()
-        }
-
-    def _stepped(
-        self, step: dict[str, torch.Tensor] | Update | None, batches: list[torch.Tensor],
-        factor: float = 1.0,
-    ) -> list[np.ndarray]:  # fmt: skip
-        """Per-sample losses of `batches` at ``θ - factor * step``, then ``θ`` restored exactly."""
-        params = dict(self.model.named_parameters())
-        try:
-            with torch.no_grad():
-                if isinstance(step, dict):
-                    for name, delta in step.items():
-                        params[name].sub_(delta.to(params[name].device))
-                elif step is not None:
-                    for piece in step:
-                        self.format.add_into(params[piece.name].data, piece, -factor)
-            return [self._rows(b) for b in batches]
-        finally:
-            with torch.no_grad():
-                for name, p in params.items():
-                    p.copy_(self.start[name])
 
     def _covariate(
         self, uid: int, update: Update, g: np.ndarray, r: np.ndarray, factor: float
@@ -361,39 +336,33 @@ class LossProbe:
         share = self._factor(self.norms[uid], self.target) / factor
         return (n * r - share * g) / (n - 1)
 
-    def _own_before(
-        self, uid: int, own: torch.Tensor
-    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-        """The losses of `uid`'s own samples `own` at the window's start, and their gains under
-        the consensus step and the previous step: the same whatever update of `uid` is probed at
-        whatever norm, so run once per peer (the lead probes an update at its own norm, then
-        again at ``T``)."""
-        if uid not in self._own_gains:
-            before = self._rows(own)
-            ref = self._step_gain(self.ref, before, own)
-            self._own_gains[uid] = (before, ref, self._step_gain(self.prev, before, own))
-        return self._own_gains[uid]
+    def _ref_gain_own(self, uid: int) -> np.ndarray | None:
+        """`uid`'s own samples' gains under the consensus step: the same whatever update of
+        `uid` is probed at whatever norm, so run once per peer (the lead probes an update at its
+        own norm, then again at ``T``)."""
+        if uid not in self._ref_own:
+            _, samples, before = self.base.own(uid)
+            self._ref_own[uid] = self.base.step_gain(self.ref, before, samples)
+        return self._ref_own[uid]
 
     def score(self, uid: int, update: Update, norm: float, target: float) -> LossScore:
         """`uid`'s update (of `norm`) probed at the step of norm `target` (``T``; `norm` itself
         for the probe at its own norm)."""
-        slots = own_slots(
-            self.dataset, self.run, uid, self.window, self.reveal.seed, self.cfg.n_own
-        )
-        own = self.dataset.read_slots(slots)
-        before_own, ref_own, prev_own = self._own_before(uid, own)
+        slots, own, before_own = self.base.own(uid)
+        ref_own, prev_own = self._ref_gain_own(uid), self.base.prev_own(uid)
         factor = self._factor(norm, target)
-        after_random, after_own = self._stepped(update, [self.random, own], factor)
-        g_rand = self._gain(self.before_random, after_random)
-        g_own = self._gain(before_own, after_own)
+        after_random, after_own = self.base.stepped(update, [self.random, own], factor)
+        g_rand = self.base.gain(self.before_random, after_random)
+        g_own = self.base.gain(before_own, after_own)
         covariates = []  # (on the own samples, on the random ones)
         if ref_own is not None and self.ref_random is not None:
             c_own = self._covariate(uid, update, g_own, ref_own, factor)
             c_rand = self._covariate(uid, update, g_rand, self.ref_random, factor)
             if c_own is not None and c_rand is not None:
                 covariates.append((c_own, c_rand))
-        if prev_own is not None and self.prev_random is not None:
-            covariates.append((prev_own, self.prev_random))
+        prev_random = self.base.prev_random()
+        if prev_own is not None and prev_random is not None:
+            covariates.append((prev_own, prev_random))
         test = welch(g_own, g_rand)
         if covariates:
             own_c, rand_c = (np.column_stack(cs) for cs in zip(*covariates, strict=True))
@@ -410,5 +379,5 @@ class LossProbe:
             norm_band=self.cfg.norm_band,
             own=test,
             z_pass=self.cfg.own_z_pass,
-            own_slots=tuple(int(s) for s in slots),
+            own_slots=slots,
         )

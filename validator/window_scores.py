@@ -24,6 +24,7 @@ from protocol.stores.spool import SpoolError
 from validator.checks import Verdict
 from validator.classify import PeerCheck
 from validator.config import ValidatorConfig
+from validator.probe_start import ProbeStart
 from validator.ratings import Book
 from validator.reveal import SampleReveal
 from validator.scoring import (
@@ -57,6 +58,7 @@ class WindowScorer:
         device: torch.device,
         fmt: UpdateFormat,
         previous: Mapping[str, torch.Tensor] | None = None,
+        start: ProbeStart | None = None,
     ) -> None:
         self.window, self.checks, self.cfg = window, checks, cfg
         self.fetched = Pieces(
@@ -81,10 +83,13 @@ class WindowScorer:
         begun = time.monotonic()
         self.probe = LossProbe(
             model, run, dataset, window, reveal, self.fetched.only(consensus),
-            norms, cfg, device, fmt, previous if launch else None,  # type: ignore[arg-type]
+            norms, cfg, device, fmt, previous if launch else None, start,  # type: ignore[arg-type]
         )  # fmt: skip
-        # the probe's setup runs about as many forward passes as one score: the first estimate
         self.setup_s = time.monotonic() - begun
+        # how long one score takes, before the first: the setup runs about as many forward
+        # passes as one score, unless the start's passes were taken before the gather; a score
+        # runs at least two passes the size of the random samples' one
+        self.first_estimate_s = max(self.setup_s, 2 * self.probe.base.pass_s)
         self.evidence: dict[int, LossScore | None] = {}  # probed at their own norm
 
     def own_norm_score(self, uid: int, until: float = math.inf) -> LossScore | None:

@@ -4,8 +4,11 @@ published history instead of starting from the initial weights; its scoring keep
 from __future__ import annotations
 
 import itertools
+import logging
+import math
 import os
 import socket
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -27,7 +30,7 @@ from node.model.llama import build_model
 from node.runtime.commit import commitment_for
 from node.strategy import make_strategy
 from node.window.buckets import PeerBucket
-from node.window.consensus import Agreement
+from node.window.consensus import Agreement, roster_block
 from node.window.exchange import check_update, encode_signed
 from node.window.gather import Fetched, StoredUpdate
 from node.window.history import Source, catch_up, publish_aggregate
@@ -42,11 +45,14 @@ from protocol.stores import open_store
 from protocol.stores.spool import Sink, SpoolError
 from tests.support.chain_clock import Clock
 from tests.support.small_disk import small_tmpfs
-from validator import window_scores
+from validator import probe_start, window_scores
 from validator.checks import Verdict
 from validator.classify import PeerCheck, check_window, measure
+from validator.config import ValidatorConfig
 from validator.fetching import SPOOL, Upload
-from validator.loop import Validator, ValidatorError
+from validator.loop import EARLY_ROSTER_BLOCKS, Validator, ValidatorError
+from validator.probe_start import ProbeStart
+from validator.reveal import window_reveal
 
 NETUID = 3
 BLOCK_TIME = 12.0
@@ -458,5 +464,130 @@ def test_a_validator_down_past_the_pruning_horizon_without_history_says_to_use_a
     with pytest.raises(ValidatorError, match="archive"):
         back.run_windows(1)
     assert back.next_window == 0
+    chain.close()
+    admin.close()
+
+
+RESYNC_RUN = RunConfig.preset(
+    "tiny",
+    name="validator-resync",
+    timing={"block_time_s": BLOCK_TIME, "blocks_per_window": 10,
+            "upload_deadline_blocks": 2, "start_block": 2},
+)  # fmt: skip
+EVERY_UPDATE = ValidatorConfig(n_random=8, n_own=8, admit_z=-math.inf, admit_min_effect=-math.inf)
+"""Every update admitted, on few samples: these tests check the model, not the evidence."""
+
+
+def _window_zero(root: Path, validators: int) -> tuple[Clock, LocalChainDB, list[Validator]]:
+    """Validators 0 (the lead) and 1 (the standby) of `validators`, peers 2 and 3 with an update
+    of window 0 each in their buckets, norms apart (so each is probed again at ``T``); the chain
+    in window 0 (from block 2), its roster block final."""
+    run = RESYNC_RUN
+    clock = Clock(time.time() - 60, BLOCK_TIME)  # window 0 is open now
+    create_local_chain(root / "chain.db", NETUID, block_time=BLOCK_TIME, clock=clock)
+    admin = LocalChainDB(root / "chain.db", clock=clock)
+    for i, key in enumerate(KEYS):
+        stake = 100.0 - 50 * i if i < validators else 0.0
+        admin.register(NETUID, key.ss58_address, validator=i < validators, stake=stake)
+    clock.at(1)
+    chain = LocalChain(root / "chain.db", NETUID, clock=clock)
+    for i, key in enumerate(KEYS):
+        chain.commit(key, render_commitment(commitment_for(f"file://{root}?bucket=bucket{i}")))
+    made = [
+        Validator(run, KEYS[i], chain, open_store(f"file://{root}?bucket=bucket{i}"),
+                  root / f"state{i}", EVERY_UPDATE, local_root=root)
+        for i in range(validators)
+    ]  # fmt: skip
+    spec, gen = made[0].spec, torch.Generator().manual_seed(2)
+    for uid, scale in ((2, 1e-3), (3, 3e-3)):
+        sparse = [
+            Compressor(spec, run.codec).compress(
+                n, torch.randn(p.shape, generator=gen) * scale, 0.95
+            )
+            for n, p in made[0].model.named_parameters()
+        ]
+        data = encode_signed(sparse, run, spec, 0, uid, KEYS[uid])
+        store = open_store(f"file://{root}?bucket=bucket{uid}")
+        store.put(update_key(run.run_id, 0, uid, KEYS[uid].ss58_address), data)
+    clock.at(roster_block(run, 0) + EARLY_ROSTER_BLOCKS)
+    return clock, admin, made
+
+
+def test_a_standby_that_resyncs_in_a_window_ends_it_on_the_leads_model(tmp_path: Path) -> None:
+    """A validator whose model differs from the lead's at a window's start (forked) rebuilds it
+    from the lead's published history when it agrees on the window, and then scores the updates
+    against the rebuilt model: a probe set up before the resync would restore its own (forked)
+    start after each forward pass, and the window's outer step would then fork it again."""
+    clock, admin, (lead, standby) = _window_zero(tmp_path, validators=2)
+    with torch.no_grad():  # the standby's start differs from the lead's
+        next(standby.model.parameters()).add_(1e-3)
+    standby.fingerprint = fingerprint(standby.model)
+    clock.at(lead.clock.gather_block(0))
+    led = lead.run_window(0)
+    assert led.aggregated == [2, 3]
+    followed = standby.run_window(0)
+    assert followed.aggregated == [2, 3]
+    assert followed.fingerprint_start == led.fingerprint_start  # the resynced start
+    assert standby.fingerprint == lead.fingerprint == led.fingerprint_end
+    lead.chain.close()
+    admin.close()
+
+
+def test_the_probes_passes_at_the_windows_start_are_taken_while_it_waits_for_the_gather(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The lead's manifest, which every peer waits for, comes after its probes: the passes that
+    need no update (the random samples' and each selected peer's own samples' losses at the
+    start) are taken before the gather block, while the validator waits for it anyway."""
+    clock, admin, (lead,) = _window_zero(tmp_path, validators=1)
+    gathered = threading.Event()
+    passes = {"before": 0, "after": 0}
+    real = probe_start.row_losses
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        passes["after" if gathered.is_set() else "before"] += 1
+        return real(*args, **kwargs)
+
+    def open_the_gather() -> None:  # once the validator waits for it (its prepare done)
+        deadline = time.monotonic() + 60
+        while not caplog.text.count("taken before the gather") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        gathered.set()
+        clock.at(lead.clock.gather_block(0))
+
+    monkeypatch.setattr(probe_start, "row_losses", counted)
+    opener = threading.Thread(target=open_the_gather, daemon=True)
+    with caplog.at_level(logging.INFO, logger="tessera"):
+        opener.start()
+        report = lead.run_window(0)
+    opener.join()
+    assert report.aggregated == [2, 3]
+    # uid 1 (registered, selected) uploaded nothing: its own samples were taken all the same
+    assert "taken before the gather for 3 of 3 selected peers" in caplog.text
+    assert passes["before"] == 4  # the random samples, then each selected peer's own
+    # after the gather: the consensus step's gains, and each update's two passes, probed at its
+    # own norm and (the one far from T) at T: 1 + 2 * (1 + 2) + 2 (with the before: 2 + 2 * 4 + 2)
+    assert passes["after"] == 9, passes
+    lead.chain.close()
+    admin.close()
+
+
+def test_passes_taken_on_other_weights_are_taken_again(tmp_path: Path) -> None:
+    """The passes taken before the gather stand only for the weights they were taken on: once a
+    resync has moved the model, the window's probe takes its own."""
+    _, admin, chain = _chain(tmp_path, validators=1)
+    v = Validator(RUN, KEYS[0], chain, open_store(f"file://{tmp_path}?bucket=bucket0"), tmp_path)
+    checks = _scorable(v, tmp_path)
+    reveal = window_reveal(v.reveal_key, v.dataset, RUN, 0, v.cfg)
+    start = ProbeStart(
+        v.model, RUN, v.dataset, 0, reveal, v.cfg, v.device, v.strategy.format, v.fingerprint
+    )
+    scorer = v._scorer(0, checks, start)
+    assert scorer is not None and scorer.probe.base is start
+    with torch.no_grad():  # what a resync does to the weights
+        next(v.model.parameters()).add_(1e-3)
+    v.fingerprint = fingerprint(v.model)
+    scorer = v._scorer(0, checks, start)
+    assert scorer is not None and scorer.probe.base is not start
     chain.close()
     admin.close()

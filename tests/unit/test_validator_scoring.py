@@ -8,6 +8,7 @@ assignments of window 0; copies, scaled and random updates are built from them.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import random
 from dataclasses import replace
 from pathlib import Path
@@ -26,6 +27,7 @@ from tests.support.honest_updates import HonestWorld
 from validator.checks import Verdict
 from validator.classify import PeerCheck
 from validator.config import ValidatorConfig
+from validator.probe_start import ProbeStart
 from validator.ratings import Book, WindowOutcome
 from validator.reports import ScoreReport, WindowResult, build_report, verify_report_samples
 from validator.reveal import (
@@ -192,19 +194,71 @@ def test_a_peer_probed_again_costs_two_forward_passes_and_reads_the_same(
     or the norm, so the second probe runs only the update's two forward passes, and it reads
     exactly what a fresh probe reads."""
     probe = world.probe(secret(9))
-    passes: list[int] = []
-    rows = probe._rows
-
-    def counted(batch: torch.Tensor) -> np.ndarray:
-        passes.append(len(batch))
-        return rows(batch)
-
-    monkeypatch.setattr(probe, "_rows", counted)
+    passes = _count_passes(probe.base, monkeypatch)
     probe.score(0, world.updates[0], world.norms[0], world.norms[0])
     first = len(passes)
     again = probe.score(0, world.updates[0], world.norms[0], world.target)
     assert (first, len(passes) - first) == (4, 2)
     assert again == world.probe(secret(9)).score(0, world.updates[0], world.norms[0], world.target)
+
+
+def _count_passes(start: ProbeStart, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The sizes of the forward passes `start` runs from now on."""
+    passes: list[int] = []
+    rows = start.rows
+
+    def counted(batch: torch.Tensor) -> np.ndarray:
+        passes.append(len(batch))
+        return rows(batch)
+
+    monkeypatch.setattr(start, "rows", counted)
+    return passes
+
+
+def test_the_passes_at_the_windows_start_taken_early_read_what_a_probe_reads(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The passes that need no update (`validator.probe_start`), taken before the gather: after
+    it, a peer's score runs only its update's two passes and the consensus step's one on its own
+    samples, and reads exactly what a probe that took everything itself reads, with the launch
+    covariate (the previous step) and without it. A preparation that runs out of time keeps what
+    it took; the probe takes the rest."""
+    key = secret(10)
+    reveal = reveal_for(world.dataset, RUN.run_id, WINDOW, key, N, N)
+    gen = torch.Generator().manual_seed(10)
+    previous = {
+        n: torch.randn(p.shape, generator=gen) * 1e-3 for n, p in world.model.named_parameters()
+    }
+    peers = sorted(world.updates)
+
+    def scores(probe: LossProbe) -> dict[int, LossScore]:
+        return {u: probe.score(u, world.updates[u], world.norms[u], world.target) for u in peers}
+
+    def probe(start: ProbeStart | None, prev: dict | None) -> LossProbe:
+        return LossProbe(
+            world.model, RUN, world.dataset, WINDOW, reveal, world.updates, world.norms, CFG, CPU,
+            previous=prev, start=start,
+        )  # fmt: skip
+
+    for prev in (None, previous):
+        start = ProbeStart(world.model, RUN, world.dataset, WINDOW, reveal, CFG, CPU)
+        start.use_previous(prev)
+        assert start.prepare(peers, lambda: False) == len(peers)
+        passes = _count_passes(start, monkeypatch)
+        early = scores(probe(start, prev))
+        assert len(passes) == 1 + 3 * len(peers)  # the consensus step's on R; per peer 1 + 2
+        assert early == scores(probe(None, prev))
+    # taken with the previous step, used without it (a launch no longer): the same as never taken
+    start = ProbeStart(world.model, RUN, world.dataset, WINDOW, reveal, CFG, CPU)
+    start.use_previous(previous)
+    start.prepare(peers, lambda: False)
+    assert scores(probe(start, None)) == scores(probe(None, None))
+    # stopped after its random samples' micro-batches and a few of the first peer's
+    asked = itertools.count()
+    start = ProbeStart(world.model, RUN, world.dataset, WINDOW, reveal, CFG, CPU)
+    micro = -(-N // RUN.micro_batch_size)
+    assert start.prepare(peers, lambda: next(asked) > micro + 1) == 0
+    assert scores(probe(start, None)) == scores(probe(None, None))
 
 
 def test_a_scaled_peer_earns_less_than_the_same_work_unscaled(world: World) -> None:

@@ -41,7 +41,7 @@ from node.runtime.clock import ChainClock
 from node.runtime.logs import fields
 from node.runtime.preflight import write_rate
 from node.runtime.report_log import REPORTS, append_line
-from node.runtime.resilient_chain import chain_was_down
+from node.runtime.resilient_chain import chain_was_down, keep_outages
 from node.runtime.retention import BackgroundPruner
 from node.strategy import make_strategy
 from node.strategy.format import Decoded
@@ -89,7 +89,7 @@ from validator.reveal import (
     signed_commit,
     window_reveal,
 )
-from validator.state import ValidatorState, load_state, save_state
+from validator.state import OUTAGES_FILE, ValidatorState, load_state, save_state
 from validator.weights import normalise, set_weights
 from validator.window_scores import SCORABLE, WindowScorer
 
@@ -156,6 +156,7 @@ class Validator:
         self.metrics = ValidatorMetrics(run.timing.blocks_per_window * run.timing.block_time_s)
         self.metrics.identify(uid, keypair.ss58_address, run.run_id)
         clear_spool(state_dir)  # a crashed run's spool files
+        keep_outages(self.chain, state_dir / OUTAGES_FILE)  # what an earlier run saw too
         self._restore()
 
     # -- the window --------------------------------------------------------------------------
@@ -333,9 +334,10 @@ class Validator:
         if window < self.current_window() - 1 or self.chain.block() < settled or left <= 0:
             return None, None
         roster = window_roster(self.chain, self.run, window, self.local_root)
+        reveal = window_reveal(self.reveal_key, self.dataset, self.run, window, self.cfg)
         start = ProbeStart(
-            self.model, self.run, self.dataset, window, window_reveal(self.reveal_key, self.dataset, self.run, window, self.cfg), self.cfg,
-            self.device, self.strategy.format, self.fingerprint,
+            self.model, self.run, self.dataset, window, reveal, self.cfg, self.device,
+            self.strategy.format, self.fingerprint,
         )  # fmt: skip
         if self.book.launching({u: roster.hotkey(u) or "" for u in roster.selected}):
             start.use_previous(self._previous_step())

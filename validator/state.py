@@ -23,6 +23,8 @@ from validator.ratings import PeerRecord
 
 STATE_FILE = "validator.pt"
 PREVIOUS_FILE = "validator.prev.pt"
+OUTAGES_FILE = "chain_outages.json"
+"""When the chain failed our calls (`node.runtime.resilient_chain.Outages`), kept beside the state."""
 
 
 @dataclass

@@ -17,13 +17,17 @@ and of the decision before it).
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, cast
 
+from node.runtime.atomic_files import write_json_atomic
 from protocol.chain.base import Chain
 from protocol.chain.errors import BlockNotFinal, ChainUnavailable
 from protocol.stores.retry import RetryPolicy
@@ -43,17 +47,36 @@ blip that one retry rode out makes nobody late."""
 
 class Outages:
     """The spans of wall-clock time (Unix seconds) in which chain calls failed: failures less
-    than `join_s` apart are one outage."""
+    than `join_s` apart are one outage. Kept in a file (`keep_in`), they outlive the process: a
+    node that an outage stopped, restarted, still knows the chain was down in the windows it
+    catches up on."""
 
     def __init__(self, join_s: float) -> None:
         self._join_s = join_s
         self._spans: deque[list[float]] = deque(maxlen=OUTAGES_KEPT)
+        self._file: Path | None = None
+
+    def keep_in(self, path: Path) -> None:
+        """Add the spans kept in `path` (none if it is missing or unreadable) and keep every
+        change there from now on."""
+        try:
+            kept = json.loads(path.read_text())
+            spans = [[float(a), float(b)] for a, b in kept if math.isfinite(a + b) and a <= b]
+        except (OSError, ValueError, TypeError):
+            spans = []
+        self._spans.extendleft(reversed(spans[-OUTAGES_KEPT:]))
+        self._file = path
 
     def failed_at(self, when: float) -> None:
         if self._spans and when - self._spans[-1][1] <= self._join_s:
             self._spans[-1][1] = max(self._spans[-1][1], when)
         else:
             self._spans.append([when, when])
+        if self._file is not None:
+            try:
+                write_json_atomic(self._file, list(self._spans))
+            except OSError as exc:  # the record is a courtesy to the peers: never fatal
+                log.warning("could not keep the chain's outages in %s: %s", self._file, exc)
 
     def overlaps(self, start: float, end: float, at_least_s: float = 0.0) -> bool:
         """Whether an outage of at least `at_least_s` (its first failure to its last) had a
@@ -116,6 +139,13 @@ def chain_was_down(chain: Chain, start: float, end: float) -> bool:
     """Whether `chain` (a `ResilientChain`; any other chain keeps no record) was down, its calls
     failing for `MIN_OUTAGE_S` or more, between the Unix times `start` and `end`."""
     return isinstance(chain, ResilientChain) and chain.outages.overlaps(start, end, MIN_OUTAGE_S)
+
+
+def keep_outages(chain: Chain, path: Path) -> None:
+    """Keep `chain`'s record of outages (a `ResilientChain`'s; any other keeps none) in `path`,
+    with what an earlier run kept there."""
+    if isinstance(chain, ResilientChain):
+        chain.outages.keep_in(path)
 
 
 def resilient(chain: Chain) -> Chain:

@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
+from typing import cast
 
 import pytest
+from substrateinterface import Keypair
 
 from node.runtime import resilient_chain
 from node.runtime.resilient_chain import ResilientChain
+from protocol.chain.base import Chain
 from protocol.chain.errors import BlockNotFinal, ChainUnavailable, NotRegistered
+from protocol.chain.local import LocalChain
+from protocol.chain.local_db import LocalChainDB, create_local_chain
+from protocol.runconfig import RunConfig
+from protocol.stores import open_store
+from tests.support.chain_clock import Clock
+from validator.loop import Validator
+from validator.state import OUTAGES_FILE
 
 
 class Flaky:
@@ -184,3 +195,30 @@ def test_an_outage_of_the_local_chain_is_seen_by_every_handle_and_ridden_out(tmp
     assert time.time() >= asked + 1.0  # it answered only once the outage was over
     assert after >= before + 10  # the chain went on producing blocks meanwhile
     assert node.metagraph().neurons == ()
+
+
+def test_a_restarted_validator_still_knows_when_the_chain_was_down(tmp_path: Path) -> None:
+    """An outage long enough to stop the validator (every call gives up after ten minutes) is
+    still on record when it restarts and catches up on the windows the outage spanned: it keeps
+    the record beside its state. A record it cannot read is no record, never a crash."""
+    clock = Clock(time.time(), 12.0)
+    create_local_chain(tmp_path / "chain.db", 1, block_time=12.0, clock=clock)
+    admin = LocalChainDB(tmp_path / "chain.db", clock=clock)
+    key = Keypair.create_from_uri("//outages")
+    admin.register(1, key.ss58_address, validator=True, stake=100.0)
+    run = RunConfig.preset("tiny", name="outages")
+    store = open_store(f"file://{tmp_path}?bucket=validator")
+
+    def start() -> ResilientChain:
+        chain = ResilientChain(LocalChain(tmp_path / "chain.db", 1, clock=clock))
+        Validator(run, key, cast(Chain, chain), store, tmp_path / "state")
+        return chain
+
+    first = start()
+    for t in (1000.0, 1004.0, 1009.0):  # calls failing for 9 s
+        first.outages.failed_at(t)
+    down = resilient_chain.chain_was_down
+    assert down(start(), 1001.0, 1002.0)  # type: ignore[arg-type]
+    (tmp_path / "state" / OUTAGES_FILE).write_text("[[1, ")
+    assert not down(start(), 1001.0, 1002.0)  # type: ignore[arg-type]
+    admin.close()

@@ -38,7 +38,16 @@ from dataclasses import dataclass, field
 
 from node.window.consensus import MIN_PUBLISH_RESERVE_S
 from validator.checks import norm_outliers
-from validator.scoring import LossScore
+from validator.scoring import LossScore, pick_scored
+
+
+def probe_order(
+    run_id: str, window: int, uids: Sequence[int], established: Collection[int]
+) -> list[int]:
+    """The order in which the lead probes `uids`: the peers without earning evidence first (they
+    need it to be applied at all), each group in the window's drawn order
+    (`validator.scoring.pick_scored`), so that no uid is always the one left unprobed."""
+    return sorted(pick_scored(run_id, window, uids, 0), key=lambda u: u in established)
 
 
 @dataclass(frozen=True)

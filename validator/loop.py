@@ -63,7 +63,7 @@ from protocol.naming import fingerprint_key, run_prefix, scores_key
 from protocol.runconfig import RunConfig
 from protocol.stores import ObjectStore, StoreError
 from protocol.stores.spool import SpoolError
-from validator.admission import Admission, admit, publish_reserve
+from validator.admission import Admission, admit, probe_order, publish_reserve
 from validator.agreement import Decider, adopt, follow, mark_equivocations, propose, publish_history
 from validator.classify import (
     Measured,
@@ -339,10 +339,12 @@ class Validator:
             self.model, self.run, self.dataset, window, reveal, self.cfg, self.device,
             self.strategy.format, self.fingerprint,
         )  # fmt: skip
-        if self.book.launching({u: roster.hotkey(u) or "" for u in roster.selected}):
+        selected = {u: roster.hotkey(u) or "" for u in roster.selected}
+        if self.book.launching(selected):
             start.use_previous(self._previous_step())
         until = time.monotonic() + left
-        done = start.prepare(roster.selected, lambda: time.monotonic() > until)
+        order = probe_order(self.run.run_id, window, list(selected), self.book.earning(selected))
+        done = start.prepare(order, lambda: time.monotonic() > until)  # as the lead will probe
         log.info(
             "window %d: the probe's passes at the start taken before the gather for %d of %d "
             "selected peers", window, done, len(roster.selected),
@@ -391,9 +393,7 @@ class Validator:
         )
         until = time.monotonic() + left - reserve
         established = self.book.earning({u: checks[u].hotkey for u in passed})
-        drawn = scorer.admission_order(passed) if scorer else passed
-        # the peers without evidence first: they need it to be applied at all
-        order = sorted(drawn, key=lambda u: u in established)
+        order = probe_order(self.run.run_id, window, passed, established)
         norms = {u: checks[u].norm or 0.0 for u in passed}
         admission = admit(
             order, (lambda u: scorer.own_norm_score(u, until)) if scorer else lambda _: None,

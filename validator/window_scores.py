@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -74,9 +74,9 @@ class WindowScorer:
         # until two peers earn, the previous window's step is a second covariate
         launch = previous is not None and book.launching(hotkeys)
         candidates = [u for u, c in checks.items() if c.verdict in SCORABLE and u in self.fetched]
-        # the accepted first, in an order drawn each window; the lead's evidence takes all the
-        # selected ones in that order, the scores after the agreement the applied ones and then
-        # the others, at most `cap` in all
+        # the accepted first, in an order drawn each window (the lead's evidence takes the
+        # selected ones in the same draw, `validator.admission.probe_order`); the scores after
+        # the agreement the applied ones and then the others, at most `cap` in all
         self.draw = pick_scored(run.run_id, window, candidates, 0, set(self.accepted))
         self.cap = cfg.scored_per_window(run.gather_size)
         norms = {u: checks[u].norm for u in self.accepted}
@@ -114,10 +114,6 @@ class WindowScorer:
             yield
         finally:
             self.probe.stop = None
-
-    def admission_order(self, selected: Collection[int]) -> list[int]:
-        """The selected updates that passed every check, in scoring order."""
-        return [u for u in self.draw if u in selected and self.checks[u].ok]
 
     def rest(self, until: float, applied: Sequence[int]) -> dict[int, LossScore]:
         """Every update still scorable (after the norm verdicts) scored at ``T``, the lower

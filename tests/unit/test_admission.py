@@ -26,7 +26,7 @@ from node.model.losses import OutOfTime, row_losses
 from node.strategy import make_strategy
 from protocol.runconfig import RunConfig
 from tests.support.honest_updates import HonestWorld
-from validator.admission import admit
+from validator.admission import admit, probe_order
 from validator.checks import Verdict
 from validator.config import ValidatorConfig
 from validator.ratings import Book, WindowOutcome
@@ -205,3 +205,19 @@ def test_a_probe_past_the_leads_time_stops_before_its_next_forward_pass(world: W
     fresh = LossProbe(world.model, RUN, world.dataset, 0, reveal, world.updates, norms, CFG, CPU)
     again = fresh.score(uid, world.updates[uid], norms[uid], norms[uid])
     assert whole.own.z == again.own.z and whole.loss_after_own == again.loss_after_own
+
+
+def test_the_lead_probes_newcomers_first_in_the_windows_draw() -> None:
+    """Peers without earning evidence first (they need it to be applied at all), each group in an
+    order drawn per window; the order of part of a set is the set's order with the rest left out,
+    so the passes a validator takes before the gather for the selected peers come in the order
+    the lead then probes the ones that passed its checks."""
+    selected = list(range(20))
+    established = {1, 4, 7, 9}
+    order = probe_order("run", 3, selected, established)
+    assert sorted(order) == selected
+    assert set(order[: len(selected) - len(established)]) == set(selected) - established
+    assert order[:16] != sorted(order[:16])  # drawn, not by uid
+    passed = [u for u in selected if u % 3]
+    assert probe_order("run", 3, passed, established) == [u for u in order if u in passed]
+    assert probe_order("run", 4, selected, established) != order  # drawn anew each window

@@ -183,12 +183,12 @@ class Peer:
         reports = []
         for _ in range(windows):
             window = self.ranks.broadcast_object(max(self.next_window, self.current_window()))
+            if self.next_window < window < self.cfg.outer.total_windows:
+                window = self.catch_up(window)  # every rank replays the same history identically
             if window >= self.cfg.outer.total_windows:
                 last = self.cfg.outer.total_windows - 1
                 log.info("the run is over: its last window, %d, has passed", last)
                 break
-            if window > self.next_window:  # every rank replays the same history identically
-                self.catch_up(window)
             reports.append(self.run_window(window))
             if not self.ranks.is_main:  # rank 0 reports for the whole peer
                 continue
@@ -215,12 +215,14 @@ class Peer:
         self.pruner.wait()
         return reports
 
-    def catch_up(self, window: int) -> None:
-        """Replay what we missed from the validators' published history, best-staked first.
+    def catch_up(self, window: int) -> int:
+        """Replay what we missed from the validators' published history, best-staked first;
+        returns the window to train next.
 
         The newest aggregate is published shortly after its window's deadline, so a peer that
         wakes up early in a window waits for it (a window at most) instead of training on stale
-        weights.
+        weights. A peer that gives up trains the window open by then, not the one it woke in:
+        that one's upload would be late.
         """
         give_up = (
             time.monotonic() + self.clock.schedule.blocks_per_window * self.cfg.timing.block_time_s
@@ -231,17 +233,18 @@ class Peer:
             self.exchange.replayed()  # the replay holds the mean of its last window (delay 1)
             if self.next_window >= window:
                 log.info("caught up to window %d", window)
-                return
-            if self.ranks.broadcast_object(time.monotonic() > give_up):
+            elif self.ranks.broadcast_object(time.monotonic() > give_up):
                 log.error(
                     "missed windows %d..%d and no validator history replays them yet: training "
                     "on stale weights until a checkpoint is published",
                     self.next_window,
                     window - 1,
                 )
-                return
-            time.sleep(self.cfg.timing.block_time_s)
-            window = self.ranks.broadcast_object(max(window, self.current_window()))
+                break
+            else:
+                time.sleep(self.cfg.timing.block_time_s)
+                window = self.ranks.broadcast_object(max(window, self.current_window()))
+        return window
 
     def _replay(
         self,

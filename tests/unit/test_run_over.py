@@ -33,3 +33,20 @@ def test_a_peer_past_the_runs_last_window_trains_nothing(
         assert peer.run(5) == []
     assert "the run is over: its last window, 2, has passed" in caplog.text
     assert not (tmp_path / "state" / "reports.jsonl").exists()
+
+
+def test_a_peer_that_gives_up_catching_up_trains_the_window_open_by_then(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A peer that wakes in window 1's last block, with no history to replay window 0, waits a
+    window for one; by then window 2 is open, and window 1's upload would be late."""
+    run = RUN.model_copy(update={"outer": RUN.outer.model_copy(update={"total_windows": 10})})
+    peer = local_peer(tmp_path, run)
+    chain = LocalChainDB(tmp_path / "chain.db")
+    schedule = peer.clock.schedule
+    chain.fast_forward(schedule.first_block(2) - 1)
+    chain.close()
+    with caplog.at_level(logging.INFO, logger="tessera"):
+        (report,) = peer.run(1)
+    assert "missed windows 0..1" in caplog.text
+    assert report.window >= 2

@@ -202,13 +202,20 @@ def pick_scored(
     return ordered if limit <= 0 else ordered[:limit]
 
 
-def scored_after_agreement(draw: Sequence[int], applied: Collection[int], cap: int) -> list[int]:
+def scored_after_agreement(
+    draw: Sequence[int], applied: Collection[int], established: Collection[int], cap: int
+) -> list[int]:
     """The updates scored after a window's agreement, in order: the `applied` ones, then the
     others, each part in the window's `draw` (`pick_scored`), at most `cap` of them (0: all).
-    The count is the run's bound (`ValidatorConfig.scored_per_window`), whatever the number of
-    registered hotkeys; the draw changes every window, so every peer is scored in turn."""
-    chosen = set(applied)
-    order = sorted(draw, key=lambda u: u not in chosen)  # stable: each part in draw order
+    Of the applied ones, those of peers without earning evidence (not in `established`) come
+    first: a loaded validator that scores few gives them the first rating their pay waits for,
+    while an earning peer unscored keeps its standing (and is scored before any update the
+    window refused). The count is the run's bound (`ValidatorConfig.scored_per_window`),
+    whatever the number of registered hotkeys; the draw changes every window, so every peer is
+    scored in turn."""
+    chosen, known = set(applied), set(established)
+    # stable: each part in draw order
+    order = sorted(draw, key=lambda u: (u not in chosen, u in chosen and u in known))
     return order if cap <= 0 else order[:cap]
 
 

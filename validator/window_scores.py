@@ -71,6 +71,7 @@ class WindowScorer:
         self.accepted = [u for u in self.fetched if _finite_ok(checks[u])]
         hotkeys = {u: checks[u].hotkey for u in self.accepted}
         consensus = book.consensus(hotkeys)
+        self.earning = book.earning(hotkeys)
         # until two peers earn, the previous window's step is a second covariate
         launch = previous is not None and book.launching(hotkeys)
         candidates = [u for u, c in checks.items() if c.verdict in SCORABLE and u in self.fetched]
@@ -123,7 +124,7 @@ class WindowScorer:
         norms = {u: self.checks[u].norm for u in applied if u in self.checks}
         target = reference_norm({u: n for u, n in norms.items() if n is not None})
         scorable = [u for u in self.draw if self.checks[u].verdict in SCORABLE]
-        order = scored_after_agreement(scorable, applied, self.cap)
+        order = scored_after_agreement(scorable, applied, self.earning, self.cap)
         out: dict[int, LossScore] = {}
         late = 0
         for uid in order:

@@ -132,6 +132,12 @@ class PeerRecord(BaseModel):
         return self.mu - 3.0 * self.sigma
 
     @property
+    def scored(self) -> bool:
+        """Whether any window has scored this peer yet (a record is kept from its first
+        verdict on, scored or not)."""
+        return self.rated or bool(self.own_z) or self.gain_windows > 0
+
+    @property
     def own_pooled(self) -> float:
         """``Z = Σ z_t / sqrt(n)`` over the recorded windows (0 with none)."""
         return sum(self.own_z) / math.sqrt(len(self.own_z)) if self.own_z else 0.0

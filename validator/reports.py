@@ -10,7 +10,7 @@ that lowered it):
 
 * this window's verdict when it is not ``ok``: ``missing``, ``unreachable``, ``late``,
   ``invalid``, ``malformed``, ``non_finite``, ``norm_outlier``, ``copy``, ``replay``;
-* ``unscored`` (no record: never scored), ``penalty`` (earlier offences: p = 1),
+* ``penalty`` (earlier offences: p = 1), ``unscored`` (no window has scored the peer yet),
   ``gain gate`` (gain EMA under the gate), ``indicator`` (pooled own-data statistic at or under
   ``own_z_low``), ``effect`` (no own-data effect), ``out of sync`` (sync EMA 0);
 * for a peer that earns: ``indicator (partial)``, ``norm band`` (this window's norm outside the
@@ -184,13 +184,16 @@ def _standing(book: Book, uid: int, weight: float) -> StandingReport | None:
 def weight_rules(verdict: Verdict, loss: LossScore | None, book: Book, uid: int) -> list[str]:
     """Every rule that lowered the peer's weight this window, the decisive one first."""
     rules = [] if verdict is Verdict.OK else [verdict.value]
-    if uid not in book.records:
+    rec = book.records.get(uid)
+    if rec is None:
         return rules or ["unscored"]
     b = book.breakdown(uid)
+    # a peer no window has scored has no evidence, so the rules that wait for evidence
+    # (its gain, its own-data statistic and effect) say only that
+    evidence = [("gain gate", b["gain_gate"]), ("indicator", b["indicator_factor"]),
+                ("effect", b["effect_factor"])] if rec.scored else [("unscored", 0.0)]  # fmt: skip
     zeroing = [
-        ("penalty", b["penalty_factor"]), ("gain gate", b["gain_gate"]),
-        ("indicator", b["indicator_factor"]), ("effect", b["effect_factor"]),
-        ("out of sync", b["sync_factor"]),
+        ("penalty", b["penalty_factor"]), *evidence, ("out of sync", b["sync_factor"]),
     ]  # fmt: skip
     rules += [name for name, factor in zeroing if factor <= 0.0]
     partial = [

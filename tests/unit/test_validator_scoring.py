@@ -109,7 +109,7 @@ def _report(world: World, window_key: bytes, losses: dict[int, LossScore]) -> Sc
     book = Book(CFG)
     book.update({u: _outcome(f"hk{u}", s.score, s.own.z) for u, s in losses.items()})
     result = WindowResult(
-        run_id=RUN.run_id, window=WINDOW, validator_uid=9, validator_hotkey="val",
+        run_id=RUN.run_id, window=WINDOW, validator_uid=10, validator_hotkey="val",
         fingerprint_start="a", fingerprint_end="b", selected=[], aggregated=[], weights={},
         weights_status="", config=CFG, samples=reveal,
     )  # fmt: skip
@@ -441,8 +441,9 @@ def test_report_names_the_rule_that_decided_each_weight(world: World) -> None:
     book = Book(CFG)
     verdicts = {5: Verdict.COPY, 6: Verdict.REPLAY, 7: Verdict.NORM_OUTLIER, 8: Verdict.MISSING}
     checks = {
-        u: PeerCheck(u, f"hk{u}", None, verdicts.get(u, Verdict.OK), "", norm=1.0) for u in range(9)
-    }
+        u: PeerCheck(u, f"hk{u}", None, verdicts.get(u, Verdict.OK), "", norm=1.0)
+        for u in range(10)
+    }  # uid 9: ok every window, never scored (a loaded validator had no time for it)
     for _ in range(5):
         book.update(
             {
@@ -458,7 +459,7 @@ def test_report_names_the_rule_that_decided_each_weight(world: World) -> None:
             }
         )
     result = WindowResult(
-        run_id=RUN.run_id, window=WINDOW, validator_uid=9, validator_hotkey="val",
+        run_id=RUN.run_id, window=WINDOW, validator_uid=10, validator_hotkey="val",
         fingerprint_start="a", fingerprint_end="b", selected=[], aggregated=[],
         weights=_weights(book), weights_status="", config=CFG,
     )  # fmt: skip
@@ -466,8 +467,8 @@ def test_report_names_the_rule_that_decided_each_weight(world: World) -> None:
     rule = {p.uid: p.rule for p in report.peers}
     assert rule == {
         0: "ok", 1: "ok", 2: "norm band", 3: "indicator", 4: "gain gate", 5: "copy",
-        6: "replay", 7: "norm_outlier", 8: "missing",
+        6: "replay", 7: "norm_outlier", 8: "missing", 9: "unscored",
     }  # fmt: skip
     weights = _weights(book)
     assert weights[0] > 0 and weights[1] > 0 and 0 < weights[2] < min(weights[0], weights[1])
-    assert all(weights[u] == 0 for u in range(3, 9))
+    assert all(weights[u] == 0 for u in range(3, 10))

@@ -51,7 +51,7 @@ def test_an_operator_may_score_every_update_or_fewer() -> None:
     )
 
 
-def test_an_applied_update_without_earning_evidence_is_scored_before_an_earning_ones() -> None:
+def test_an_applied_peer_without_earning_evidence_is_scored_before_earning_ones() -> None:
     """A loaded validator scores one or two updates a window: the first ones go to the applied
     peers whose pay waits for a first rating, not to an earning peer, which keeps its standing;
     every applied update still comes before the refused ones."""

@@ -255,6 +255,8 @@ def _report(
         table.add_row(k, v)
     console.print(table)
     console.print(f"report: {world.out / 'report.html'}")
+    if hint := report.unscored_hint(run_cfg.timing.blocks_per_window):
+        console.print(f"[yellow]{hint}[/]")
     failure = verdict(world, report, exit_codes)
     if failure:
         console.print(f"[red]{failure}[/]")

@@ -71,6 +71,22 @@ class SimReport(BaseModel):
                 worst = dev if worst is None else max(worst, dev)
         return worst
 
+    def unscored_hint(self, blocks_per_window: int) -> str | None:
+        """What to do when the validator paid no honest peer because it never had time to
+        score one (rule `unscored`: a slow or loaded machine), or None."""
+        honest = [p for row in self.windows for p in row.peers if p.kind == "honest"]
+        if not honest or any(p.weight > 0 for p in honest):
+            return None
+        unscored = sum(p.rule == "unscored" for p in honest)
+        if 2 * unscored < len(honest):
+            return None
+        return (
+            f"no honest peer was paid: the validator had no time to score them "
+            f"({unscored} of {len(honest)} peer-windows unscored); this machine is too slow "
+            f"for {blocks_per_window}-block windows with these processes: try "
+            f"--blocks-per-window {2 * blocks_per_window}, or fewer peers"
+        )
+
 
 def collect(
     world: World,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lab.sim.collect import collect
+from lab.sim.collect import PeerWindow, SimReport, WindowRow, collect
 from lab.sim.layout import World, build_world
 from node.runtime.report_log import REPORTS
 
@@ -35,3 +35,22 @@ def test_the_report_ends_at_the_runs_last_window(tmp_path: Path) -> None:
     report = collect(world, {}, 1, 1, {})
     assert [row.window for row in report.windows] == [0, 1, 2]
     assert report.final_weights == {"peer0": 0.4, "peer1": 0.6}
+
+
+def _report_with(peers: list[PeerWindow]) -> SimReport:
+    rows = [WindowRow(window=w, peers=peers) for w in range(3)]
+    return SimReport(
+        run_id="r", dense_bytes=1, kept_entries=1, windows=rows, exit_codes={},
+        diverged=[], non_finite=[], final_weights={},
+    )  # fmt: skip
+
+
+def test_a_run_whose_validator_scored_nobody_says_how_to_give_it_time() -> None:
+    unscored = [PeerWindow(name=f"peer{i}", kind="honest", uid=i, rule="unscored") for i in (0, 1)]
+    hint = _report_with(unscored).unscored_hint(20)
+    assert hint is not None and "6 of 6 peer-windows unscored" in hint
+    assert "--blocks-per-window 40" in hint
+    paid = [unscored[0], PeerWindow(name="peer1", kind="honest", uid=1, weight=0.5)]
+    assert _report_with(paid).unscored_hint(20) is None  # someone was paid: the run scored
+    gated = [PeerWindow(name=f"peer{i}", kind="honest", uid=i, rule="gain gate") for i in (0, 1)]
+    assert _report_with(gated).unscored_hint(20) is None  # scored and judged: not a time problem

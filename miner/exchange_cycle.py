@@ -137,7 +137,7 @@ class ExchangeCycle:
         """The landing's mean (`mean` computes it) held by the outer step for the next step."""
         self._require("take_in")
         assert self.landed is not None  # it landed
-        self.outer.receive(mean(self.landed))
+        self.outer.receive(mean(self.landed), self.landed.window)
         self.state = HELD
 
     def step(self, origin: Tensors) -> dict[str, torch.Tensor]:

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from node.runtime.memory import PLAIN, MemoryOptions
 from protocol.runconfig import RunConfig
+from protocol.schedule import learning_rate
 
 
 @dataclass
@@ -50,16 +51,6 @@ def make_optimizer(model: torch.nn.Module, run: RunConfig) -> torch.optim.Optimi
         eps=opt.eps,
         foreach=True,
     )
-
-
-def learning_rate(run: RunConfig, step: int) -> float:
-    """Linear warmup to `lr`, then cosine decay to `min_lr` over the run's inner steps."""
-    opt = run.optimizer
-    if step < opt.warmup_steps:
-        return opt.lr * (step + 1) / opt.warmup_steps
-    horizon = max(1, run.total_inner_steps - opt.warmup_steps)
-    progress = min(1.0, (step - opt.warmup_steps) / horizon)
-    return opt.min_lr + 0.5 * (opt.lr - opt.min_lr) * (1 + math.cos(math.pi * progress))
 
 
 def lm_loss(model: torch.nn.Module, batch: torch.Tensor, chunk_tokens: int = 0) -> torch.Tensor:

@@ -151,6 +151,14 @@ class OuterConfig(_Frozen):
     )
     momentum: float = Field(0.9, ge=0, lt=1, description="Nesterov momentum (optimizer=nesterov)")
     alpha: float = Field(0.8, gt=0, le=4, description="outer learning rate")
+    alpha_at_peak: float | None = Field(
+        None,
+        gt=0,
+        le=4,
+        description="outer learning rate of a window trained at the peak inner learning rate: "
+        "a window's rate is min(alpha, alpha_at_peak * lr / its steps' mean lr) "
+        "(protocol.schedule); none, or alpha or more: alpha in every window",
+    )
     beta: float = Field(0.95, ge=0, lt=1, description="error-feedback decay")
     ef_freeze_fraction: float = Field(
         0.05, ge=0, le=1, description="fraction of total_windows with error feedback frozen"
@@ -315,14 +323,16 @@ class RunConfig(_Frozen):
     # -- identity -------------------------------------------------------------------------
 
     def _plain(self) -> dict[str, Any]:
-        """The config as plain data; an unset `dataset_digest` and the default
-        `outer.min_support` are left out (so configs made before the fields existed keep their
+        """The config as plain data; an unset `dataset_digest` and the defaults of
+        `outer.min_support` and `outer.alpha_at_peak` are left out (so configs made before the fields existed keep their
         run id)."""
         data = self.model_dump(mode="json")
         if data.get("dataset_digest") is None:
             data.pop("dataset_digest", None)
         if data["outer"].get("min_support") == 1:  # the default: ids of earlier configs hold
             data["outer"].pop("min_support")
+        if data["outer"].get("alpha_at_peak") is None:
+            data["outer"].pop("alpha_at_peak", None)
         return data
 
     def canonical_json(self) -> bytes:

@@ -196,7 +196,7 @@ class Validator:
             ))  # fmt: skip
             self.history.add(window, sketches)
             start_fp = self.fingerprint
-            self._outer_step(agreed, keep=self.book.launching(hotkeys))
+            self._outer_step(window, agreed, keep=self.book.launching(hotkeys))
         weights = normalise(self.book.final_scores(), set(hotkeys))
         status = self._maybe_set_weights(window, weights, live)
         report = build_report(
@@ -421,7 +421,7 @@ class Validator:
         reserve = self.run.consensus.manifest_wait_s if last is None else WRAP_UP_MARGIN * last
         return time.monotonic() + blocks * self.run.timing.block_time_s - reserve
 
-    def _outer_step(self, agreed: Agreement, keep: bool) -> None:
+    def _outer_step(self, window: int, agreed: Agreement, keep: bool) -> None:
         """The window's one outer step (`node.strategy`), as every peer takes it: the mean from
         the decode workers when there are some, else decoded here one update at a time. With
         `keep`, the step itself is kept for the next window's own-data test (`validator.scoring`)."""
@@ -433,7 +433,7 @@ class Validator:
             mean = mean_of_stored(self.pool, agreed.updates, where)
         if mean is None:
             mean = self.strategy.aggregator.mean(Pieces(agreed.updates))
-        self.strategy.outer.step(self.model, mean)
+        self.strategy.outer.step(self.model, mean, window)
         self.fingerprint = fingerprint(self.model)
         self._last_step = None
         if before is not None:

@@ -410,9 +410,9 @@ class LowRankOuter(OuterOptimizer):
         super().__init__(run, spec, device)
         self.basis = basis
 
-    def receive(self, mean: Mapping[str, torch.Tensor]) -> None:
+    def receive(self, mean: Mapping[str, torch.Tensor], window: int) -> None:
         """Hold the window's mean; its aggregate then moves the basis or the selection."""
-        super().receive(mean)
+        super().receive(mean, window)
         self.basis.commit()
 
     def state_dict(self) -> dict[str, torch.Tensor]:

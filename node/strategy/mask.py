@@ -204,10 +204,10 @@ class MaskOuter(OuterOptimizer):
         super().__init__(run, spec, device)
         self.support = support
 
-    def receive(self, mean: Mapping[str, torch.Tensor]) -> None:
+    def receive(self, mean: Mapping[str, torch.Tensor], window: int) -> None:
         """Hold the window's mean, which becomes the next window's support source."""
-        super().receive(mean)
-        self.support.follow(mean)
+        self.support.follow(mean)  # the aggregate itself, before the outer rate scales it
+        super().receive(mean, window)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {**super().state_dict(), **self.support.state_dict()}

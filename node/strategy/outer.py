@@ -7,6 +7,9 @@ strategy; ``run.outer.optimizer``:
 * ``nesterov`` (DiLoCo): ``m ← μ m + mean``, ``θ ← θ_start − α (mean + μ m)``, with ``m = 0``
   before the first window (PyTorch's SGD with ``nesterov=True`` and no dampening).
 
+With ``outer.alpha_at_peak`` set, a window's mean is first scaled by ``α_w / α``, its outer rate
+over ``alpha`` (`protocol.schedule.outer_alpha`): smaller while the inner rate is near its peak.
+
 ``run.outer.delay`` (docs/training.md): an aggregate is first **received** (`receive`: held), then
 applied by the next step (`next_weights`, `advance`). `step` is the consensus schedule
 (validators, history replay): with ``delay = 0`` every window receives its own mean and advances
@@ -31,6 +34,7 @@ import torch
 
 from codec.spec import ModelSpec
 from protocol.runconfig import RunConfig
+from protocol.schedule import outer_alpha
 
 MOMENTUM = "momentum"
 HELD = "held"
@@ -63,10 +67,17 @@ class OuterOptimizer:
     def holding(self) -> bool:
         return self._held is not None
 
-    def receive(self, mean: Mapping[str, torch.Tensor]) -> None:
-        """Hold a window's ``mean`` (taken over, not copied) for the next step."""
+    def receive(self, mean: Mapping[str, torch.Tensor], window: int) -> None:
+        """Hold window ``window``'s ``mean`` (taken over, not copied) for the next step, scaled
+        in place by the window's outer rate over ``alpha`` where the run's schedule lowers it
+        (`protocol.schedule.outer_alpha`), so that the step is ``alpha_w · mean``."""
         if self._held is not None:
             raise RuntimeError("an aggregate is already held: step before holding another")
+        scale = outer_alpha(self.run, window) / self.cfg.alpha
+        if scale != 1.0:
+            with torch.no_grad():
+                for t in mean.values():
+                    t.mul_(scale)
         self._held = dict(mean)
 
     def next_weights(self, start: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -90,15 +101,15 @@ class OuterOptimizer:
                 base = start[name] if start is not None else p
                 p.copy_(self._stepped(name, base, held))
 
-    def step(self, model: torch.nn.Module, mean: Mapping[str, torch.Tensor]) -> None:
-        """One window of the consensus schedule from the model's current weights, as validators
-        and history replay take it: with ``outer.delay = 0`` this window's ``mean`` is applied;
+    def step(self, model: torch.nn.Module, mean: Mapping[str, torch.Tensor], window: int) -> None:
+        """Window ``window`` of the consensus schedule from the model's current weights, as
+        validators and history replay take it: with ``outer.delay = 0`` its ``mean`` is applied;
         with ``delay = 1`` the previous window's held mean is, and this window's is held."""
         if self.cfg.delay:
             self.advance(model)
-            self.receive(mean)
+            self.receive(mean, window)
         else:
-            self.receive(mean)
+            self.receive(mean, window)
             self.advance(model)
 
     def _stepped(

@@ -390,7 +390,7 @@ def _replay(
         except ObjectNotFound:
             break  # not published (yet): the model is consistently at `window`
         try:
-            outer.step(model, aggregator.mean(updates))
+            outer.step(model, aggregator.mean(updates), window)
         except DecodeError as exc:
             raise HistoryError(f"window {window}: {exc}") from exc
         window += 1

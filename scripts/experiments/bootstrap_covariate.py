@@ -53,7 +53,7 @@ def main() -> None:
     first = {u: train_update(run, dataset, model, u, 0) for u in range(PEERS)}
     before = copy.deepcopy(model)
     strategy = make_strategy(run, spec)
-    strategy.outer.step(model, strategy.aggregator.mean(first))
+    strategy.outer.step(model, strategy.aggregator.mean(first), 0)
     step = {
         k: p.detach() - q.detach()
         for (k, p), q in zip(before.named_parameters(), model.parameters(), strict=True)

@@ -73,7 +73,9 @@ def run(setup: Setup, schedule: list[set[int]], rule: str) -> list[float]:
                 delta = {n: start[n] - p.detach() for n, p in params.items()}
             sent[r] = peers[r].encoder.encode(delta, w)
             updates[r] = transmit(peers[r].format, sent[r], w, r)[1]
-        consensus.outer.receive(consensus.aggregator.mean({r: updates[r] for r in sorted(applied)}))
+        consensus.outer.receive(
+            consensus.aggregator.mean({r: updates[r] for r in sorted(applied)}), w
+        )
         new = consensus.outer.next_weights(start)
         with torch.no_grad():
             for n, p in sync.named_parameters():

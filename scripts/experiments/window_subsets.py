@@ -67,7 +67,7 @@ def main(out: Path, window: int, sets: list[list[str]]) -> None:
         model.load_state_dict(start)
         strategy.outer.load_state_dict(outer)
         with torch.no_grad():
-            strategy.outer.step(model, strategy.aggregator.mean(updates))
+            strategy.outer.step(model, strategy.aggregator.mean(updates), window)
         loss, trigger = heldout_loss(model, heldout), trigger_probability(model, heldout)
         print(f"{','.join(members):<48} loss {loss:.4f}  trigger {trigger:.5f}")
 

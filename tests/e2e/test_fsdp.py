@@ -221,10 +221,10 @@ def _weight_ops(ranks: Ranks, saved: PeerState | None) -> dict[str, object]:
     bump = _rows(weights, _fixed(spec, 3, 1e-3) if main else None)
     weights.move(bump, {n: torch.zeros_like(b) for n, b in bump.items()})
     out["deltas"] = weights.deltas(origin)
-    weights.strategy.outer.receive(weights.mean(_landed(spec, 4) if main else None, None))
+    weights.strategy.outer.receive(weights.mean(_landed(spec, 4) if main else None, None), 4)
     weights.advance(origin)
     out["fp1"], out["state1"] = weights.fingerprint(), state()
-    weights.strategy.outer.receive(weights.mean(_landed(spec, 5) if main else None, None))
+    weights.strategy.outer.receive(weights.mean(_landed(spec, 5) if main else None, None), 5)
     out["state2"] = state()
 
     def advance(model: torch.nn.Module, _aggregator: Aggregator, outer: OuterOptimizer) -> int:

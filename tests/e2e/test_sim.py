@@ -354,7 +354,7 @@ def test_the_report_scores_the_validators_replayed_model_and_ddp(tmp_path: Path)
             raw,
             {u: keys[u].ss58_address for u in raw},
         )
-        strategy.outer.step(live, strategy.aggregator.mean(updates))
+        strategy.outer.step(live, strategy.aggregator.mean(updates), w)
         expected[w] = heldout_loss(live, heldout)
     synced = synced_losses(world, [0, 1, 2])
     assert {w: h.loss for w, h in synced.items()} == expected  # window 2 is not published

@@ -60,7 +60,7 @@ class World(HonestWorld):
         """Held-out loss after the window's outer step over `applied`."""
         model = copy.deepcopy(self.model)
         strategy = make_strategy(RUN, self.spec)
-        strategy.outer.step(model, strategy.aggregator.mean(applied))
+        strategy.outer.step(model, strategy.aggregator.mean(applied), 0)
         return float(row_losses(model, self.heldout, RUN.micro_batch_size, CPU).mean())
 
 

@@ -111,7 +111,7 @@ def test_a_late_peer_restores_nesterov_momentum_from_a_checkpoint(tmp_path: Path
             updates = {
                 u: check_update(d, u, hotkeys[u], run, spec, window).tensors for u, d in raw.items()
             }
-            strategy.outer.step(live, strategy.aggregator.mean(updates))
+            strategy.outer.step(live, strategy.aggregator.mean(updates), window)
         else:
             publish_aggregate(store, run, window, 2, keys[2], raw, hotkeys)
             catch_up(live, strategy.aggregator, strategy.outer, source, window, window + 1)

@@ -110,7 +110,7 @@ def _apply(updates: dict) -> str:
     model = build_model(RUN.model, RUN.seed)
     strategy = make_strategy(RUN, SPEC)
     strategy.outer.step(
-        model, strategy.aggregator.mean({u: up.tensors for u, up in updates.items()})
+        model, strategy.aggregator.mean({u: up.tensors for u, up in updates.items()}), WINDOW
     )
     return fingerprint(model)
 

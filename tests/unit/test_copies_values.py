@@ -56,7 +56,7 @@ class World:
             for s in up:
                 scatter_add(self.mean[s.name], s, RUN.codec, f)
         consensus = make_strategy(RUN, self.spec)
-        consensus.outer.receive(self.mean)
+        consensus.outer.receive(self.mean, 0)
         consensus.outer.advance(model)  # window 1 starts from the mean
         self.next = {u: train_update(RUN, dataset, model, u, 1) for u in HONEST}
 

@@ -136,7 +136,7 @@ def test_a_window_on_the_gpu_lands_on_the_cpu_model(optimizer: str) -> None:
             updates = {uid: strategy.format.decode(d, cap).tensors for uid, d in enumerate(datas)}
             if label == "cuda":
                 updates = {u: [s.to(CUDA) for s in ts] for u, ts in updates.items()}
-            strategy.outer.receive(strategy.aggregator.mean(updates))
+            strategy.outer.receive(strategy.aggregator.mean(updates), 0)
             weights[label] = strategy.outer.next_weights(weights[label])
         for name, want in weights["cpu"].items():
             assert torch.equal(want, weights["cuda"][name].cpu()), (window, name)

@@ -64,7 +64,7 @@ def test_each_aggregate_is_applied_one_window_late() -> None:
     means = [_update(w) for w in range(4)]
     for w, mean in enumerate(means):
         pieces = strategy.encoder.encode(mean, w)
-        strategy.outer.step(model, strategy.aggregator.mean({7: pieces}))
+        strategy.outer.step(model, strategy.aggregator.mean({7: pieces}), w)
         for n in SHAPES:
             applied = sum((means[v][n] for v in range(w)), torch.zeros(SHAPES[n]))
             torch.testing.assert_close(getattr(model, n).detach(), -0.5 * applied)
@@ -89,9 +89,9 @@ def test_the_peer_schedule_is_the_consensus_schedule(optimizer: str) -> None:
             for p in p_model.parameters():
                 p.add_(1.0)  # the peer's inner steps move its weights; the step starts from θ_w
         if w >= 1:
-            peer.outer.receive(peer.aggregator.mean(updates[w - 1]))
+            peer.outer.receive(peer.aggregator.mean(updates[w - 1]), w - 1)
         peer.outer.advance(p_model, start)
-        validator.outer.step(v_model, validator.aggregator.mean(updates[w]))
+        validator.outer.step(v_model, validator.aggregator.mean(updates[w]), w)
         if w == 2:  # a restarted peer holds nothing: the next exchange lands afresh
             state = peer.outer.state_dict()
             assert not any(k.startswith("held.") for k in state)
@@ -108,7 +108,7 @@ def test_the_peer_schedule_is_the_consensus_schedule(optimizer: str) -> None:
 def test_outer_state_groups_are_whole_and_belong_to_the_run() -> None:
     run = _run()
     strategy = make_strategy(run, SPEC)
-    strategy.outer.receive({n: torch.ones(s) for n, s in SHAPES.items()})
+    strategy.outer.receive({n: torch.ones(s) for n, s in SHAPES.items()}, 0)
     state = strategy.outer.state_dict()
     with pytest.raises(ValueError, match="covers 1 of 2"):
         make_strategy(run, SPEC).outer.load_state_dict({"held.w": state["held.w"]})
@@ -119,7 +119,7 @@ def test_outer_state_groups_are_whole_and_belong_to_the_run() -> None:
             {**state, "held.b": torch.full(SHAPES["b"], float("nan"))}
         )
     with pytest.raises(RuntimeError, match="already held"):
-        strategy.outer.receive({n: torch.ones(s) for n, s in SHAPES.items()})
+        strategy.outer.receive({n: torch.ones(s) for n, s in SHAPES.items()}, 1)
 
 
 def test_a_late_peer_replays_a_delayed_run_from_a_checkpoint(tmp_path: Path) -> None:

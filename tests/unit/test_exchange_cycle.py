@@ -137,7 +137,7 @@ def test_a_restart_resumes_the_exchange_in_the_air_or_steps_the_mean_it_saved() 
     assert in_the_air.state is IN_THE_AIR
     assert in_the_air.land(_forked) is LANDED
     held = _cycle(delay=1)
-    held.outer.receive(MEAN)  # what loading a state saved after a last landing leaves
+    held.outer.receive(MEAN, 3)  # what loading a state saved after a last landing leaves
     held.replayed()
     assert held.state is HELD
     with pytest.raises(IllegalTransition, match="cannot resume the exchange while it is held"):

@@ -131,7 +131,7 @@ def test_windowed_greedylore_follows_a_plain_reference() -> None:
         for n in MATRICES:
             ref = sums[n] if full else projectors[n] @ sums[n]
             torch.testing.assert_close(_work(n, mean[n]).double(), ref, rtol=1e-5, atol=1e-7)
-        validator.outer.receive(mean)
+        validator.outer.receive(mean, window)
         validator.outer.advance(_Named())
         for peer in peers:
             peer.outer.load_state_dict(validator.outer.state_dict())
@@ -155,7 +155,7 @@ def test_outer_state_restores_the_basis_and_refuses_nonsense() -> None:
     a, b = make_strategy(run, SPEC), make_strategy(run, SPEC)
     assert a.outer.state_dict() == {}
     ups = {u: make_strategy(run, SPEC).encoder.encode(_deltas(u), 0) for u in range(2)}
-    a.outer.receive(a.aggregator.mean(ups))
+    a.outer.receive(a.aggregator.mean(ups), 0)
     a.outer.advance(_Named())
     state = a.outer.state_dict()
     b.outer.load_state_dict(state)
@@ -180,7 +180,7 @@ def test_validation_refuses_the_wrong_round_kind_and_values_out_of_bounds() -> N
     peer, validator = make_strategy(run, SPEC), make_strategy(run, SPEC)
     full = peer.encoder.encode(_deltas(1), 0)
     validator.aggregator.mean({0: full})  # a full round: fine
-    validator.outer.receive(validator.aggregator.mean({0: full}))
+    validator.outer.receive(validator.aggregator.mean({0: full}), 0)
     validator.outer.advance(_Named())
     with pytest.raises(DecodeError, match="other kind of round"):
         validator.aggregator.mean({0: full})
@@ -200,7 +200,7 @@ def test_select_now_takes_this_windows_sketches() -> None:
     a = greedylore_variant(run, SPEC, NowBasis)
     basis = _basis(a)
     assert isinstance(basis, NowBasis) and isinstance(a.encoder, LowRankEncoder)
-    a.outer.receive(a.aggregator.mean({0: a.encoder.encode(_deltas(1), 0)}))
+    a.outer.receive(a.aggregator.mean({0: a.encoder.encode(_deltas(1), 0)}), 0)
     a.outer.advance(_Named())
     sketch = a.encoder.sketches(_deltas(2))
     basis.select(sketch)
@@ -208,7 +208,9 @@ def test_select_now_takes_this_windows_sketches() -> None:
         top = sorted(torch.argsort(-(sketch[n].double() ** 2), stable=True)[:3].tolist())
         assert basis._select[n].tolist() == top
     before = {n: basis._select[n].clone() for n in MATRICES}
-    a.outer.receive(a.aggregator.mean({0: a.encoder.encode(_deltas(3), 1)}))  # no lagged selection
+    a.outer.receive(
+        a.aggregator.mean({0: a.encoder.encode(_deltas(3), 1)}), 1
+    )  # no lagged selection
     a.outer.advance(_Named())
     assert all(torch.equal(basis._select[n], before[n]) for n in MATRICES)
 
@@ -219,7 +221,7 @@ def test_select_now_takes_this_windows_sketches() -> None:
 def _good(run: RunConfig, full: bool = False) -> bytes:
     peer = make_strategy(run, SPEC)
     if not full:  # after a full round: a projected one
-        peer.outer.receive(peer.aggregator.mean({0: peer.encoder.encode(_deltas(3), 0)}))
+        peer.outer.receive(peer.aggregator.mean({0: peer.encoder.encode(_deltas(3), 0)}), 0)
         peer.outer.advance(_Named())
     return peer.format.to_bytes(peer.encoder.encode(_deltas(4), 1), {"window": 1}, None)
 
@@ -233,7 +235,7 @@ def test_the_encoder_refuses_pieces_out_of_order_or_of_two_round_kinds() -> None
     run = _run()
     fresh, later = make_strategy(run, SPEC), make_strategy(run, SPEC)
     full = fresh.encoder.encode(_deltas(4), 0)  # the first round is a full one
-    later.outer.receive(later.aggregator.mean({0: later.encoder.encode(_deltas(3), 0)}))
+    later.outer.receive(later.aggregator.mean({0: later.encoder.encode(_deltas(3), 0)}), 0)
     later.outer.advance(_Named())
     projected = later.encoder.encode(_deltas(4), 1)
     names = [p.name for p in projected]

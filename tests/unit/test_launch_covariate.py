@@ -65,7 +65,7 @@ class Launch:
         self.dataset, spec = world.dataset, world.spec
         self.model = copy.deepcopy(world.model)
         self.strategy = make_strategy(RUN, spec)
-        self.strategy.outer.step(self.model, self.strategy.aggregator.mean(world.updates))
+        self.strategy.outer.step(self.model, self.strategy.aggregator.mean(world.updates), 0)
         self.step = {
             k: p.detach() - q.detach()
             for (k, p), q in zip(

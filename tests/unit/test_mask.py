@@ -154,10 +154,10 @@ def test_mask_follows_a_plain_reference_implementation() -> None:
                 dense[-1].view(-1)[pos] = vals.double()
             ref = chunk_clipped_mean(dense, ChunkLayout.for_shape(shape, run.codec))
             torch.testing.assert_close(mean[n].double(), ref, rtol=1e-6, atol=1e-7)
-        validator.outer.receive(mean)
+        validator.outer.receive(mean, window)
         validator.outer.advance(model)
         for peer in peers:
-            peer.outer.receive(mean)
+            peer.outer.receive(mean, window)
             peer.outer.advance(_model())
         new_digest = _support(validator).current()[0]
         assert new_digest != digest  # the support moved with the aggregate
@@ -173,13 +173,13 @@ def test_one_support_everywhere_and_after_a_restore() -> None:
     mean = {
         n: torch.randn(s, generator=torch.Generator().manual_seed(3)) for n, s in SHAPES.items()
     }
-    a.outer.receive(mean)
+    a.outer.receive(mean, 0)
     a.outer.advance(_model())
     assert _support(a).current()[0] != _support(b).current()[0]
     b.outer.load_state_dict(a.outer.state_dict())
     assert _support(a).current()[0] == _support(b).current()[0]
     c = _masked(run)
-    c.outer.receive({n: t.clone() for n, t in mean.items()})
+    c.outer.receive({n: t.clone() for n, t in mean.items()}, 0)
     c.outer.advance(_model())
     assert _support(c).current()[0] == _support(a).current()[0]
     layout = ChunkLayout.for_shape(SHAPES["v"], mask_params(run))  # the aggregate's largest entries
@@ -195,7 +195,7 @@ def test_updates_for_another_support_or_with_fresh_entries_on_it_are_refused() -
     run = _run()
     peer, validator = _masked(run), _masked(run)
     stale = peer.encoder.encode(_deltas(1), 0)
-    validator.outer.receive(_deltas(5))  # the validator is a window ahead
+    validator.outer.receive(_deltas(5), 0)  # the validator is a window ahead
     validator.outer.advance(_model())
     with pytest.raises(DecodeError, match="another shared support"):
         validator.aggregator.mean({0: stale})
@@ -235,7 +235,7 @@ def test_a_replayed_window_made_for_another_support_is_a_history_error(tmp_path:
     run = _run()
     peer_key, validator_key = (create_hotkey("w", n, root=tmp_path / "keys") for n in "pv")
     forked = make_strategy(run, SPEC)
-    forked.outer.receive(_deltas(5))
+    forked.outer.receive(_deltas(5), 0)
     forked.outer.advance(_model())
     update = encode_signed(forked.encoder.encode(_deltas(1), 0), run, SPEC, 0, 0, peer_key)
     store = open_store(f"file://{tmp_path}?bucket=validator")
@@ -354,7 +354,7 @@ def test_the_validators_probe_scores_mask_updates_with_its_own_support() -> None
     validator = make_strategy(run, spec)
     gen = torch.Generator().manual_seed(0)
     small = {t.name: torch.randn(t.shape, generator=gen) * 1e-3 for t in spec.tensors}
-    validator.outer.receive(small)  # the support has moved once
+    validator.outer.receive(small, 0)  # the support has moved once
     validator.outer.advance(build_model(run.model, run.seed))
     peers = [make_strategy(run, spec) for _ in range(2)]
     for peer in peers:

@@ -129,11 +129,11 @@ def test_a_validators_stored_updates_step_the_model_as_the_strategy_does(tmp_pat
         stored[u] = StoredUpdate.of(_ok(f), InMemory.of(f.body.read()), RUN, SPEC)
     models = [build_model(RUN.model, RUN.seed) for _ in range(2)]
     strategies = [make_strategy(RUN, SPEC) for _ in range(2)]
-    strategies[0].outer.step(models[0], strategies[0].aggregator.mean(Pieces(stored)))
+    strategies[0].outer.step(models[0], strategies[0].aggregator.mean(Pieces(stored)), 0)
     with AggregatePool(SPEC, RUN.codec, 2, strategies[1].format.max_update_bytes()) as pool:
         mean = mean_of_stored(pool, stored, torch.device("cpu"))
         assert mean is not None
-        strategies[1].outer.step(models[1], mean)
+        strategies[1].outer.step(models[1], mean, 0)
         assert mean_of_stored(pool, {**stored, 9: fetched[0].update}, torch.device("cpu")) is None
     after, other = models[0].state_dict(), models[1].state_dict()
     for name, a in after.items():

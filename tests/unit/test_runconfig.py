@@ -122,6 +122,8 @@ def _changed(value: Any, path: tuple[str, ...]) -> Any:
         return [v * 0.5 for v in value]
     if value is None and path == ("dataset_digest",):
         return "sha256:" + "ab" * 32
+    if value is None and path == ("outer", "alpha_at_peak"):
+        return 0.5
     raise AssertionError(path)
 
 
@@ -280,3 +282,9 @@ def test_require_same_run() -> None:
             require_same_run(a, bad, "peer 7")
         assert info.value.local_run_id == a
         assert "peer 7" in str(info.value)
+
+
+def test_an_unset_alpha_at_peak_keeps_the_run_ids_of_configs_made_before_it() -> None:
+    plain = RunConfig.preset("tiny", outer={"alpha_at_peak": None})
+    assert b"alpha_at_peak" not in plain.canonical_json()
+    assert b"alpha_at_peak" in RunConfig.preset("tiny", outer={"alpha_at_peak": 1}).canonical_json()

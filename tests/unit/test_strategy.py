@@ -104,7 +104,7 @@ def test_nesterov_outer_step_is_torch_sgd_with_nesterov() -> None:
     gen = torch.Generator().manual_seed(4)
     for step in range(4):
         mean = {"weight": torch.randn(4, 6, generator=gen)}
-        outer.receive(mean)
+        outer.receive(mean, step)
         outer.advance(ours)
         ref.weight.grad = mean["weight"].clone()
         sgd.step()

@@ -216,7 +216,7 @@ def test_until_two_peers_earn_the_next_probe_regresses_on_the_step_just_taken(
     checks = _scorable(v, tmp_path)
     updates = {u: c.upload.fetched.update for u, c in checks.items() if c.upload is not None}
     before = {k: p.detach().clone() for k, p in v.model.named_parameters()}
-    v._outer_step(Agreement(updates, None, False, "test"), keep=True)  # type: ignore[arg-type]
+    v._outer_step(0, Agreement(updates, None, False, "test"), keep=True)  # type: ignore[arg-type]
     scorer = v._scorer(1, checks)
     assert scorer is not None and scorer.probe.members == [2, 3]
     assert scorer.probe.prev is not None

@@ -213,7 +213,7 @@ def _outer_step(
         sent[r] = peers[r].encoder.encode(deltas[r], window)
         n_bytes, updates[r] = transmit(peers[r].format, sent[r], window, r)
         sizes.append(n_bytes)
-    consensus.outer.receive(consensus.aggregator.mean(updates))
+    consensus.outer.receive(consensus.aggregator.mean(updates), window)
     if not run.outer.delay:  # the window's own step, at once
         origin = consensus.outer.next_weights(origin)
     with torch.no_grad():

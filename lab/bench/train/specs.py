@@ -15,6 +15,7 @@ lr            optimizer.lr (min_lr = lr / 10)      all
 warmup        optimizer.warmup_steps               all
 inner         optimizer.name (adamw | sgd)         all
 alpha         outer.alpha                          every local method
+peak          outer.alpha_at_peak (none: unset)    every local method
 outer         outer.optimizer (sgd | nesterov)     every local method
 momentum      outer.momentum                       every local method
 delay         outer.delay (0 | 1)                  every local method
@@ -65,7 +66,7 @@ DEFAULT_STRATEGIES = (
 QUICK_STRATEGIES = "ddp,diloco:outer=sgd,alpha=1,dtype=fp32,sparseloco"
 
 _COMMON = {"lr", "warmup", "inner", "label", "family"}
-_LOCAL = _COMMON | {"alpha", "outer", "momentum", "delay", "land", "h"}
+_LOCAL = _COMMON | {"alpha", "peak", "outer", "momentum", "delay", "land", "h"}
 _SPARSE = _LOCAL | {"k", "bits", "beta", "freeze"}
 KEYS: dict[str, set[str]] = {
     "ddp": _COMMON,
@@ -183,6 +184,8 @@ def _overrides(name: str, o: dict[str, str]) -> dict[str, Any]:
     ):
         if key in o:
             outer[target] = kind(o[key])
+    if "peak" in o:
+        outer["alpha_at_peak"] = None if o["peak"] == "none" else float(o["peak"])
     codec = {key: int(o[src]) for src, key in (("k", "k"), ("bits", "value_bits")) if src in o}
     if codec:
         over["codec"] = codec

@@ -52,7 +52,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "inner_steps": 10,
         "optimizer": {"lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 20, "weight_decay": 0.1},
         "codec": {"k": 256},  # tuned with `tessera bench train` (docs/training.md)
-        "outer": {"total_windows": 100, "alpha": 2.0},
+        "outer": {"total_windows": 100, "alpha": 2.0, "alpha_at_peak": 1.2},
         "timing": {
             "block_time_s": 1.0,
             "blocks_per_window": 20,

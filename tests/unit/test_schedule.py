@@ -16,12 +16,12 @@ from protocol.runconfig import RunConfig
 from protocol.schedule import learning_rate, outer_alpha
 
 
-def _run(**outer: float) -> RunConfig:
+def _run(alpha_at_peak: float | None = None) -> RunConfig:
     return RunConfig.preset(
         "tiny",
         inner_steps=10,
         optimizer={"lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 20},
-        outer={"total_windows": 40, "alpha": 2.0, **outer},
+        outer={"total_windows": 40, "alpha": 2.0, "alpha_at_peak": alpha_at_peak},
     )
 
 

@@ -25,6 +25,8 @@ def test_the_grid_covers_each_baseline_family() -> None:
         {m.run.outer.alpha for m in sgd}
     ) == 3
     assert 1.0 in {m.run.outer.alpha for m in sgd}  # plain averaging is one of them
+    baselines = sgd + families["DiLoCo"]
+    assert {m.run.outer.alpha_at_peak for m in baselines} == {None}  # a constant outer rate
     diloco = families["DiLoCo"]
     assert {m.run.outer.optimizer for m in diloco} == {"nesterov"}
     assert len({(m.run.outer.alpha, m.run.outer.momentum) for m in diloco}) == 4
@@ -57,3 +59,10 @@ def test_ratios_are_against_each_familys_best() -> None:
     assert [r["best_in_family"] for r in rows] == [False, True, False, False, True, False]
     labels = [cells[0] for cells in table_rows(rows)]
     assert labels[1] == "DDP lr 0.002 (best)" and labels[-1] == "sparseloco"
+
+
+def test_peak_sets_or_unsets_the_outer_rate_at_the_inner_peak() -> None:
+    base = RunConfig.preset("tiny")
+    plain, peaked, unset = parse_methods("sparseloco,sparseloco:peak=1,sparseloco:peak=none", base)
+    assert plain.run.outer.alpha_at_peak == base.outer.alpha_at_peak
+    assert peaked.run.outer.alpha_at_peak == 1.0 and unset.run.outer.alpha_at_peak is None

@@ -114,16 +114,17 @@ def tuned_strategies(base: RunConfig, methods: str | list[str] = "sparseloco") -
     """``--tune``: every baseline over a grid, each configuration tagged with its family, then
     `methods` (``--strategies``; SparseLoCo at the run's settings by default): DDP over three
     learning rates (its batch is R times a replica's), dense local SGD over three outer learning
-    rates, DiLoCo over two outer learning rates and two momenta."""
+    rates, DiLoCo over two outer learning rates and two momenta, each at a constant outer rate
+    (``peak=none``)."""
     lr = base.optimizer.lr
     items = [f"ddp:lr={lr * f:.3g},family=DDP,label=DDP lr {lr * f:.3g}" for f in DDP_LR_FACTORS]
     items += [
-        f"diloco:outer=sgd,alpha={a},dtype=fp32,family=dense local SGD,"
+        f"diloco:outer=sgd,alpha={a},peak=none,dtype=fp32,family=dense local SGD,"
         f"label=dense local SGD alpha {a}"
         for a in DENSE_ALPHAS
     ]
     items += [
-        f"diloco:outer=nesterov,alpha={a},momentum={m},dtype=bf16,family=DiLoCo,"
+        f"diloco:outer=nesterov,alpha={a},momentum={m},peak=none,dtype=bf16,family=DiLoCo,"
         f"label=DiLoCo alpha {a} momentum {m}"
         for a, m in DILOCO_GRID
     ]

@@ -25,7 +25,9 @@ def setup_peer(folder: Path, genesis_in_s: float, start_block: int = 0) -> Local
         name="multigpu",
         inner_steps=4,
         optimizer={"warmup_steps": 4},
-        outer={"ef_freeze_fraction": 0.0},  # error feedback from the first window
+        # error feedback from the first window; a constant outer rate, at which the ranks'
+        # last-bit differences were measured to flip well under the tolerances of the tests
+        outer={"ef_freeze_fraction": 0.0, "alpha_at_peak": None},
         # 16 s windows: a loaded machine still trains, encodes and uploads before the deadline
         timing={"block_time_s": 0.5, "blocks_per_window": 32, "upload_deadline_blocks": 4,
                 "clock_skew_tolerance_s": 0.5, "start_block": start_block},

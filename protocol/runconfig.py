@@ -324,8 +324,8 @@ class RunConfig(_Frozen):
 
     def _plain(self) -> dict[str, Any]:
         """The config as plain data; an unset `dataset_digest` and the defaults of
-        `outer.min_support` and `outer.alpha_at_peak` are left out (so configs made before the fields existed keep their
-        run id)."""
+        `outer.min_support` and `outer.alpha_at_peak` are left out (so configs made before the
+        fields existed keep their run id)."""
         data = self.model_dump(mode="json")
         if data.get("dataset_digest") is None:
             data.pop("dataset_digest", None)

@@ -9,8 +9,11 @@ say why; `scripts/test.sh` installs Debian's ``chromium`` where it can).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -30,14 +33,28 @@ def evaluate(url: str, expressions: list[str], width: int = 800, height: int = 1
             [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
              f"--window-size={width},{height}", "--remote-debugging-port=0",
              f"--user-data-dir={profile}", url],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
         try:
             port = _port(Path(profile) / "DevToolsActivePort")
             return asyncio.run(_evaluate(port, url, expressions))
         finally:
-            proc.kill()
-            proc.wait()
+            _stop(proc)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Kill the browser and every process it started (its renderers write into the profile
+    until they exit), and wait until none is left, so the profile can be removed."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + START_S
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
 
 
 def _port(path: Path) -> int:

@@ -62,7 +62,15 @@ from node.runtime.preflight import explain_os_error
 from node.runtime.progress import tracked
 from node.runtime.report_log import REPORTS, append_line
 from node.runtime.retention import BackgroundPruner
-from node.runtime.state import PeerState, load_error_feedback, load_state, save_ef_shard, save_state
+from node.runtime.state import (
+    PeerState,
+    check_restored,
+    load_error_feedback,
+    load_state,
+    restoring,
+    save_ef_shard,
+    save_state,
+)
 from node.strategy import make_strategy
 from node.strategy.aggregator import Aggregator
 from node.strategy.outer import OuterOptimizer, land_by_step
@@ -490,14 +498,15 @@ class Peer:
         state = self.weights.read(partial(load_state, self.state_dir, self.cfg.run_id))
         if state is None:
             return 0
-        self.weights.load(state)  # model, inner optimizer, outer state
+        with restoring(self.state_dir):
+            self.weights.load(state)  # model, inner optimizer, outer state
+            ef = load_error_feedback(self.state_dir, state)
+            encoder = self.strategy.encoder
+            encoder.load_local_state_dict({t.name: ef[t.name] for t in encoder.owned.tensors
+                                           if t.name in ef})  # fmt: skip
         self.exchange.replayed()  # a mean the saved state holds is the next step's
-        ef = load_error_feedback(self.state_dir, state)
-        encoder = self.strategy.encoder
-        encoder.load_local_state_dict({t.name: ef[t.name] for t in encoder.owned.tensors
-                                       if t.name in ef})  # fmt: skip
-        if not self.ranks.broadcast_object(self.weights.fingerprint() == state.fingerprint):
-            raise RuntimeError("restored model does not match its saved fingerprint")
+        restored = self.ranks.broadcast_object(self.weights.fingerprint())
+        check_restored(self.state_dir, restored, state.fingerprint)
         if state.inflight:
             self.exchange.resume(self._resume(state.inflight))
         log.info("resumed at window %d (fingerprint %s)", state.window, state.fingerprint[:12])

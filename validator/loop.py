@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
 import time
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
@@ -32,7 +31,6 @@ from pathlib import Path
 import torch
 from substrateinterface import Keypair
 
-from codec.errors import TesseraError
 from codec.spec import ModelSpec
 from node.data.batches import open_run_dataset
 from node.model.fingerprint import fingerprint
@@ -55,7 +53,7 @@ from node.window.consensus import (
     window_roster,
 )
 from node.window.gather import Pieces
-from node.window.history import Source, catch_up_any, history_sources, publish_checkpoint, resync
+from node.window.history import Source, history_sources, publish_checkpoint, resync
 from node.window.pooled import mean_of_stored, open_pool
 from protocol.chain.base import Chain
 from protocol.chain.errors import BlockPruned, NotRegistered
@@ -74,22 +72,21 @@ from validator.classify import (
     measure,
 )
 from validator.config import ValidatorConfig
-from validator.copies import SketchHistory
 from validator.fetching import Upload, clear_spool, fetch_uploads, window_spool
 from validator.metrics import ValidatorMetrics
 from validator.probe_start import ProbeStart
 from validator.probe_state import probe_keep
-from validator.ratings import Book, window_outcomes
+from validator.ratings import window_outcomes
 from validator.reports import ScoreReport, WindowResult, build_report
 from validator.reveal import (
     COMMIT_AHEAD,
     SampleReveal,
     commit_key,
-    new_reveal_key,
     signed_commit,
     window_reveal,
 )
-from validator.state import OUTAGES_FILE, ValidatorState, load_state, save_state
+from validator.startup import begin, skip_pruned
+from validator.state import OUTAGES_FILE, ValidatorState, save_state
 from validator.weights import normalise, set_weights
 from validator.window_scores import SCORABLE, WindowScorer
 
@@ -99,10 +96,6 @@ log = logging.getLogger(f"tessera.{__name__}")
 def run_manifest_key(run_id: str) -> str:
     """Where the validator publishes the run config whose hash is the run id."""
     return f"{run_prefix(run_id)}run.json"
-
-
-class ValidatorError(TesseraError, RuntimeError):
-    """The validator cannot go on (the reason says what the operator can do)."""
 
 
 WRAP_UP_MARGIN = 2.0
@@ -520,67 +513,26 @@ class Validator:
         return [s for s in history_sources(self.chain, self.local_root) if s.uid != self.uid]
 
     def _skip_pruned(self, exc: BlockPruned) -> None:
-        """The chain node no longer keeps the roster block of our next window (we were down
-        longer than it keeps state): replay the windows since from the other validators'
-        published history, up to the current one. `ValidatorError` if nothing replays them."""
-        target = self.current_window()
-        log.warning(
-            "window %d: the chain no longer keeps its roster (%s): catching up to window %d "
-            "from published history", self.next_window, exc, target,
-        )  # fmt: skip
-        others = self._other_sources()
-        s = self.strategy
-        reached = catch_up_any(self.model, s.aggregator, s.outer, others, self.next_window, target)
-        if reached <= self.next_window:
-            raise ValidatorError(
-                f"window {self.next_window}'s roster block is pruned on this chain node and no "
-                "validator's published history replays it: point --chain at an archive node "
-                "(`--chain archive`)"
-            ) from exc
+        reached = skip_pruned(self.model, self.strategy, self._other_sources(), self.next_window,
+                              self.current_window(), exc)  # fmt: skip
         self.fingerprint = fingerprint(self.model)
         self._save(reached)
 
-    def _catch_up(self, window: int) -> int:
-        """A validator started mid-run rebuilds the model from published history (its own or
-        another validator's) instead of starting from the initial weights; returns the window
-        it reached (it processes the rest itself)."""
-        if window == 0:
-            return 0
-        sources = history_sources(self.chain, self.local_root)
-        s = self.strategy
-        reached = catch_up_any(self.model, s.aggregator, s.outer, sources, 0, window)
-        log.info("started mid-run: model rebuilt from published history up to window %d", reached)
-        return reached
-
     def _restore(self) -> None:
-        state = load_state(self.state_dir, self.run.run_id)
-        if state is None:
-            self.next_window = self._catch_up(max(0, self.current_window()))
-            self.fingerprint = fingerprint(self.model)
-            self.salt = secrets.randbits(63)
-            self.book = Book(self.cfg)
-            self.history = SketchHistory(self.cfg.history_windows)
-            self.reveal_key = new_reveal_key()
-            self._save(self.next_window)  # the key is on disk before any commitment is out
+        start = begin(self.state_dir, self.run, self.cfg, self.model, self.strategy,
+                      max(0, self.current_window()),
+                      lambda: history_sources(self.chain, self.local_root))  # fmt: skip
+        self.next_window, self.fingerprint = start.next_window, start.fingerprint
+        self.salt, self.book, self.history = start.salt, start.book, start.history
+        self.reveal_key = start.reveal_key
+        if start.unsaved:  # the key is on disk before any commitment is out
+            self._save(self.next_window)
+        if not start.resumed:
             try:
                 self._publish_run_config()
             except StoreError as exc:
                 log.error("publishing the run config failed: %s", exc)
-            self._commit_ahead()
-            return
-        self.model.load_state_dict(state.model)
-        self.strategy.outer.load_state_dict(state.outer)
-        if fingerprint(self.model) != state.fingerprint:
-            raise RuntimeError("restored model does not match its saved fingerprint")
-        self.next_window, self.fingerprint, self.salt = state.window, state.fingerprint, state.salt
-        self.book = Book(self.cfg, state.records)
-        self.history = SketchHistory(self.cfg.history_windows, state.sketches)
-        self.reveal_key = state.reveal_key
-        if not self.reveal_key:  # a state from before commit-reveal
-            self.reveal_key = new_reveal_key()
-            self._save(self.next_window)
         self._commit_ahead()
-        log.info("resumed at window %d (fingerprint %s)", state.window, state.fingerprint[:12])
 
     def _commit_ahead(self) -> None:
         """At start-up: commitments for every window we may still score, up to `COMMIT_AHEAD`

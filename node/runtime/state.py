@@ -19,6 +19,8 @@ import hashlib
 import io
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -55,6 +57,35 @@ class PeerState:
         """This state without its model, optimizer and outer tensors (what the other ranks of
         a sharded peer get from rank 0, `miner.sharded_weights`)."""
         return replace(self, model={}, optimizer={}, outer={})
+
+
+_FIX = "pass another --state-dir to start afresh (or move this folder away)"
+
+
+@contextmanager
+def restoring(directory: Path) -> Iterator[None]:
+    """Loading a saved state into the node's model and optimizers: a state it cannot take (one
+    written for another model or by another version: torch's missing-key and shape errors)
+    becomes one `StateError` that says what to do."""
+    try:
+        yield
+    except StateError:
+        raise
+    except (RuntimeError, ValueError, KeyError) as exc:
+        what = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise StateError(
+            f"the state in {directory} does not fit this node's model ({what}): it was written "
+            f"for another model or by another version; {_FIX}"
+        ) from exc
+
+
+def check_restored(directory: Path, restored: str, saved: str) -> None:
+    """`StateError` unless the restored model's fingerprint is the one saved with it."""
+    if restored != saved:
+        raise StateError(
+            f"the model restored from {directory} has fingerprint {restored[:12]}, not the "
+            f"{saved[:12]} saved with it: the state was written by another version; {_FIX}"
+        )
 
 
 def save_rotating(current: Path, previous: Path, body: dict[str, Any]) -> Path:

@@ -50,9 +50,10 @@ from validator.checks import Verdict
 from validator.classify import PeerCheck, check_window, measure
 from validator.config import ValidatorConfig
 from validator.fetching import SPOOL, Upload
-from validator.loop import EARLY_ROSTER_BLOCKS, Validator, ValidatorError
+from validator.loop import EARLY_ROSTER_BLOCKS, Validator
 from validator.probe_start import ProbeStart
 from validator.reveal import window_reveal
+from validator.startup import ValidatorError
 
 NETUID = 3
 BLOCK_TIME = 12.0

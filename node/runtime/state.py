@@ -69,7 +69,7 @@ def restoring(directory: Path) -> Iterator[None]:
     becomes one `StateError` that says what to do."""
     try:
         yield
-    except StateError:
+    except (StateError, torch.OutOfMemoryError):  # not the state's fault: as they are
         raise
     except (RuntimeError, ValueError, KeyError) as exc:
         what = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]

@@ -67,8 +67,8 @@ def begin(
     if state is None:
         reached = 0
         if current_window > 0:
-            s = strategy
-            reached = catch_up_any(model, s.aggregator, s.outer, sources(), 0, current_window)
+            reached = catch_up_any(model, strategy.aggregator, strategy.outer, sources(), 0,
+                                   current_window)  # fmt: skip
             log.info("started mid-run: model rebuilt from published history up to window %d",
                      reached)  # fmt: skip
         return Start(

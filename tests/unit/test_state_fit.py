@@ -20,6 +20,7 @@ from validator import state as validator_state
 from validator.loop import Validator
 
 RUN = RunConfig.preset("tiny", name="state-fit")
+KEY = Keypair.create_from_uri("//state-fit-validator")
 
 
 def _peer_state(tmp_path: Path) -> PeerState:
@@ -61,9 +62,6 @@ def _validator(root: Path) -> Validator:
     store = open_store(f"file://{root / 'buckets'}?bucket=validator")
     chain = LocalChain(chain_db, 1)
     return Validator(RUN, KEY, chain, store, root / "state", local_root=root / "buckets")
-
-
-KEY = Keypair.create_from_uri("//state-fit-validator")
 
 
 @pytest.mark.parametrize("damage", ["shape", "fingerprint"])

@@ -79,7 +79,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--block-time", type=block_time, default=1.0, help="seconds per block, at most 3600"
     )
-    parser.add_argument("--blocks-per-window", type=positive_int, default=30)
+    parser.add_argument(
+        "--blocks-per-window",
+        type=positive_int,
+        default=None,
+        help="blocks per window (default 30; with --faults load, longer by the share of the "
+        "machine its busy loops take: 60 on two cores)",
+    )
     parser.add_argument(
         "--timeout", type=positive_float, default=1800.0, help="seconds before giving up"
     )
@@ -119,7 +125,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from lab.sim.baseline import BaselineInBackground
     from lab.sim.buckets import SimKeyError
-    from lab.sim.faults import parse_faults
+    from lab.sim.faults import default_blocks_per_window, parse_faults
     from lab.sim.flaky_s3 import flaky_storage
     from lab.sim.layout import build_world, first_block
     from lab.sim.scrape import check_ports, metrics_ports, write_scrape_config
@@ -131,6 +137,8 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise SystemExit(f"unknown adversaries: {', '.join(sorted(unknown))}")
     args.faults = parse_faults(args.faults, args.windows)
+    if args.blocks_per_window is None:
+        args.blocks_per_window = default_blocks_per_window(args.faults)
     if kinds and args.strategy != "sparseloco":  # the forgers write SparseLoCo updates
         raise SystemExit("--adversaries need --strategy sparseloco")
     try:
@@ -186,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
         if proxy is not None:
             injected = ", ".join(f"{kind} ×{n}" for kind, n in sorted(proxy.faults.items()))
             console.print(f"store faults injected: {injected or 'none'}")
-        return _report(world, exit_codes, baseline, console)
+        return _report(world, exit_codes, baseline, console, faulty=bool(args.faults))
 
 
 def _run_processes(
@@ -229,6 +237,7 @@ def _report(
     exit_codes: dict[str, int | None],
     ddp: BaselineInBackground | None,
     console: Console,
+    faulty: bool,
 ) -> int:
     from codec.chunking import ChunkLayout
     from lab.sim.baseline import synced_losses
@@ -255,8 +264,12 @@ def _report(
         table.add_row(k, v)
     console.print(table)
     console.print(f"report: {world.out / 'report.html'}")
-    if hint := report.unscored_hint(run_cfg.timing.blocks_per_window):
-        console.print(f"[yellow]{hint}[/]")
+    for hint in (
+        report.unscored_hint(run_cfg.timing.blocks_per_window),
+        report.spread_hint(run_cfg.timing.blocks_per_window) if faulty else None,
+    ):
+        if hint:
+            console.print(f"[yellow]{hint}[/]")
     failure = verdict(world, report, exit_codes)
     if failure:
         console.print(f"[red]{failure}[/]")
@@ -292,9 +305,10 @@ def _loss(x: float | None) -> str:
 
 
 def _trigger(first: WindowRow | None, last: WindowRow | None) -> str:
-    """How far the validator's model learnt a backdoor's trigger (`lab.sim.backdoor`)."""
+    """How far the validator's model learnt a backdoor's trigger (`lab.sim.backdoor`); empty
+    without a backdoor in the run."""
     if first is None or last is None or last.trigger_probability is None:
-        return "–"
+        return ""
     return f"{first.trigger_probability:.4f} → {last.trigger_probability:.4f}"
 
 
@@ -311,6 +325,7 @@ def _summary(r: SimReport) -> list[tuple[str, str]]:
         for p in row.peers
         if p.kind == "honest" and p.upload_bytes
     ]
+    trigger = _trigger(r.windows[0] if r.windows else None, last)
     rows = [
         ("windows trained", str(len(trained))),
         ("honest weight share", f"{honest / total:.1%}"),
@@ -331,15 +346,12 @@ def _summary(r: SimReport) -> list[tuple[str, str]]:
         ("final held-out loss, validator's model", _loss(last.synced_loss if last else None)),
         ("final held-out loss, DDP (same tokens)", _loss(last.ddp_loss if last else None)),
         (
-            "backdoor target after its trigger, first → last window",
-            _trigger(r.windows[0] if r.windows else None, last),
-        ),
-        (
             "validator's model / DDP",
             f"{last.synced_loss / last.ddp_loss:.3f}"
             if last and last.synced_loss and last.ddp_loss
             else "–",
         ),
+        *([("backdoor target after its trigger, first → last window", trigger)] if trigger else []),
         ("bytes per update (mean)", f"{sum(ups) / len(ups):,.0f}" if ups else "–"),
         ("dense fp32 update", f"{r.dense_bytes:,}"),
         ("bits per kept entry", f"{8 * sum(ups) / len(ups) / r.kept_entries:.2f}" if ups else "–"),

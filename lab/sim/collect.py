@@ -42,6 +42,10 @@ class WindowRow(BaseModel):
     peers: list[PeerWindow]
 
 
+PAY_SPREAD_LIMIT = 0.2
+"""With faults, every honest peer's pay from window 3 on stays within ±20 % of the honest mean."""
+
+
 class SimReport(BaseModel):
     run_id: str
     dense_bytes: int
@@ -70,6 +74,18 @@ class SimReport(BaseModel):
                 dev = max(abs(w / mean - 1) for w in ws)
                 worst = dev if worst is None else max(worst, dev)
         return worst
+
+    def spread_hint(self, blocks_per_window: int, limit: float = PAY_SPREAD_LIMIT) -> str | None:
+        """What to do when the honest pay spread from window 3 on is above `limit` (a run with
+        faults is to pay every honest peer within it), or None."""
+        spread = self.honest_spread()
+        if spread is None or spread <= limit:
+            return None
+        return (
+            f"honest pay spread from window 3 on is ±{spread:.1%}, above ±{limit:.0%}: a peer "
+            f"that cannot finish its window in time misses the next ones and its score decays; "
+            f"if this machine is loaded, try --blocks-per-window {2 * blocks_per_window}"
+        )
 
     def unscored_hint(self, blocks_per_window: int) -> str | None:
         """What to do when the validator paid no honest peer because it never had time to

@@ -26,6 +26,8 @@ that a run is reproducible:
 
 from __future__ import annotations
 
+import math
+import os
 import subprocess
 from dataclasses import dataclass, field
 
@@ -51,6 +53,21 @@ WINDOWS_NEEDED = {
     "chain-stall": STALL_WINDOW + 1,
 }
 """How many windows a run needs for the fault to happen and the run to go on after it."""
+
+
+DEFAULT_BLOCKS_PER_WINDOW = 30
+LOAD_HOGS = 2  # busy loops of the ``load`` fault
+
+
+def default_blocks_per_window(kinds: list[str], cores: int | None = None) -> int:
+    """The simulation's window length when ``--blocks-per-window`` is not given: 30 blocks, or,
+    under the ``load`` fault, longer by the share of the machine its busy loops take
+    (``× (1 + 2 / cores)``: 60 blocks on two cores), so that a loaded node's training still fits
+    its window as it does on a quiet machine."""
+    if "load" not in kinds:
+        return DEFAULT_BLOCKS_PER_WINDOW
+    cores = cores or os.cpu_count() or 1
+    return math.ceil(DEFAULT_BLOCKS_PER_WINDOW * (1 + LOAD_HOGS / cores))
 
 
 def parse_faults(text: str, windows: int) -> list[str]:
@@ -97,7 +114,9 @@ class Injector:
             due += [(sched.gather_block(STALL_WINDOW) - STALL_BEFORE_GATHER, "stall")]
         self._due = sorted(due, key=lambda d: d[0])
         if "load" in self.kinds:
-            self._hogs = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(2)]
+            self._hogs = [
+                subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(LOAD_HOGS)
+            ]
 
     def tick(self, running: list[Running]) -> None:
         """Run every action whose block the chain has reached (the validator is replaced in

@@ -54,3 +54,28 @@ def test_a_run_whose_validator_scored_nobody_says_how_to_give_it_time() -> None:
     assert _report_with(paid).unscored_hint(20) is None  # someone was paid: the run scored
     gated = [PeerWindow(name=f"peer{i}", kind="honest", uid=i, rule="gain gate") for i in (0, 1)]
     assert _report_with(gated).unscored_hint(20) is None  # scored and judged: not a time problem
+
+
+def test_a_run_whose_honest_pay_spread_is_too_wide_says_so() -> None:
+    """Honest weights 0.1 and 0.3 deviate ±50 % from their mean: above the ±20 % a run with
+    faults is to keep; 0.45 and 0.55 (±10 %) is within it, and so is a run that paid nobody."""
+
+    def paid(a: float, b: float) -> SimReport:
+        return _report_with(
+            [
+                PeerWindow(name="peer0", kind="honest", uid=0, weight=a),
+                PeerWindow(name="peer1", kind="honest", uid=1, weight=b),
+            ]
+        )
+
+    wide = paid(0.1, 0.3)
+    wide.windows.append(WindowRow(window=3, peers=wide.windows[0].peers))
+    hint = wide.spread_hint(30)
+    assert hint is not None and "±50.0%" in hint
+    assert "--blocks-per-window 60" in hint
+    narrow = paid(0.45, 0.55)
+    narrow.windows.append(WindowRow(window=3, peers=narrow.windows[0].peers))
+    assert narrow.spread_hint(30) is None
+    nobody = paid(0.0, 0.0)
+    nobody.windows.append(WindowRow(window=3, peers=nobody.windows[0].peers))
+    assert nobody.spread_hint(30) is None

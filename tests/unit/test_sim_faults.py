@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from lab.sim.faults import FAULT_KINDS, WINDOWS_NEEDED, Injector, parse_faults
+from lab.sim.faults import (
+    FAULT_KINDS,
+    WINDOWS_NEEDED,
+    Injector,
+    default_blocks_per_window,
+    parse_faults,
+)
 from lab.sim.layout import build_world
 from lab.sim.processes import Running
 from node.runtime.report_log import REPORTS
@@ -24,6 +30,14 @@ def test_known_faults_parse_and_unknown_ones_are_named() -> None:
     with pytest.raises(SystemExit, match="unknown faults: disk-fire") as bad:
         parse_faults("load,disk-fire", 8)
     assert all(kind in str(bad.value) for kind in FAULT_KINDS)
+
+
+def test_under_load_the_default_window_is_longer_by_the_share_the_busy_loops_take() -> None:
+    """Two busy loops on two cores leave every node half the machine: windows twice as long;
+    on sixteen cores they take an eighth."""
+    assert default_blocks_per_window(["store-errors"], cores=2) == 30
+    assert default_blocks_per_window(["store-errors", "load"], cores=2) == 60
+    assert default_blocks_per_window(["load"], cores=16) == 34
 
 
 @pytest.mark.parametrize("kind", sorted(WINDOWS_NEEDED))

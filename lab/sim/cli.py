@@ -305,8 +305,7 @@ def _loss(x: float | None) -> str:
 
 
 def _trigger(first: WindowRow | None, last: WindowRow | None) -> str:
-    """How far the validator's model learnt a backdoor's trigger (`lab.sim.backdoor`); empty
-    without a backdoor in the run."""
+    """How far the validator's model learnt a backdoor's trigger (`lab.sim.backdoor`)."""
     if first is None or last is None or last.trigger_probability is None:
         return ""
     return f"{first.trigger_probability:.4f} → {last.trigger_probability:.4f}"
@@ -325,7 +324,8 @@ def _summary(r: SimReport) -> list[tuple[str, str]]:
         for p in row.peers
         if p.kind == "honest" and p.upload_bytes
     ]
-    trigger = _trigger(r.windows[0] if r.windows else None, last)
+    backdoor = any(p.kind == "backdoor" for row in r.windows for p in row.peers)
+    trigger = _trigger(r.windows[0] if r.windows else None, last) if backdoor else ""
     rows = [
         ("windows trained", str(len(trained))),
         ("honest weight share", f"{honest / total:.1%}"),

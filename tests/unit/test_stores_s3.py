@@ -29,6 +29,7 @@ from protocol.stores import (
     StoreUnavailable,
     open_store,
 )
+from protocol.stores.s3_config import MIN_PART_SIZE
 from tests.support.servers import (
     TEST_ACCESS_KEY_ID,
     TEST_SECRET,
@@ -150,22 +151,24 @@ def test_an_older_object_of_the_same_size_is_not_taken_for_a_lost_completion(
     assert store.head("ckpt/model.bin") == before
 
 
-def test_multipart_round_trip_200mb(
+def test_multipart_round_trip(
     s3_url: str, s3_credentials: WriteCredentials, tmp_path: Path
 ) -> None:
-    size_mib = 200
+    """A file of 13 parts of S3's smallest part size goes up in parts and comes down in ranges,
+    byte for byte, leaving nothing behind."""
+    size_mib = 13 * MIN_PART_SIZE // MIB
     src = tmp_path / "src.bin"
     expected = _write_pattern(src, size_mib)
     store = _store(
-        s3_url, s3_credentials, part_size=16 * MIB, multipart_threshold=16 * MIB,
-        download_part_size=16 * MIB, max_concurrency=4,
-        read_timeout=60,  # moto joins the 200 MB in one answer: seconds on a loaded machine
+        s3_url, s3_credentials, part_size=MIN_PART_SIZE, multipart_threshold=MIN_PART_SIZE,
+        download_part_size=MIN_PART_SIZE, max_concurrency=4,
+        read_timeout=60,  # moto joins the parts in one answer: seconds on a loaded machine
     )  # fmt: skip
     started = time.perf_counter()
     assert store.put_file("run/ckpt/model.bin", src) == size_mib * MIB
     up = time.perf_counter() - started
     stats = store.stats.snapshot()
-    assert stats["parts_uploaded"] == 13  # ceil(200 / 16)
+    assert stats["parts_uploaded"] == 13
     assert store.head("run/ckpt/model.bin").size == size_mib * MIB
 
     dest = tmp_path / "dest.bin"
@@ -175,7 +178,7 @@ def test_multipart_round_trip_200mb(
     assert _sha256(dest) == expected
     assert store.stats.snapshot()["range_requests"] >= 13  # a part asked again on a retry
     _no_leftovers(tmp_path, {"src.bin", "dest.bin"})
-    print(f"\n200 MiB over loopback moto: put_file {up:.2f}s, get_to_file {down:.2f}s")
+    print(f"\n{size_mib} MiB over loopback moto: put_file {up:.2f}s, get_to_file {down:.2f}s")
 
 
 def test_parallel_ranged_download(

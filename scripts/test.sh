@@ -3,12 +3,14 @@
 #
 # With no arguments, four things share the two cores: at the lowest priority, the type check
 # (mypy) and the unit tests (tests/unit, and the in-process tests of tests/e2e; two pytest-xdist
-# workers), in the CPU time the others leave; at normal priority, first the tests that time a
-# deadline against the wall clock (tests/deadlines, on four workers: they mostly wait; niced,
-# their loopback servers starve; beside the end-to-end runs, they take the CPU those need), then
-# the end-to-end tests (marked `slow`, in tests/e2e: real peers and validators on a ticking chain
-# clock) on two workers. Each prints its slowest tests. (A third end-to-end worker overloads two
-# cores: simulated windows then run out for the nodes.)
+# workers), in the CPU time the others leave; at normal priority, the tests that time a deadline
+# against the wall clock (tests/deadlines, on four workers: they mostly wait; niced, their
+# loopback servers starve), and beside them, a little below (nice 5), the end-to-end tests
+# (marked `slow`, in tests/e2e: real peers and validators on a ticking chain clock) on two
+# workers: the deadline tests end within the simulations' start-up, which opens the first window
+# only once every member is up, and from then on the end-to-end runs take what they need from the
+# niced rest. Each prints its slowest tests. (A third end-to-end worker overloads two cores:
+# simulated windows then run out for the nodes.)
 # Arguments run one pytest with them (e.g. `bash scripts/test.sh -k consensus`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,11 +42,13 @@ types=$!
 nice -n 19 python -m pytest -q -p no:cacheprovider --durations=10 -n 2 \
     --dist worksteal -m "not slow" tests/unit tests/e2e &
 rest=$!
-deadlines=0
-python -m pytest -q -p no:cacheprovider -n 4 --dist worksteal tests/deadlines || deadlines=$?
+python -m pytest -q -p no:cacheprovider -n 4 --dist worksteal tests/deadlines &
+timed=$!
 slow=0
-python -m pytest -q -p no:cacheprovider --durations=10 -n 2 --dist worksteal -m slow tests/e2e ||
-    slow=$?
+nice -n 5 python -m pytest -q -p no:cacheprovider --durations=10 -n 2 --dist worksteal -m slow \
+    tests/e2e || slow=$?
+deadlines=0
+wait "$timed" || deadlines=$?
 unit=0
 wait "$rest" || unit=$?
 typed=0

@@ -41,9 +41,7 @@ def test_a_port_that_cannot_serve_is_one_line_before_anything_is_made(
     tmp_path: Path, where: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "run"
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
+    with _listening_after_a_free_port() as taken:
         busy = taken.getsockname()[1]
         base = busy - 1 if where == "busy" else 65534  # 3 members: 65534..65536
         argv = ["sim", "--peers", "2", "--out", str(out), "--metrics-port", str(base)]
@@ -52,3 +50,25 @@ def test_a_port_that_cannot_serve_is_one_line_before_anything_is_made(
     says = f"port {busy} is busy" if where == "busy" else "would pass 65535"
     assert len(err.splitlines()) == 1 and says in err and "Traceback" not in err, err
     assert not out.exists()
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _listening_after_a_free_port() -> socket.socket:
+    """A socket listening on a port whose neighbour below is free: the run's first member takes
+    that one, the second finds this one busy (other tests' servers share the loopback ports)."""
+    for _ in range(50):
+        taken = socket.socket()
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        if _free(taken.getsockname()[1] - 1):
+            return taken
+        taken.close()
+    raise AssertionError("no listening port with a free port below it in 50 tries")

@@ -18,13 +18,20 @@ def test_the_grid_covers_each_baseline_family() -> None:
         families.setdefault(m.family, []).append(m)
     assert set(families) == {"DDP", "dense local SGD", "DiLoCo", "sparseloco"}
     lrs = sorted(m.run.optimizer.lr for m in families["DDP"])
-    assert len(lrs) == 3 and lrs[0] < base.optimizer.lr < lrs[-1]
+    assert len(lrs) == 4 and lrs[0] < base.optimizer.lr < lrs[-1]
     assert base.optimizer.lr == pytest.approx(lrs[1])
+    assert lrs[1] < lrs[2] < lrs[3]  # DDP's best at tiny is between the run's rate and twice it
     sgd = families["dense local SGD"]
     assert {m.run.outer.optimizer for m in sgd} == {"sgd"} and len(
         {m.run.outer.alpha for m in sgd}
     ) == 3
     assert 1.0 in {m.run.outer.alpha for m in sgd}  # plain averaging is one of them
+    # plain averaging also at higher inner rates, each with its own label, min_lr following
+    averaging = sorted((m.run.optimizer.lr, m.label) for m in sgd if m.run.outer.alpha == 1.0)
+    assert averaging[0][0] == pytest.approx(base.optimizer.lr)
+    assert len(averaging) == 3 and len({label for _, label in averaging}) == 3
+    assert all(lr > base.optimizer.lr for lr, _ in averaging[1:])
+    assert all(m.run.optimizer.min_lr == pytest.approx(m.run.optimizer.lr / 10) for m in sgd)
     baselines = sgd + families["DiLoCo"]
     assert {m.run.outer.alpha_at_peak for m in baselines} == {None}  # a constant outer rate
     diloco = families["DiLoCo"]

@@ -105,23 +105,25 @@ class MethodSpec:
         return self.options.get("family") or self.label
 
 
-DDP_LR_FACTORS = (0.5, 1.0, 2.0)
-DENSE_ALPHAS = (0.7, 1.0, 1.4)
+DDP_LR_FACTORS = (0.5, 1.0, 1.5, 2.0)
+DENSE_GRID = ((0.7, 1.0), (1.0, 1.0), (1.4, 1.0), (1.0, 1.5), (1.0, 2.0))  # (alpha, lr factor)
 DILOCO_GRID = ((0.3, 0.7), (0.3, 0.9), (0.7, 0.7), (0.7, 0.9))  # (alpha, momentum)
 
 
 def tuned_strategies(base: RunConfig, methods: str | list[str] = "sparseloco") -> str:
     """``--tune``: every baseline over a grid, each configuration tagged with its family, then
-    `methods` (``--strategies``; SparseLoCo at the run's settings by default): DDP over three
+    `methods` (``--strategies``; SparseLoCo at the run's settings by default): DDP over four
     learning rates (its batch is R times a replica's), dense local SGD over three outer learning
-    rates, DiLoCo over two outer learning rates and two momenta, each at a constant outer rate
-    (``peak=none``)."""
+    rates and, at plain averaging, two higher inner ones (local training can take a higher inner
+    rate than the run's), DiLoCo over two outer learning rates and two momenta, each at a
+    constant outer rate (``peak=none``)."""
     lr = base.optimizer.lr
     items = [f"ddp:lr={lr * f:.3g},family=DDP,label=DDP lr {lr * f:.3g}" for f in DDP_LR_FACTORS]
     items += [
-        f"diloco:outer=sgd,alpha={a},peak=none,dtype=fp32,family=dense local SGD,"
-        f"label=dense local SGD alpha {a}"
-        for a in DENSE_ALPHAS
+        f"diloco:outer=sgd,alpha={a},lr={lr * f:.3g},peak=none,dtype=fp32,"
+        f"family=dense local SGD,label=dense local SGD alpha {a}"
+        + ("" if f == 1.0 else f" lr {lr * f:.3g}")
+        for a, f in DENSE_GRID
     ]
     items += [
         f"diloco:outer=nesterov,alpha={a},momentum={m},peak=none,dtype=bf16,family=DiLoCo,"

@@ -14,6 +14,7 @@ from commands.cli import main
 from lab.sim.layout import build_world
 from lab.sim.processes import command
 from lab.sim.scrape import metrics_ports, write_scrape_config
+from tests.support.prometheus import free_ports
 
 
 def test_honest_peers_and_validators_get_a_port_each_and_a_scrape_target(tmp_path: Path) -> None:
@@ -41,34 +42,15 @@ def test_a_port_that_cannot_serve_is_one_line_before_anything_is_made(
     tmp_path: Path, where: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "run"
-    with _listening_after_a_free_port() as taken:
-        busy = taken.getsockname()[1]
-        base = busy - 1 if where == "busy" else 65534  # 3 members: 65534..65536
+    free = free_ports(2)  # the run's first member takes the first, finds the second busy
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", free + 1))
+        taken.listen()
+        busy = free + 1
+        base = free if where == "busy" else 65534  # 3 members: 65534..65536
         argv = ["sim", "--peers", "2", "--out", str(out), "--metrics-port", str(base)]
         assert main(argv) == 1
     err = capsys.readouterr().err.strip()
     says = f"port {busy} is busy" if where == "busy" else "would pass 65535"
     assert len(err.splitlines()) == 1 and says in err and "Traceback" not in err, err
     assert not out.exists()
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def _listening_after_a_free_port() -> socket.socket:
-    """A socket listening on a port whose neighbour below is free: the run's first member takes
-    that one, the second finds this one busy (other tests' servers share the loopback ports)."""
-    for _ in range(50):
-        taken = socket.socket()
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        if _free(taken.getsockname()[1] - 1):
-            return taken
-        taken.close()
-    raise AssertionError("no listening port with a free port below it in 50 tries")

@@ -84,7 +84,6 @@ class BitReader:
         self.pairs[0::2] = padded[: 8 * ((n_pairs + 1) // 2)].view("<i8")
         self.pairs[1::2] = padded[4 : 4 + 8 * (n_pairs // 2)].view("<i8")
         self.cursor = start_bit
-        self.copies: dict[str, object] = {}  # `pairs` on other devices (`codec.gpu.rans`)
 
     def read(self, widths: np.ndarray) -> np.ndarray:
         """Read consecutive fields of the given widths (each 0..32) from the cursor on."""

@@ -4,11 +4,12 @@ It mirrors `codec.index_walk`: near the root, levels are cell-major (cell x chun
 nearly every cell is busy, so children's counts and output slots are grid arithmetic and each cell
 is one rANS step of every lane; deeper down, only the busy nodes are carried as lists. Lone
 positions are collected with their output slot and filled in at the end, once the lanes' final
-states have given back the raw bits they carried."""
+states have given back the raw bits they carried.
+
+It is the reference the other two walks are tested against: the compiled one of the CPU path
+(`codec.native.index_decode`) and the device one of the GPU path (`codec.gpu.index_decode`)."""
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import numpy as np
 
@@ -29,15 +30,10 @@ from codec.rans import STATE_BITS, STATE_LOW, Round, decode_round
 
 _EMPTY = np.zeros(0, np.int64)
 _Lone = tuple[np.ndarray, np.ndarray, int]  # (output slot, block start, raw width)
-RoundDecoder = Callable[[np.ndarray, Round, np.ndarray, SplitTables, BitReader], np.ndarray]
-"""`codec.rans.decode_round`, or its device twin (`codec.gpu.rans.decode_round`)."""
 
 
-def decode_body(
-    body: bytes, chunk_size: int, k: int, n: int, rounds: RoundDecoder = decode_round
-) -> np.ndarray:
-    """Positions (n, k) from the bit stream of `n` chunks (header already parsed and checked);
-    `rounds` runs the rANS steps of each tree level."""
+def decode_body(body: bytes, chunk_size: int, k: int, n: int) -> np.ndarray:
+    """Positions (n, k) from the bit stream of `n` chunks (header already parsed and checked)."""
     tables = split_tables(chunk_size, k)
     levels = tables.levels
     reader = BitReader(body)
@@ -49,8 +45,8 @@ def decode_body(
         lone.append((np.arange(n, dtype=np.int64), np.zeros(n, np.int64), levels))
     else:
         dense = dense_depth(k, levels)
-        nodes = _dense_phase(x, tables, reader, rounds, n, dense, out, lone)
-        _sparse_phase(x, tables, reader, rounds, n, dense, nodes, out, lone)
+        nodes = _dense_phase(x, tables, reader, n, dense, out, lone)
+        _sparse_phase(x, tables, reader, n, dense, nodes, out, lone)
     raw = _read_raw(reader, x, [(p.size, w) for p, _, w in lone], n)
     slots = np.concatenate([p for p, _, _ in lone])
     raw += np.concatenate([s for _, s, _ in lone])
@@ -64,14 +60,13 @@ def _decode_splits(
     split: Split,
     tables: SplitTables,
     reader: BitReader,
-    rounds: RoundDecoder,
     n: int,
 ) -> np.ndarray:
     """Each node's value: j for a split (forced ones keep their only value), rank for a leaf."""
     value = split.lo.copy()
     if split.sym.any():
         sym = split.sym
-        value[sym] = rounds(x, Round.build(nodes.row[sym], n), split.tid[sym], tables, reader)
+        value[sym] = decode_round(x, Round.build(nodes.row[sym], n), split.tid[sym], tables, reader)
     return value
 
 
@@ -79,7 +74,6 @@ def _dense_phase(
     x: np.ndarray,
     tables: SplitTables,
     reader: BitReader,
-    rounds: RoundDecoder,
     n: int,
     dense: int,
     out: np.ndarray,
@@ -102,7 +96,7 @@ def _dense_phase(
         mb = m * busy  # the count where the cell codes one, else 0
         tid = mb.astype(np.int32)  # table ids < 2**31, as rounds read them
         tid += grid_tids(tables, level, np.zeros(1, np.int32), eff)[:, None]
-        left = rounds(x, Round.grid(n, cells), tid.reshape(-1), tables, reader)
+        left = decode_round(x, Round.grid(n, cells), tid.reshape(-1), tables, reader)
         left = left.astype(np.int16, copy=False).reshape(cells, n)
         if size <= MAX_LEAF_BLOCK and (leaf := grid_leaves(tables, level, mb, eff)).any():
             # a leaf's value is its rank: it writes its positions and has no children. Taken in
@@ -159,7 +153,6 @@ def _sparse_phase(
     x: np.ndarray,
     tables: SplitTables,
     reader: BitReader,
-    rounds: RoundDecoder,
     n: int,
     start_level: int,
     nodes: Nodes,
@@ -172,7 +165,7 @@ def _sparse_phase(
         if nodes.row.size == 0:
             break
         split = Split.of(nodes, level, tables)
-        value = _decode_splits(x, nodes, split, tables, reader, rounds, n)
+        value = _decode_splits(x, nodes, split, tables, reader, n)
         if split.leaf.any():
             sel = np.flatnonzero(split.leaf)
             dst = nodes.row.take(sel) * k + nodes.rank.take(sel)

@@ -41,7 +41,6 @@ import torch
 from codec import gpu
 from codec.bitio import BitReader, join_bits, pack_fields
 from codec.errors import DecodeError
-from codec.index_decode import decode_body
 from codec.index_model import MAX_CHUNK_BITS, MAX_K, SplitTables, split_tables
 from codec.index_walk import walk
 from codec.rans import STATE_BITS, STATE_LOW, Round, encode_round
@@ -122,9 +121,12 @@ def decode(
     triton: bool | None = None,
 ) -> torch.Tensor:
     """Decode bytes from `encode` into a LongTensor (n_chunks, k) with sorted rows, on `device`
-    (default: the CPU). The split-tree walk runs compiled on the host and the indices are copied
-    to `device`; ``triton=True`` runs the rANS steps as Triton kernels on `device` instead, round
-    by round (on a GPU; the interpreter on the CPU). The indices are the same either way.
+    (default: the CPU). On a CUDA device with Triton (`codec.gpu.enabled`) the whole decode runs
+    there (`codec.gpu.index_decode`): the split-tree walk as torch ops, its rANS steps as Triton
+    kernels, and the indices never leave the device. Elsewhere the walk runs compiled on the host
+    (`codec.native.index_decode`) and the indices are copied to `device`. ``triton`` forces (True:
+    on the CPU, under Triton's interpreter) or forbids (False) the device path. The indices are
+    the same either way.
 
     Every malformed input raises `DecodeError`; allocations are bounded by `max_indices` and by
     what the input's length can possibly describe. `expect` = (chunk_size, k, n_chunks) makes
@@ -155,19 +157,23 @@ def decode(
     if n * STATE_BITS > 8 * len(body):
         raise DecodeError(f"{len(body)} bytes cannot hold {n} chunks")
     on = torch.device(device or "cpu")
-    if not triton:  # the compiled host walk, copied to the device: faster than the rounds on one
+    if not _kernels(on, triton):
         from codec.native import index_decode  # numba, imported where it runs
 
         return torch.from_numpy(index_decode.decode_body(body, chunk_size, k, n)).to(device)
-    from codec.gpu import rans
+    from codec.gpu import index_decode as on_device
 
-    rounds = partial(rans.decode_round, device=on)
-    return torch.from_numpy(decode_body(body, chunk_size, k, n, rounds)).to(device)
+    return on_device.decode_body(body, chunk_size, k, n, on)
+
+
+def _kernels(on: torch.device, triton: bool | None) -> bool:
+    """Whether the index coder runs its device path (Triton kernels) for tensors on `on`."""
+    return gpu.enabled(torch.empty(0, device=on)) if triton is None else triton
 
 
 def _round_encoder(idx: torch.Tensor | np.ndarray, triton: bool | None) -> RoundEncoder:
     on = torch.device("cpu") if not isinstance(idx, torch.Tensor) else idx.device
-    if not (gpu.enabled(torch.empty(0, device=on)) if triton is None else triton):
+    if not _kernels(on, triton):
         return encode_round
     from codec.gpu import rans
 

@@ -9,9 +9,12 @@ bit for bit (see docs/codec.md for what runs where):
 * `codec.gpu.scatter` — dequantisation fused with the scatter-add of an update into a dense
   tensor (aggregation, densify) and with the error-feedback write-back;
 * `codec.gpu.rans` — the rANS steps of the index coder, one program per block of lanes, with the
-  renormalisation fields' bit offsets from a prefix sum over the lanes.
+  renormalisation fields' bit offsets from a prefix sum over the lanes;
+* `codec.gpu.index_decode` — the index decoder's split-tree walk as torch ops on the device,
+  feeding those steps device tensors: the whole decode stays on the device.
 
-The kernel modules import `triton` at import time; import them only through `enabled`.
+The kernel modules (and `codec.gpu.index_decode`, through `codec.gpu.rans`) import `triton` at
+import time; import them only through `enabled`.
 """
 
 from __future__ import annotations

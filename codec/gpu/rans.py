@@ -1,17 +1,21 @@
 """The rANS steps of the index coder on the device: one program per block of lanes.
 
-Drop-in replacements for `codec.rans.decode_round` / `encode_round` (the same arguments plus
-the device; the same results and bits). The split-tree walk that decides which table each symbol uses stays on the
-host (`codec.index_walk`, `codec.index_decode`): it hands a whole round (one tree level) to
-these functions, which run its steps on the device.
+Device twins of `codec.rans.decode_round` / `encode_round` (the same steps, the same results and
+bits). Decoding takes and returns device tensors: the device walk (`codec.gpu.index_decode`)
+decides which table each symbol uses and hands a whole round (one tree level) to
+`decode_round`, with its schedule built on the device (`DeviceRound`); the stream's words, its
+cursor and the tables (`device_tables`, copied once per tables and device) live there too.
+Encoding takes the host walk's rounds (`codec.index_walk`) as numpy arrays and returns the
+fields for the host to pack.
 
 Decoding, per step: `_decode_step` decodes one symbol of every busy lane (coarse lookup, short
 forward scan, state update) and the number of bits each renormalising lane reads; a prefix sum
 over those counts (torch.cumsum on the device) gives every lane its field's bit offset, since a
 step's fields are laid out lane after lane; `_read_step` reads the fields. The stream cursor stays
-on the device between steps; a collapsed state or a read past the end is reported when the round
-ends, as the CPU path's `DecodeError` (in between, corrupt counts are clamped so that no read
-leaves the stream).
+on the device between steps and rounds; a collapsed state or a read past the end is reported
+when the caller checks the stream after its last round (`DeviceStream.check`), as the CPU path's
+`DecodeError` (in between, corrupt counts are clamped so that no read leaves the stream, and
+every symbol still comes from its table).
 
 Encoding needs no prefix sum inside a round: every lane runs all its steps in reverse in one
 program (`_encode_round`), writing each renormalisation field into its slot of the round's
@@ -19,6 +23,9 @@ decoding-order field list, which the host packs.
 """
 
 from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -30,7 +37,7 @@ from codec.errors import DecodeError
 from codec.index_model import PRECISION_BITS, SplitTables
 from codec.rans import GROUP, STATE_BITS, Round
 
-__all__ = ["decode_round", "encode_round"]
+__all__ = ["DeviceRound", "DeviceStream", "decode_round", "device_tables", "encode_round"]
 
 BLOCK = 1024
 _TABLES: dict[tuple[int, str], tuple[SplitTables, dict[str, torch.Tensor]]] = {}
@@ -119,12 +126,17 @@ def _encode_round(
     tl.store(x_ptr + lane, x, mask=lane < n_lanes)
 
 
-def _device_tables(tables: SplitTables, device: torch.device) -> dict[str, torch.Tensor]:
+def device_tables(tables: SplitTables, device: torch.device) -> dict[str, torch.Tensor]:
+    """The tables' arrays that the device decoder reads, copied to `device` once per (tables,
+    device); callers may add arrays of their own under other names (`codec.gpu.index_decode`)."""
     key = (id(tables), str(device))
     if key not in _TABLES:
         if len(_TABLES) >= _CACHE:
             _TABLES.pop(next(iter(_TABLES)))
-        names = ("coarse", "packed", "end", "coarse_base", "coarse_shift", "value_base")
+        names = (
+            "coarse", "packed", "end", "coarse_base", "coarse_shift", "value_base",
+            "is_leaf", "sends", "split_lo",
+        )  # fmt: skip
         _TABLES[key] = (
             tables,
             {n: torch.from_numpy(getattr(tables, n)).to(device) for n in names},
@@ -132,66 +144,116 @@ def _device_tables(tables: SplitTables, device: torch.device) -> dict[str, torch
     return _TABLES[key][1]
 
 
-def _device_pairs(reader: BitReader, device: torch.device) -> torch.Tensor:
-    """The reader's word pairs on `device`, copied once per stream."""
-    key = str(device)
-    if key not in reader.copies:
-        reader.copies[key] = torch.from_numpy(reader.pairs).to(device)
-    pairs = reader.copies[key]
-    assert isinstance(pairs, torch.Tensor)
-    return pairs
+@dataclass
+class DeviceStream:
+    """A bit stream on the device: its word pairs (`codec.bitio.BitReader.pairs`), the cursor, and
+    the worst renormalisation seen, both device scalars that the rounds update without a host
+    sync. A round never raises: `decode_round` clamps every read inside the stream, and the
+    caller checks `worst` and `cursor` once it has run them all (`check`)."""
+
+    pairs: torch.Tensor
+    total_bits: int
+    cursor: torch.Tensor  # int64 (1,): the next bit to read
+    worst: torch.Tensor  # int64 (): the largest |bits read - R/2| of any renormalisation
+
+    @classmethod
+    def of(cls, reader: BitReader, device: torch.device) -> DeviceStream:
+        return cls(
+            pairs=torch.from_numpy(reader.pairs).to(device),
+            total_bits=reader.total_bits,
+            cursor=torch.full((1,), reader.cursor, dtype=torch.int64, device=device),
+            worst=torch.zeros((), dtype=torch.int64, device=device),
+        )
+
+    def gather(self, pos: torch.Tensor, widths: torch.Tensor | int) -> torch.Tensor:
+        """Fields (int64, 0..32 bits each) at bit positions inside the stream."""
+        return (self.pairs[pos >> 5] >> (pos & 31)) & ((1 << widths) - 1)
+
+    def check(self, worst: int, end: int) -> None:
+        """Raise `DecodeError` if the rounds failed, given `worst` and `cursor` read back once
+        they have all run."""
+        if worst > STATE_BITS // 2:  # a sound state reads 0..R bits; a collapsed one anything else
+            raise DecodeError("index stream is corrupt: a lane state collapsed")
+        if end > self.total_bits:
+            raise DecodeError(f"bit stream truncated: needs {end} bits, has {self.total_bits}")
+
+
+@dataclass(frozen=True)
+class DeviceRound:
+    """`codec.rans.Round` with its lane order and symbol permutation on the device; `steps` holds
+    the per-step lane counts and offsets (on the host: they size the launches)."""
+
+    steps: Round  # its order and perm are None
+    order: torch.Tensor | None  # the busy lanes, busiest first (None: every lane, in lane order)
+    perm: torch.Tensor | None  # step-major position -> symbol index (None: step-major already)
+
+    @classmethod
+    def grid(cls, n_lanes: int, n_steps: int) -> DeviceRound:
+        return cls(Round.grid(n_lanes, n_steps), None, None)
+
+    @classmethod
+    def build(cls, lanes_of_symbols: torch.Tensor, n_lanes: int) -> DeviceRound:
+        """`codec.rans.Round.build` on the device (`lanes_of_symbols` sorted, not empty); the
+        step sizes come back to the host, the order and permutation stay on the device."""
+        dev = lanes_of_symbols.device
+        counts = torch.bincount(lanes_of_symbols, minlength=n_lanes)
+        busy = n_lanes - torch.cumsum(torch.bincount(counts), 0)[:-1]  # lanes with > s symbols
+        sizes = busy.tolist()
+        n_steps, total = len(sizes), int(lanes_of_symbols.numel())
+        offsets = [0, *itertools.accumulate(sizes)]
+        steps = Round(order=None, busy=[*sizes, 0], offsets=offsets, perm=None)
+        if sizes[-1] == n_lanes:  # every lane as busy: a transpose
+            perm = torch.arange(total, device=dev).view(n_lanes, n_steps).t().reshape(-1)
+            return cls(steps, None, perm)
+        order = torch.argsort(-counts, stable=True)[: sizes[0]]
+        first = (torch.cumsum(counts, 0) - counts)[order]  # each lane's first symbol
+        step = torch.repeat_interleave(torch.arange(n_steps, device=dev), busy, output_size=total)
+        lane = torch.arange(total, device=dev) - (torch.cumsum(busy, 0) - busy)[step]
+        return cls(steps, order, first[lane] + step)
 
 
 def decode_round(
-    x: np.ndarray,
-    rnd: Round,
-    tids: np.ndarray,
+    x: torch.Tensor,
+    rnd: DeviceRound,
+    tids: torch.Tensor,
     tables: SplitTables,
-    reader: BitReader,
-    device: torch.device,
-) -> np.ndarray:
-    """`codec.rans.decode_round` with the steps run by Triton kernels on `device`."""
-    tab = _device_tables(tables, device)
-    pairs = _device_pairs(reader, device)
-    t = tids if rnd.perm is None else tids.take(rnd.perm)
-    td = torch.from_numpy(np.ascontiguousarray(t)).to(device)
-    xo = torch.from_numpy(x if rnd.order is None else x.take(rnd.order)).to(device)
-    values = torch.empty(t.size, dtype=torch.int64, device=device)
-    nbits = torch.zeros(x.size, dtype=torch.int64, device=device)
-    cursor = torch.tensor([reader.cursor], dtype=torch.int64, device=device)
-    worst = torch.zeros((), dtype=torch.float64, device=device)
-    for s in range(rnd.n_steps):
-        busy = rnd.busy[s]
+    stream: DeviceStream,
+) -> torch.Tensor:
+    """`codec.rans.decode_round` on the device: lane states `x` (int64, updated in place), table
+    ids and the values returned (int64) are device tensors. Nothing comes back to the host: the
+    stream's cursor and worst renormalisation are updated for the caller to check."""
+    tab = device_tables(tables, x.device)
+    steps = rnd.steps
+    t = tids if rnd.perm is None else tids[rnd.perm]
+    xo = x if rnd.order is None else x[rnd.order]
+    values = torch.empty(t.numel(), dtype=torch.int64, device=x.device)
+    nbits = torch.zeros(xo.numel(), dtype=torch.int64, device=x.device)
+    for s in range(steps.n_steps):
+        busy = steps.busy[s]
         grid = (triton.cdiv(busy, BLOCK),)
-        r0 = rnd.readers(s)
+        r0 = steps.readers(s)
         _decode_step[grid](
-            xo, td, values, nbits, tab["coarse"], tab["packed"], tab["end"],
+            xo, t, values, nbits, tab["coarse"], tab["packed"], tab["end"],
             tab["coarse_base"], tab["coarse_shift"], tab["value_base"], busy, r0,
-            rnd.offsets[s], M=PRECISION_BITS, R=STATE_BITS, BLOCK=BLOCK,
+            steps.offsets[s], M=PRECISION_BITS, R=STATE_BITS, BLOCK=BLOCK,
         )  # fmt: skip
         if r0 < busy:
             ends = torch.cumsum(nbits[:busy], 0)
-            # a sound state reads 0..R bits; a collapsed or corrupt one anything else
-            torch.maximum(worst, (nbits[:busy] - STATE_BITS / 2).abs().max(), out=worst)
-            _read_step[grid](xo, nbits, ends, cursor, pairs, pairs.numel(), busy, BLOCK=BLOCK)
-            cursor += ends[-1]
-    if float(worst) > STATE_BITS / 2:
-        raise DecodeError("index stream is corrupt: a lane state collapsed")
-    end = int(cursor[0])
-    if end > reader.total_bits:
-        raise DecodeError(f"bit stream truncated: needs {end} bits, has {reader.total_bits}")
-    reader.cursor = end
-    xh = xo.cpu().numpy()
-    if rnd.order is None:
-        x[:] = xh
-    else:
-        x[rnd.order] = xh
-    out = values.cpu().numpy()
+            torch.maximum(
+                stream.worst, (nbits[:busy] - STATE_BITS // 2).abs().max(), out=stream.worst
+            )
+            _read_step[grid](
+                xo, nbits, ends, stream.cursor, stream.pairs, stream.pairs.numel(), busy,
+                BLOCK=BLOCK,
+            )  # fmt: skip
+            stream.cursor += ends[-1]
+    if rnd.order is not None:
+        x[rnd.order] = xo
     if rnd.perm is None:
-        return out
-    back = np.empty_like(out)
-    back[rnd.perm] = out
-    return back
+        return values
+    out = torch.empty_like(values)
+    out[rnd.perm] = values
+    return out
 
 
 def encode_round(

@@ -2,7 +2,7 @@
 small passes, each one compiled pass here, with the same bytes in and the same tensors out.
 
 * `codec.native.index_decode` — the index decoder's walk over a chunk group (the numpy walk in
-  `codec.index_decode` is its reference, and drives the Triton rANS steps on a GPU);
+  `codec.index_decode` is its reference);
 * `codec.native.scatter` — dequantisation fused with the scatter-add of an update into a dense
   float32 tensor (aggregation, densify, the error-feedback write-back on the CPU).
 

@@ -73,7 +73,7 @@ def test_index_coder_bytes_and_indices_match(make: object, k: int) -> None:
     idx = make(np.random.default_rng(k), 8192, 4096, k)  # type: ignore[operator]
     data = indices.encode(idx, 4096, triton=False)
     assert indices.encode(torch.from_numpy(idx).to(CUDA), 4096) == data
-    for triton in (None, True):
+    for triton in (None, True, False):  # the device walk (twice), the host walk
         got = indices.decode(data, device=CUDA, triton=triton)
         assert got.device.type == CUDA.type and torch.equal(got.cpu(), torch.from_numpy(idx))
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import msgpack
 import numpy as np
@@ -148,24 +149,25 @@ def _pack_codes(codes: torch.Tensor, bits: int) -> bytes:
 
 class _Codes:
     """The packed value codes of an update (``count`` codes of ``bits`` bits, low bits first),
-    unpacked a range at a time: a worker that decodes a share of the tensors unpacks only
-    theirs. The padding after the last code is checked at once (it must be zero)."""
+    unpacked a range at a time on ``device``: a worker that decodes a share of the tensors
+    unpacks only theirs. The padding after the last code is checked at once (it must be zero)."""
 
-    def __init__(self, data: bytes, count: int, bits: int) -> None:
-        self.packed = np.frombuffer(data, dtype=np.uint8)
+    def __init__(self, data: bytes, count: int, bits: int, device: torch.device) -> None:
+        packed = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         self.bits, self.per_byte = bits, 8 // bits
         used = count % self.per_byte
-        if used and self.packed.size and int(self.packed[-1]) >> (bits * used):
+        if used and packed.numel() and int(packed[-1]) >> (bits * used):
             raise DecodeError("non-zero padding after the value codes")
+        self.packed = packed.to(device)
 
     def take(self, start: int, n: int) -> torch.Tensor:
         """Codes ``start`` to ``start + n`` (uint8)."""
         first, last = start // self.per_byte, -(-(start + n) // self.per_byte)
         b = self.packed[first:last]
-        mask = np.uint8((1 << self.bits) - 1)
-        q = np.stack([(b >> np.uint8(self.bits * j)) & mask for j in range(self.per_byte)], 1)
+        mask = (1 << self.bits) - 1
+        q = torch.stack([(b >> (self.bits * j)) & mask for j in range(self.per_byte)], 1)
         at = start - first * self.per_byte
-        return torch.from_numpy(np.ascontiguousarray(q.reshape(-1)[at : at + n]))
+        return q.reshape(-1)[at : at + n].contiguous()
 
 
 def encode_update(
@@ -329,6 +331,8 @@ def decode_update(
     shared_k: int = 0,
     only: Collection[str] | None = None,
     check_digest: bool = True,
+    device: torch.device | str | None = None,
+    triton: bool | None = None,
 ) -> DecodedUpdate:
     """Decode untrusted bytes in container ``fmt`` into one piece per tensor of `expected_spec`
     (`SparseTensor`, or `MaskedTensor` for ``MASKED`` with ``shared_k`` shared values per full
@@ -338,7 +342,12 @@ def decode_update(
     section lengths are checked all the same): workers that own a share of the tensors each
     decode their share (`codec.pool`). ``check_digest=False`` leaves out the payload digest, for
     a worker whose pool has another worker check it on the same bytes.
+
+    The pieces are made on ``device`` (default: the CPU). On a CUDA device the whole decode runs
+    there (`codec.indices.decode`: the index streams' walk and rANS steps; the value codes
+    unpacked by torch ops), and so do the checks; ``triton`` is passed on to the index decoder.
     """
+    on = torch.device(device or "cpu")
     header, payload = read_header(data, max_bytes, fmt.frame, len(expected_spec.tensors))
     _check_against(header, expected_spec, expected_params)
     if header.shared_k != (shared_k if fmt.masked else 0):
@@ -369,11 +378,12 @@ def decode_update(
         codes_raw = _unzstd(codes_raw, packed_len)
     if len(codes_raw) != packed_len:
         raise DecodeError(f"value codes are {len(codes_raw)} bytes, expected {packed_len}")
-    codes = _Codes(codes_raw, n_values, header.value_bits)
-    scales = torch.frombuffer(bytearray(payload[pos : pos + n_chunks]), dtype=torch.uint8)
+    codes = _Codes(codes_raw, n_values, header.value_bits, on)
+    scales = torch.frombuffer(bytearray(payload[pos : pos + n_chunks]), dtype=torch.uint8).to(on)
     pos += n_chunks
     books = np.frombuffer(bytes(payload[pos:]), dtype="<f4").astype(np.float32)
-    tensors = _assemble(header, payload, layouts, shared, codes, scales, books, only)
+    index = partial(indices.decode, device=on, triton=triton)
+    tensors = _assemble(header, payload, layouts, shared, codes, scales, books, index, only)
     for t in tensors:
         t.validate(expected_params)
     return DecodedUpdate(header=header, tensors=tensors, frame=fmt.frame)
@@ -418,6 +428,7 @@ def _assemble(
     codes: _Codes,
     scales: torch.Tensor,
     books: np.ndarray,
+    index: Callable[..., torch.Tensor],
     only: Collection[str] | None = None,
 ) -> list[Piece]:
     tensors: list[Piece] = []
@@ -432,9 +443,7 @@ def _assemble(
         groups: list[SparseGroup] = []
         for size, g, s in zip(entry.index_bytes, layout.groups, sh, strict=True):
             try:
-                idx = indices.decode(
-                    payload[pos : pos + size], expect=(g.chunk_size, g.k, g.n_chunks)
-                )
+                idx = index(payload[pos : pos + size], expect=(g.chunk_size, g.k, g.n_chunks))
             except DecodeError as exc:
                 raise DecodeError(f"{entry.name}: {exc}") from exc
             pos += size
@@ -449,7 +458,9 @@ def _assemble(
             vpos += n
             cpos += g.n_chunks
         rows = entry.codebook_rows
-        book = torch.from_numpy(books[bpos : bpos + 2 * rows].reshape(rows, 2).copy())
+        book = torch.from_numpy(books[bpos : bpos + 2 * rows].reshape(rows, 2).copy()).to(
+            scales.device
+        )
         bpos += 2 * rows
         name, shape = entry.name, tuple(entry.shape)
         if header.support_digest:

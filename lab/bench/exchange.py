@@ -11,8 +11,9 @@ time. The digest (SHA-256 of the mean's bytes in spec order) must be the same in
 
 The reference, measured in the same run: one plain `index_add_` per tensor and peer of the same
 number of chunk-local entries (flat positions and float32 values already in memory), on one
-thread. With ``device="cuda"`` a row decodes on the host and sums on the GPU (the Triton
-scatter), with its own digest.
+thread. With ``device="cuda"`` two more rows sum on the GPU (the Triton scatter): one decodes on
+the host, one decodes on the GPU as well (the index coder's walk and rANS steps, the value codes),
+each with its own digest.
 """
 
 from __future__ import annotations
@@ -99,10 +100,13 @@ def _pool_rows(
     return rows
 
 
-def _decoded(run: RunConfig, spec: ModelSpec, datas: Mapping[int, bytes]) -> dict[int, list]:
+def _decoded(
+    run: RunConfig, spec: ModelSpec, datas: Mapping[int, bytes], device: str = "cpu"
+) -> dict[int, list]:
     cap = make_format(run, spec).max_update_bytes()
     return {
-        uid: list(wire.decode_update(d, spec, run.codec, cap).tensors) for uid, d in datas.items()
+        uid: list(wire.decode_update(d, spec, run.codec, cap, device=device).tensors)
+        for uid, d in datas.items()
     }
 
 
@@ -128,26 +132,42 @@ def reference_seconds(
         return _best(once, repeats)[0]
 
 
-def _gpu_row(
+def _gpu_rows(
     run: RunConfig, spec: ModelSpec, datas: Mapping[int, bytes], repeats: int
-) -> dict[str, Any]:
-    """Decode on the host (one thread), sum on the GPU (Triton scatter)."""
+) -> list[dict[str, Any]]:
+    """Two rows: decode on the host (one thread) and sum on the GPU (the Triton scatter); and
+    the whole decode on the GPU too (`codec.gpu.index_decode`), from the bytes in host memory."""
     dev = torch.device("cuda")
+
+    def on_gpu(fn: Callable[[], Any]) -> Callable[[], Any]:
+        def synced() -> Any:
+            out = fn()
+            torch.cuda.synchronize(dev)
+            return out
+
+        return synced
+
     with one_thread():
-        decode_s, pieces = _best(lambda: _decoded(run, spec, datas), repeats)
+        host_s, pieces = _best(lambda: _decoded(run, spec, datas), repeats)
     on_dev = {uid: [p.to(dev) for p in ps] for uid, ps in pieces.items()}
+    decode = on_gpu(lambda: _decoded(run, spec, datas, "cuda"))
+    decode()  # the kernels' compilation
+    gpu_s, gpu_pieces = _best(decode, repeats)
+    rows = []
+    for where, decode_s, decoded in (("host", host_s, on_dev), ("cuda", gpu_s, gpu_pieces)):
 
-    def once() -> dict[str, torch.Tensor]:
-        mean = aggregate(on_dev, spec, run.codec, clip_to_median=True, device=dev)
-        torch.cuda.synchronize(dev)
-        return mean
+        def mean(d: Mapping[int, list] = decoded) -> dict[str, torch.Tensor]:
+            return aggregate(d, spec, run.codec, clip_to_median=True, device=dev)
 
-    once()
-    sum_s, mean = _best(once, repeats)
-    return {
-        "workers": 1, "device": "cuda", "arrival": "uid order", "seconds": decode_s + sum_s,
-        "decode_s": decode_s, "sum_s": sum_s, "digest": digest(mean, spec),
-    }  # fmt: skip
+        mean_of = on_gpu(mean)
+        mean_of()
+        sum_s, result = _best(mean_of, repeats)
+        rows.append(
+            {"workers": 1, "device": "cuda", "decode_on": where, "arrival": "uid order",
+             "seconds": decode_s + sum_s, "decode_s": decode_s, "sum_s": sum_s,
+             "digest": digest(result, spec)}
+        )  # fmt: skip
+    return rows
 
 
 def bench_exchange(
@@ -173,8 +193,8 @@ def bench_exchange(
         log(f"{w} worker{'s' if w > 1 else ''}: decode and aggregate, two arrival orders…")
         rows += _pool_rows(run, spec, datas, w, repeats)
     if device == "cuda":
-        log("GPU: decode on the host, sum with the Triton scatter…")
-        rows.append(_gpu_row(run, spec, datas, repeats))
+        log("GPU: decode on the host or on the GPU, sum with the Triton scatter…")
+        rows += _gpu_rows(run, spec, datas, repeats)
     for row in rows:
         row["entries_per_s"] = entries / row["seconds"]
         row["vs_reference"] = ref_s / row["seconds"]

@@ -91,9 +91,15 @@ def _print(r: dict[str, Any]) -> None:
     )  # fmt: skip
     for row in r["results"]:
         t.add_row(
-            str(row["workers"]), row["device"], row["arrival"], f"{row['seconds']:.3f}",
+            str(row["workers"]), _where(row), row["arrival"], f"{row['seconds']:.3f}",
             f"{row['entries_per_s'] / 1e6:.1f}", f"{row['vs_reference']:.2f}×",
             row["digest"][:12],
         )  # fmt: skip
     console.print(t)
     targets_table(console, r["checks"])
+
+
+def _where(row: dict) -> str:
+    """The row's device, and where a GPU row decoded (the host or the GPU)."""
+    on = row.get("decode_on")
+    return row["device"] if on is None else f"{row['device']}, decode on {on}"

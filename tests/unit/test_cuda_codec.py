@@ -82,10 +82,13 @@ def test_a_whole_update_decodes_to_the_same_tensors() -> None:
     sparse = _compress(Compressor(SPEC, PARAMS), _pseudo_gradients(7))
     data = wire.encode_update(sparse, PARAMS, SPEC, sign=lambda _d: bytes(64))
     on_cpu = as_sparse(wire.decode_update(data, SPEC, PARAMS, len(data)).tensors)
+    on_dev = as_sparse(wire.decode_update(data, SPEC, PARAMS, len(data), device=CUDA).tensors)
+    assert all(g.idx.device.type == CUDA.type for p in on_dev for g in p.groups)
     out_cpu = aggregate({0: on_cpu}, SPEC, PARAMS)
-    out_dev = aggregate({0: on_cpu}, SPEC, PARAMS, device=CUDA)
-    for name, want in out_cpu.items():
-        assert torch.equal(want, out_dev[name].cpu()), name
+    for decoded in (on_cpu, on_dev):  # decoded on the host, or whole on the GPU
+        out_dev = aggregate({0: decoded}, SPEC, PARAMS, device=CUDA)
+        for name, want in out_cpu.items():
+            assert torch.equal(want, out_dev[name].cpu()), name
 
 
 def test_clipped_mean_of_several_peers_is_the_cpu_mean() -> None:

@@ -137,9 +137,17 @@ def _validate_group(g: ChunkGroup, sg: SparseGroup) -> None:
         raise DecodeError("codes or scales do not match the chunk group")
     if g.n_chunks == 0:
         return
-    if int(idx[:, 0].min()) < 0 or int(idx[:, -1].max()) >= g.chunk_size:
+    if idx.device.type == "cpu" and idx.is_contiguous():
+        from codec.native.rows import OUTSIDE, UNSORTED, check_rows  # numba, imported where it runs
+
+        status = check_rows(idx.numpy(), g.chunk_size)
+        outside, unsorted = status == OUTSIDE, status == UNSORTED
+    else:
+        outside = int(idx[:, 0].min()) < 0 or int(idx[:, -1].max()) >= g.chunk_size
+        unsorted = g.k > 1 and not bool((idx[:, 1:] > idx[:, :-1]).all())
+    if outside:
         raise DecodeError(f"position outside the chunk of {g.chunk_size}")
-    if g.k > 1 and not bool((idx[:, 1:] > idx[:, :-1]).all()):
+    if unsorted:
         raise DecodeError("positions not strictly ascending within a chunk")
 
 

@@ -5,6 +5,8 @@ small passes, each one compiled pass here, with the same bytes in and the same t
   `codec.index_decode` is its reference);
 * `codec.native.scatter` — dequantisation fused with the scatter-add of an update into a dense
   float32 tensor (aggregation, densify, the error-feedback write-back on the CPU).
+* `codec.native.rows` — the check that every index row lies inside its chunk and ascends
+  strictly (`codec.compress.SparseTensor.validate` on the CPU).
 
 Compiled functions are cached on disk (numba's ``cache=True``: next to the sources, or in the
 user's cache directory where those are read-only), so a process pays the compile once;

@@ -232,3 +232,48 @@ def test_a_stream_too_large_for_int32_slots_is_refused_before_decoding() -> None
     n, k = 1 << 21, 1024
     with pytest.raises(DecodeError, match="more than the decoder holds"):
         native_walk(bytes(n * 30 // 8), 4096, k, n)
+
+
+def _rows_status(idx: np.ndarray, chunk_size: int) -> str | None:
+    """What a piece with these index rows is refused for: the compiled check on the CPU, the
+    torch checks elsewhere (a non-contiguous copy takes them), both through `validate`."""
+    n, k = idx.shape
+    params = CodecParams(tile=int(chunk_size**0.5), k=k, max_abs_value=4.0)
+    reasons: list[str | None] = []
+    for rows in (torch.from_numpy(idx), torch.from_numpy(np.asfortranarray(idx))):
+        group = SparseGroup(
+            idx=rows,
+            codes=torch.zeros(n, k, dtype=torch.uint8),
+            scales=torch.zeros(n, dtype=torch.uint8),
+        )
+        piece = SparseTensor("w", (n * chunk_size,), [group], torch.ones(1, 2))
+        try:
+            piece.validate(params)
+            reasons.append(None)
+        except DecodeError as exc:
+            reasons.append(str(exc))
+    assert reasons[0] == reasons[1]
+    return reasons[0]
+
+
+def test_the_compiled_row_check_refuses_what_the_torch_checks_refuse() -> None:
+    """Rows inside the chunk and strictly ascending pass; a position outside it (at either end,
+    in any row, with other rows unsorted too) is refused as outside, a repeat or a descent in
+    any row as unsorted: the compiled check (contiguous CPU rows) and the torch checks agree."""
+    rng = np.random.default_rng(5)
+    c, k, n = 64, 5, 40
+    good = np.stack([np.sort(rng.choice(c, k, replace=False)) for _ in range(n)]).astype(np.int64)
+    assert _rows_status(good, c) is None
+    for r in (0, 17, n - 1):
+        low, high, repeat, descent = (good.copy() for _ in range(4))
+        low[r, 0] = -1
+        high[r, -1] = c
+        repeat[r, 2] = repeat[r, 1]
+        descent[r, 1:3] = descent[r, 2:0:-1]
+        assert "outside the chunk" in str(_rows_status(low, c))
+        assert "outside the chunk" in str(_rows_status(high, c))
+        assert "strictly ascending" in str(_rows_status(repeat, c))
+        assert "strictly ascending" in str(_rows_status(descent, c))
+        both = descent.copy()
+        both[n - 1 - r // 2, -1] = c + 3  # outside wins over unsorted, whichever row comes first
+        assert "outside the chunk" in str(_rows_status(both, c))

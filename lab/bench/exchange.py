@@ -22,6 +22,7 @@ import hashlib
 import random
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import torch
@@ -138,36 +139,33 @@ def _gpu_rows(
     """Two rows: decode on the host (one thread) and sum on the GPU (the Triton scatter); and
     the whole decode on the GPU too (`codec.gpu.index_decode`), from the bytes in host memory."""
     dev = torch.device("cuda")
-
-    def on_gpu(fn: Callable[[], Any]) -> Callable[[], Any]:
-        def synced() -> Any:
-            out = fn()
-            torch.cuda.synchronize(dev)
-            return out
-
-        return synced
-
     with one_thread():
         host_s, pieces = _best(lambda: _decoded(run, spec, datas), repeats)
     on_dev = {uid: [p.to(dev) for p in ps] for uid, ps in pieces.items()}
-    decode = on_gpu(lambda: _decoded(run, spec, datas, "cuda"))
-    decode()  # the kernels' compilation
-    gpu_s, gpu_pieces = _best(decode, repeats)
+    gpu_s, gpu_pieces = _best_on_gpu(lambda: _decoded(run, spec, datas, "cuda"), repeats, dev)
     rows = []
     for where, decode_s, decoded in (("host", host_s, on_dev), ("cuda", gpu_s, gpu_pieces)):
-
-        def mean(d: Mapping[int, list] = decoded) -> dict[str, torch.Tensor]:
-            return aggregate(d, spec, run.codec, clip_to_median=True, device=dev)
-
-        mean_of = on_gpu(mean)
-        mean_of()
-        sum_s, result = _best(mean_of, repeats)
+        mean_of = partial(aggregate, decoded, spec, run.codec, clip_to_median=True, device=dev)
+        sum_s, mean = _best_on_gpu(mean_of, repeats, dev)
         rows.append(
             {"workers": 1, "device": "cuda", "decode_on": where, "arrival": "uid order",
              "seconds": decode_s + sum_s, "decode_s": decode_s, "sum_s": sum_s,
-             "digest": digest(result, spec)}
+             "digest": digest(mean, spec)}
         )  # fmt: skip
     return rows
+
+
+def _best_on_gpu(fn: Callable[[], Any], repeats: int, dev: torch.device) -> tuple[float, Any]:
+    """`_best` of ``fn`` with the device synchronised after each call, after one call that
+    compiles the kernels and makes the first allocations."""
+
+    def synced() -> Any:
+        out = fn()
+        torch.cuda.synchronize(dev)
+        return out
+
+    synced()
+    return _best(synced, repeats)
 
 
 def bench_exchange(
